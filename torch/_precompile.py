@@ -1,0 +1,870 @@
+"""torch.compiler.precompile: ahead-of-time capture of a whole computation.
+
+Note [precompile programming model]
+===================================
+
+``precompile(fn, *example_inputs)`` captures ``fn`` -- the whole computation,
+taking its model(s) as explicit arguments -- into ``(python_code, cache)``;
+``precompile.load(python_code, cache)`` turns the pair back into a runnable
+with fn's calling convention.  The contract, invariant by invariant (each is
+enforced where it says so, and proven by the named tests in
+``test/test_precompile.py``; the rest is the caller's responsibility):
+
+1. Modules are arguments, not state.  Every ``nn.Module`` argument has its
+   parameters and buffers lifted to graph inputs (parameters of all modules,
+   then buffers; tied tensors collapse to one input by identity), so the
+   artifact holds no weights and the model is passed again at every call.
+   Enforced at runtime: module positions, parameter/buffer names, shapes,
+   dtypes, devices and tying (TestRuntimeChecks, TestNoWeights).
+2. No live state.  A tensor fn reads that is neither derived from its
+   arguments nor created inside fn (a global, a captured local, an
+   unregistered module attribute) is refused at capture; tensor literals
+   created inside fn are code and are baked bit-exactly (TestCaptureContract).
+3. Specialization.  Capture is a non-strict make_fx trace: Python control
+   flow follows the example inputs, and every size, dtype and device is baked
+   and checked at each call; Inductor also specializes on strides (except
+   size-1 dims and empty tensors).  Non-tensor input leaves are baked and a
+   different value is refused (TestRuntimeChecks).
+4. The whole step.  If fn calls ``.backward()``, forward and backward are one
+   graph; the runnable accumulates parameter gradients onto the runtime
+   model's ``.grad`` exactly like eager (assign when None, else add).  Which
+   parameters receive a gradient is fixed at capture.  A buffer or user input
+   that would receive a gradient is refused (TestTraining).  The runnable's
+   outputs carry no autograd history: backward must happen inside fn.
+5. Side effects.  Effectful ops and control-flow higher-order ops are refused
+   at capture; in-place updates of buffers and inputs (BatchNorm running
+   stats) are part of the graph and happen at every call (TestCaptureContract).
+6. The code is the contract.  ``python_code`` is self-contained (it runs with
+   only torch installed, compiling kernels on first use) and is the single
+   source of truth for the calling convention; ``cache`` only accelerates and
+   is bound to the code by its sha256 (TestLoad, TestArtifact).
+7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
+   ``cache``: only load pairs you trust.  It reads the calling convention with
+   ``ast`` before executing anything, and warns at every load (TestLoad).
+   Caller's responsibility.
+8. Capture is side-effect free for the caller.  ``precompile`` traces on
+   clones, so the caller's parameters, buffers, ``.grad`` and inputs are
+   bit-identical afterwards, also when fn raises (TestCaptureContract).
+   Caller's responsibility: fn must not reach tensors other than its
+   arguments for writing (an optimizer holding the original parameters).
+9. Threads.  An inference runnable may be called from several threads at
+   once; a training step writes ``.grad`` and must not run concurrently on
+   the same model.  Caller's responsibility.
+"""
+
+import ast
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import inspect
+import io
+import logging
+import os
+import platform
+import pprint
+import re
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch import _precompile_runtime as runtime
+from torch._precompile_runtime import (
+    CallingConvention,
+    ConstantSpec,
+    FORMAT_VERSION,
+    LeafSpec,
+    ModuleSpec,
+    PrecompileError,
+    StateSpec,
+    TensorSpec,
+)
+
+
+__all__ = ["precompile", "PrecompileError"]
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = "torch.compiler.precompile"
+BACKENDS = ("inductor", "eager")
+TRACERS = ("make_fx", "dynamo")
+_VALUE_TYPES = (int, float, bool, str, type(None))
+
+
+# ---------------------------------------------------------------------------
+# Capture: lift module state, trace fn with make_fx on clones.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _LiftedTensor:
+    tensor: torch.Tensor  # the caller's tensor (never written)
+    kind: str  # "parameter" | "buffer"
+    names: list  # [(module index, fqn), ...]
+
+
+@dataclasses.dataclass
+class _Capture:
+    graph: torch.fx.GraphModule
+    convention: CallingConvention
+    example_inputs: list  # flat graph inputs (detached clones)
+
+
+def _lift_state(modules: list) -> list:
+    """Parameters of all modules, then buffers; tied tensors collapse by identity."""
+    lifted: dict[int, _LiftedTensor] = {}
+    for kind, named in (
+        ("parameter", lambda m: m.named_parameters(remove_duplicate=False)),
+        ("buffer", lambda m: m.named_buffers(remove_duplicate=False)),
+    ):
+        for index, module in enumerate(modules):
+            for fqn, tensor in named(module):
+                entry = lifted.setdefault(id(tensor), _LiftedTensor(tensor, kind, []))
+                entry.names.append((index, fqn))
+    return list(lifted.values())
+
+
+def _tensor_spec(t: torch.Tensor, backend: str) -> TensorSpec:
+    return TensorSpec(
+        shape=tuple(t.shape),
+        stride=tuple(t.stride()) if backend == "inductor" else None,
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+    )
+
+
+def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
+    # Same strides as the caller's tensor, no autograd history, no .grad.
+    clone = t.detach().clone(memory_format=torch.preserve_format)
+    return clone.requires_grad_(t.requires_grad)
+
+
+def _check_value_leaf(what: str, value: Any) -> None:
+    if not isinstance(value, _VALUE_TYPES):
+        raise PrecompileError(
+            f"{what}: unsupported leaf of type {type(value).__name__}; inputs and outputs "
+            "must be pytrees of tensors, int, float, bool, str or None"
+        )
+
+
+def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
+    modules = [example_inputs[i] for i in module_positions]
+    user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
+    user_args = tuple(example_inputs[i] for i in user_positions)
+
+    lifted = _lift_state(modules)
+    state_leaves = [_clone_leaf(entry.tensor) for entry in lifted]
+    input_leaves, input_spec = pytree.tree_flatten(user_args)
+    input_paths = [
+        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
+        for path, _ in pytree.tree_flatten_with_path(user_args)[0]
+    ]
+    for what, leaf in zip(input_paths, input_leaves):
+        if not isinstance(leaf, torch.Tensor):
+            _check_value_leaf(what, leaf)
+    tensor_input_indices = [i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)]
+    traced_inputs = [_clone_leaf(input_leaves[i]) for i in tensor_input_indices]
+
+    recorded: dict[str, Any] = {}
+
+    def flat_fn(*flat: torch.Tensor):
+        state, tensors = flat[: len(lifted)], flat[len(lifted) :]
+        leaves = list(input_leaves)
+        for index, tensor in zip(tensor_input_indices, tensors):
+            leaves[index] = tensor
+        args = list(example_inputs)
+        for position, arg in zip(user_positions, pytree.tree_unflatten(leaves, input_spec)):
+            args[position] = arg
+        mappings = [{} for _ in modules]
+        for entry, leaf in zip(lifted, state):
+            for index, fqn in entry.names:
+                mappings[index][fqn] = leaf
+        with contextlib.ExitStack() as stack:
+            for module, mapping in zip(modules, mappings):
+                stack.enter_context(_reparametrize_module(module, mapping))
+            with torch.enable_grad():
+                result = fn(*args)
+            _check_state_not_rebound(modules, mappings)
+        out_leaves, out_spec = pytree.tree_flatten(result)
+        recorded["out_spec"] = out_spec
+        recorded["out_leaves"] = out_leaves
+        _check_gradients_reach_only_parameters(lifted, state, input_paths, tensor_input_indices, tensors)
+        recorded["grad_state"] = [
+            i for i, (entry, leaf) in enumerate(zip(lifted, state))
+            if entry.kind == "parameter" and leaf.grad is not None
+        ]
+        outputs = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+        return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
+
+    graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(
+        *state_leaves, *traced_inputs
+    )
+    graph, constants = _enforce_contract(graph)
+
+    outputs, graph_index = [], 0
+    for i, leaf in enumerate(recorded["out_leaves"]):
+        if isinstance(leaf, torch.Tensor):
+            outputs.append(LeafSpec(graph_output=graph_index))
+            graph_index += 1
+        else:
+            _check_value_leaf(f"fn's output leaf {i}", leaf)
+            outputs.append(LeafSpec(value=leaf))
+
+    convention = CallingConvention(
+        format_version=FORMAT_VERSION,
+        backend=backend,
+        arity=len(example_inputs),
+        modules=tuple(
+            ModuleSpec(
+                position=position,
+                parameters=tuple(n for n, _ in m.named_parameters(remove_duplicate=False)),
+                buffers=tuple(n for n, _ in m.named_buffers(remove_duplicate=False)),
+            )
+            for position, m in zip(module_positions, modules)
+        ),
+        state=tuple(
+            StateSpec(kind=e.kind, names=tuple(e.names), tensor=_tensor_spec(e.tensor, backend))
+            for e in lifted
+        ),
+        input_spec=pytree.treespec_dumps(input_spec),
+        inputs=tuple(
+            LeafSpec(tensor=_tensor_spec(leaf, backend))
+            if isinstance(leaf, torch.Tensor)
+            else LeafSpec(value=leaf)
+            for leaf in input_leaves
+        ),
+        output_spec=pytree.treespec_dumps(recorded["out_spec"]),
+        outputs=tuple(outputs),
+        grad_state=tuple(recorded["grad_state"]),
+        constants=tuple(_constant_spec(c) for c in constants),
+    )
+    example = [
+        t.detach().clone(memory_format=torch.preserve_format)
+        for t in [e.tensor for e in lifted] + [input_leaves[i] for i in tensor_input_indices] + constants
+    ]
+    return _Capture(graph, convention, example)
+
+
+def _check_state_not_rebound(modules: list, mappings: list) -> None:
+    # Invariant 5: state updates must be in-place; rebinding an attribute
+    # (`self.buf = new`) would be lost when the runnable is called.
+    for index, (module, mapping) in enumerate(zip(modules, mappings)):
+        for fqn, leaf in mapping.items():
+            owner_path, _, name = fqn.rpartition(".")
+            owner = module.get_submodule(owner_path)
+            if getattr(owner, name, None) is not leaf:
+                raise PrecompileError(
+                    f"fn rebinds {type(module).__name__} attribute '{fqn}' (module argument {index}) "
+                    "instead of updating it in place; the artifact cannot reproduce that: "
+                    "write `x.copy_(new)` (or `x.add_(...)`) instead of `self.x = new`"
+                )
+
+
+def _check_gradients_reach_only_parameters(lifted, state, input_paths, tensor_input_indices, tensors) -> None:
+    # Invariant 4: only parameters receive gradients from the runnable.
+    for entry, leaf in zip(lifted, state):
+        if entry.kind == "buffer" and leaf.grad is not None:
+            raise PrecompileError(
+                f"buffer '{entry.names[0][1]}' would receive a gradient; precompile only "
+                "accumulates gradients of parameters: make it an nn.Parameter or set "
+                "requires_grad=False on the buffer"
+            )
+    for index, tensor in zip(tensor_input_indices, tensors):
+        if tensor.grad is not None:
+            raise PrecompileError(
+                f"{input_paths[index]} would receive a gradient; precompile only accumulates "
+                "gradients of module parameters: pass the input with requires_grad=False "
+                "(e.g. x.detach()) or make it a parameter of a module argument"
+            )
+
+
+# ---------------------------------------------------------------------------
+# Enforce: the graph must only depend on its inputs (Note invariants 2, 5).
+# ---------------------------------------------------------------------------
+
+
+def _source_of(node: torch.fx.Node) -> str:
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return ""
+    frames = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
+    return f" (at {frames[-1]})" if frames else ""
+
+
+def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list]:
+    """Refuse live state, effects and control flow; lift tensor literals to inputs."""
+    from torch._higher_order_ops.effects import has_effects
+
+    constants = []
+    last_placeholder = [n for n in graph.graph.nodes if n.op == "placeholder"][-1]
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            raise PrecompileError(
+                f"fn uses the control-flow operator {node.target.name()}{_source_of(node)}, which "
+                "precompile does not support; write the branch as plain Python (it is specialized "
+                "to the example inputs) or keep it outside fn"
+            )
+        if node.op == "call_function" and has_effects(node.target):
+            raise PrecompileError(
+                f"fn calls the effectful operator {node.target}{_source_of(node)}; side effects "
+                "would be lost or reordered by the artifact: move it out of fn"
+            )
+        if node.op != "get_attr":
+            continue
+        value = getattr(graph, node.target)
+        users = list(node.users)
+        is_literal = isinstance(value, torch.Tensor) and all(
+            u.target is torch.ops.aten.lift_fresh_copy.default for u in users
+        )
+        if not is_literal:
+            where = "".join(_source_of(u) for u in users[:1])
+            description = (
+                f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+                if isinstance(value, torch.Tensor)
+                else type(value).__name__
+            )
+            raise PrecompileError(
+                f"fn reads {description} that is neither an argument of fn nor created inside "
+                f"it{where}: a global, a captured local or an unregistered module attribute is "
+                "live state the artifact cannot see; pass it as an argument, or register it "
+                "on a module argument with register_buffer / nn.Parameter"
+            )
+        with graph.graph.inserting_after(last_placeholder):
+            placeholder = graph.graph.placeholder(f"constant{len(constants)}")
+        last_placeholder = placeholder
+        node.replace_all_uses_with(placeholder)
+        graph.graph.erase_node(node)
+        delattr(graph, node.target)
+        constants.append(value.detach().clone())
+    graph.recompile()
+    return graph, constants
+
+
+def _constant_spec(t: torch.Tensor) -> ConstantSpec:
+    import base64
+
+    data = t.contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return ConstantSpec(
+        shape=tuple(t.shape),
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+        data=base64.b64encode(data).decode("ascii"),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Lower: eager keeps the ATen graph; inductor goes through AOTAutograd.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Lowered:
+    graph_code: str  # python_code section that defines the graph
+    bind_code: str  # statements binding `_run_graph(list_of_inputs) -> outputs`
+
+
+def _lower_eager(capture: _Capture) -> _Lowered:
+    from torch.fx.graph import _custom_builtins
+
+    code = capture.graph.graph.python_code(root_module="self")
+    imports = sorted(
+        {_custom_builtins[name].import_str for name in code.globals if name in _custom_builtins}
+    )
+    unknown = sorted(set(code.globals) - set(_custom_builtins))
+    if unknown:
+        raise PrecompileError(f"the captured graph refers to globals the artifact cannot render: {unknown}")
+    source = code.src.replace("def forward(self, ", "def eager_graph(", 1).replace(
+        "def forward(self)", "def eager_graph()", 1
+    )
+    graph_code = "\n".join(imports) + "\n\n" + source.strip() + "\n"
+    return _Lowered(graph_code, "_run_graph = eager_runner(eager_graph)\n")
+
+
+# Inductor config pinned for lowering (see ../shared/design.md section 2): kernels
+# size their scratch by the runtime thread count, Python wrapper only, and
+# random ops use ATen's RNG so results match eager under torch.manual_seed.
+_INDUCTOR_CONFIG = {
+    "cpp.dynamic_threads": True,
+    "cpp_wrapper": False,
+    "benchmark_harness": False,
+    "size_asserts": True,
+    "fallback_random": True,
+    "freezing": False,
+}
+
+# Names the generated module imports from torch._inductor that the driver
+# provides itself, so the warm path never imports torch._inductor.
+_INDUCTOR_STAND_INS = {"AsyncCompile", "extern_kernels", "align", "maybe_profile", "run_intermediate_hooks"}
+
+
+def _lower_inductor(capture: _Capture) -> _Lowered:
+    # torch 2.13 has no compile_to_python: keep the module Inductor generates
+    # for the single inner graph through an inner_compile hook.
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    compiled = []
+
+    def keep_inner(gm, example_inputs, **kwargs):
+        result = compile_fx_inner(gm, example_inputs, **kwargs)
+        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        compiled.append((result, placeholders, len(gm.graph.output_node().args[0])))
+        return result
+
+    num_inputs = len(capture.example_inputs)
+    num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
+        capture.convention.grad_state
+    )
+    with inductor_config.patch(_INDUCTOR_CONFIG), torch.no_grad():
+        compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
+    if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs):
+        signature = [(inputs, outputs) for _, inputs, outputs in compiled]
+        raise PrecompileError(
+            "backend='inductor' cannot reproduce this graph faithfully: AOTAutograd changed its "
+            f"calling signature (expected one graph with {num_inputs} inputs and {num_outputs} "
+            f"outputs, got {signature}); this happens with metadata mutations such as x.t_() or "
+            "x.resize_(): avoid them in fn, or use backend='eager'"
+        )
+    source = _strip_stand_in_imports(compiled[0][0].source_code)
+    extern_table = _extern_kernel_table(source)
+    graph_code = (
+        f"EXTERN_KERNELS = {pprint.pformat(extern_table)}\n\n"
+        f"INDUCTOR_GRAPH = {_render_string(source)}\n"
+    )
+    bind = (
+        "_call, _kernel_loader = load_inductor_module(INDUCTOR_GRAPH, EXTERN_KERNELS, _kernel_files)\n"
+        "_run_graph = inductor_runner(_call)\n"
+    )
+    return _Lowered(graph_code, bind)
+
+
+def _strip_stand_in_imports(source: str) -> str:
+    lines = source.splitlines(keepends=True)
+    drop = set()
+    for node in ast.parse(source).body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("torch._inductor")
+            and all((alias.asname or alias.name) in _INDUCTOR_STAND_INS for alias in node.names)
+        ):
+            drop.update(range(node.lineno - 1, node.end_lineno))
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def _extern_kernel_table(source: str) -> dict[str, str]:
+    """Map each extern kernel the graph calls to a torch name that resolves without Inductor."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    table = {}
+    for name in sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source))):
+        kernel = getattr(extern_kernels, name, None)
+        dotted = _torch_name(kernel)
+        if dotted is not None:
+            table[name] = dotted
+    return table
+
+
+def _torch_name(obj: Any) -> str | None:
+    if isinstance(obj, torch._ops.OpOverload):
+        namespace, op = obj._schema.name.split("::")
+        candidate = f"torch.ops.{namespace}.{op}.{obj._overloadname or 'default'}"
+    else:
+        candidate = f"torch.{getattr(obj, '__name__', '')}"
+    try:
+        return candidate if runtime._resolve_dotted(candidate) is obj else None
+    except AttributeError:
+        return None
+
+
+def _render_string(text: str) -> str:
+    """A long string as one literal per line, so the artifact stays readable."""
+    lines = text.splitlines(keepends=True)
+    return "(\n" + "".join(f"    {line!r}\n" for line in lines) + ")"
+
+
+# ---------------------------------------------------------------------------
+# Render: python_code = header + calling convention + graph + driver + binding.
+# ---------------------------------------------------------------------------
+
+
+def _driver_source() -> str:
+    source = inspect.getsource(runtime)
+    return source.split('"""', 2)[2].lstrip("\n")  # drop the module docstring
+
+
+def _describe_call(convention: CallingConvention) -> str:
+    parts = []
+    module_positions = {m.position for m in convention.modules}
+    user = iter(range(len(convention.user_positions)))
+    for position in range(convention.arity):
+        if position in module_positions:
+            parts.append(f"args[{position}]: nn.Module")
+        else:
+            parts.append(f"args[{position}]: user input {next(user)}")
+    return ", ".join(parts)
+
+
+def _render(convention: CallingConvention, lowered: _Lowered) -> str:
+    header = f"""\
+# torch.compiler.precompile artifact -- format {FORMAT_VERSION}, backend {convention.backend!r}.
+# Generated by torch {torch.__version__}. Do not edit: the cache is bound to this
+# exact text by its sha256, and the constants below are the calling convention.
+#
+# Load it with:   fn = torch.compiler.precompile.load(python_code, cache)
+# Or run it alone (no cache; any kernels are compiled on first use):
+#     namespace = {{}}
+#     exec(open("this_file.py").read(), namespace)
+#     out = namespace["forward"](model, *inputs)
+#
+# Calling convention: forward({_describe_call(convention)})
+# Pass the model(s) again at every call; no weights are stored here.
+"""
+    sections = [
+        header,
+        f"FORMAT_VERSION = {FORMAT_VERSION}\n",
+        f"BACKEND = {convention.backend!r}\n",
+        f"CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}\n",
+        "# " + "-" * 20 + " captured graph " + "-" * 20 + "\n",
+        lowered.graph_code,
+        "# " + "-" * 20 + " driver (torch/_precompile_runtime.py) " + "-" * 20 + "\n",
+        _driver_source(),
+        "# " + "-" * 20 + " binding " + "-" * 20 + "\n",
+        "# load() passes the cached kernels' files; run alone, kernels are compiled.\n"
+        '_kernel_files = globals().get("__precompile_kernel_files__", {})\n'
+        + lowered.bind_code
+        + "_convention = CallingConvention.from_literal(CALLING_CONVENTION)\n"
+        "forward = PrecompiledFunction(_convention, _run_graph, materialize_constants(_convention.constants))\n",
+    ]
+    return "\n".join(sections)
+
+
+# ---------------------------------------------------------------------------
+# Package: the cache envelope (weights_only-readable; see Note invariant 6).
+# ---------------------------------------------------------------------------
+
+
+def _build_environment() -> dict[str, str]:
+    """What compiled kernels depend on; they are loaded only on an exact match."""
+    return {
+        "torch": str(torch.__version__),
+        "python": sys.implementation.cache_tag,
+        "platform": f"{sys.platform}-{platform.machine()}",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def _payload_hash(kernels: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(kernels):
+        digest.update(key.encode())
+        digest.update(len(kernels[key]).to_bytes(8, "little"))
+        digest.update(kernels[key])
+    return digest.hexdigest()
+
+
+def _code_hash(python_code: str) -> str:
+    return hashlib.sha256(python_code.encode()).hexdigest()
+
+
+def _package(python_code: str, backend: str, kernels: dict[str, bytes]) -> bytes:
+    envelope = {
+        "format": CACHE_FORMAT,
+        "version": FORMAT_VERSION,
+        "backend": backend,
+        "code_hash": _code_hash(python_code),
+        "build_env": _build_environment(),
+        "payload_sha256": _payload_hash(kernels),
+        "artifact": {"kernels": kernels},
+    }
+    buffer = io.BytesIO()
+    torch.save(envelope, buffer)
+    return buffer.getvalue()
+
+
+def _harvest_kernels(python_code: str) -> dict[str, bytes]:
+    """Run the artifact once (JIT, Inductor's cache is warm) and keep its kernels."""
+    namespace: dict[str, Any] = {}
+    exec(compile(python_code, "<precompile artifact>", "exec"), namespace)
+    kernels = {}
+    for key, path in namespace["_kernel_loader"].compiled.items():
+        with open(path, "rb") as f:
+            kernels[key] = f.read()
+    return kernels
+
+
+# ---------------------------------------------------------------------------
+# load: read constants (ast) -> verify -> prime kernels -> warn -> exec.
+# ---------------------------------------------------------------------------
+
+
+def _read_constants(python_code: str) -> dict[str, Any]:
+    if not isinstance(python_code, str):
+        raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
+    try:
+        module = ast.parse(python_code)
+    except SyntaxError as error:
+        raise PrecompileError(f"python_code is not valid Python ({error}); it is not a precompile artifact") from error
+    constants = {}
+    for node in module.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION")
+        ):
+            try:
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
+                raise PrecompileError(
+                    f"python_code: {node.targets[0].id} is not a plain literal ({error})"
+                ) from error
+    missing = {"FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION"} - set(constants)
+    if missing:
+        raise PrecompileError(
+            f"python_code is missing the calling-convention metadata {sorted(missing)}; "
+            "it is not a precompile artifact"
+        )
+    return constants
+
+
+def _read_convention(python_code: str) -> CallingConvention:
+    constants = _read_constants(python_code)
+    version = constants["FORMAT_VERSION"]
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise PrecompileError(
+            f"python_code has artifact format version {version!r}, newer than this "
+            f"torch.compiler.precompile understands ({FORMAT_VERSION}); load it with the torch "
+            "version that produced it, or precompile again"
+        )
+    if constants["BACKEND"] not in BACKENDS:
+        raise PrecompileError(f"python_code: unknown backend {constants['BACKEND']!r}; expected one of {BACKENDS}")
+    try:
+        convention = CallingConvention.from_literal(constants["CALLING_CONVENTION"])
+    except (TypeError, ValueError, AttributeError) as error:
+        raise PrecompileError(f"python_code: CALLING_CONVENTION is malformed ({error})") from error
+    if (convention.format_version, convention.backend) != (version, constants["BACKEND"]):
+        raise PrecompileError(
+            "python_code: CALLING_CONVENTION disagrees with FORMAT_VERSION/BACKEND "
+            f"({convention.format_version}, {convention.backend!r}) vs ({version}, {constants['BACKEND']!r})"
+        )
+    return convention
+
+
+def _read_envelope(cache: bytes) -> dict:
+    if not isinstance(cache, (bytes, bytearray, memoryview)):
+        raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
+    try:
+        envelope = torch.load(io.BytesIO(bytes(cache)), weights_only=True)
+    except Exception as error:  # any decoder failure means damaged bytes
+        raise PrecompileError(
+            f"cache is damaged or not a precompile cache ({type(error).__name__}: {str(error)[:200]}); "
+            "use the cache produced together with this python_code"
+        ) from None
+    expected = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
+    if not isinstance(envelope, dict) or set(envelope) != expected or envelope["format"] != CACHE_FORMAT:
+        raise PrecompileError("cache is damaged or not a precompile cache (unexpected envelope)")
+    return envelope
+
+
+def _verify(python_code: str, convention: CallingConvention, envelope: dict) -> dict[str, bytes]:
+    if envelope["version"] != FORMAT_VERSION:
+        raise PrecompileError(
+            f"cache has format version {envelope['version']!r}, this torch.compiler.precompile "
+            f"understands {FORMAT_VERSION}; precompile again"
+        )
+    if envelope["backend"] != convention.backend:
+        raise PrecompileError(
+            f"cache was built for backend {envelope['backend']!r} but python_code is for "
+            f"{convention.backend!r}: the pair does not belong together"
+        )
+    if envelope["code_hash"] != _code_hash(python_code):
+        raise PrecompileError(
+            "cache belongs to a different python_code (code_hash mismatch): pass the cache "
+            "returned together with this python_code"
+        )
+    artifact = envelope["artifact"]
+    kernels = artifact.get("kernels") if isinstance(artifact, dict) else None
+    if (
+        not isinstance(kernels, dict)
+        or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in kernels.items())
+        or _payload_hash(kernels) != envelope["payload_sha256"]
+    ):
+        raise PrecompileError("cache is damaged: its payload does not match its recorded sha256")
+    return kernels
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_environment_mismatch_once(built: str, here: str) -> None:
+    warnings.warn(
+        f"torch.compiler.precompile: the cache's kernels were built for {built}, this process "
+        f"runs {here}; compiling the kernels from python_code instead (slower first call)",
+        stacklevel=4,
+    )
+
+
+def _kernel_directory() -> str:
+    # Mirrors torch._inductor.runtime.cache_dir_utils.cache_dir() without importing Inductor.
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if root is None:
+        try:
+            import getpass
+
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):
+            user = f"uid_{os.getuid()}"
+        root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return os.path.join(root, "precompile_kernels")
+
+
+def _prime_kernels(envelope: dict, kernels: dict[str, bytes]) -> dict[str, str]:
+    """Write the cached kernels to a content-addressed directory; key -> path."""
+    if not kernels:
+        return {}
+    here = _build_environment()
+    if envelope["build_env"] != here:
+        _warn_environment_mismatch_once(repr(envelope["build_env"]), repr(here))
+        return {}
+    directory = _kernel_directory()
+    os.makedirs(directory, exist_ok=True)
+    files = {}
+    for key, blob in kernels.items():
+        path = os.path.join(directory, hashlib.sha256(blob).hexdigest() + ".so")
+        if not (os.path.exists(path) and os.path.getsize(path) == len(blob)):
+            # Atomic: concurrent loaders never see a half-written file.
+            fd, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(temporary, path)
+        files[key] = path
+    return files
+
+
+class _Precompile:
+    """``torch.compiler.precompile``: a callable with a ``load`` method."""
+
+    def __call__(
+        self,
+        fn: Callable,
+        *example_inputs: Any,
+        backend: str = "inductor",
+        tracer: str = "make_fx",
+        decompositions: dict | None = None,
+    ) -> tuple[str, bytes]:
+        """Ahead-of-time precompile ``fn`` against ``example_inputs``; see the docs page."""
+        if backend not in BACKENDS:
+            raise ValueError(f"precompile: unknown backend {backend!r}; expected one of {BACKENDS}")
+        if tracer not in TRACERS:
+            raise ValueError(f"precompile: unknown tracer {tracer!r}; expected one of {TRACERS}")
+        if tracer == "dynamo":
+            raise NotImplementedError("precompile: tracer='dynamo' is planned; use tracer='make_fx'")
+        if not callable(fn):
+            raise PrecompileError(f"precompile: fn must be callable, got {type(fn).__name__}")
+
+        timer = _StageTimer("precompile")
+        with timer("capture+enforce"):
+            capture = _capture(fn, example_inputs, backend, decompositions)
+        with timer("lower"):
+            lowered = _lower_eager(capture) if backend == "eager" else _lower_inductor(capture)
+        with timer("render"):
+            python_code = _render(capture.convention, lowered)
+        with timer("package"):
+            kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
+            cache = _package(python_code, backend, kernels)
+        timer.done(
+            f"backend={backend} graph_inputs={len(capture.example_inputs)} kernels={len(kernels)} "
+            f"python_code={len(python_code)}B cache={len(cache)}B"
+        )
+        return python_code, cache
+
+    def load(self, python_code: str, cache: bytes) -> Callable:
+        """Rebuild the runnable from ``(python_code, cache)``; executes python_code."""
+        timer = _StageTimer("load")
+        with timer("verify"):
+            convention = _read_convention(python_code)
+            envelope = _read_envelope(cache)
+            kernels = _verify(python_code, convention, envelope)
+        with timer("prime"):
+            kernel_files = _prime_kernels(envelope, kernels)
+        log.warning(
+            "torch.compiler.precompile.load executes python_code (backend %r) and loads %d "
+            "compiled kernels: only load artifacts you trust",
+            convention.backend,
+            len(kernel_files),
+        )
+        with timer("exec"):
+            namespace = {"__name__": "torch_precompile_artifact", "__precompile_kernel_files__": kernel_files}
+            try:
+                exec(compile(python_code, "<precompile artifact>", "exec"), namespace)
+            except PrecompileError:
+                raise
+            except Exception as error:
+                raise PrecompileError(
+                    f"python_code failed to execute ({type(error).__name__}: {error}); it is "
+                    "damaged or was edited"
+                ) from error
+            forward = namespace.get("forward")
+            if not callable(forward):
+                raise PrecompileError("python_code does not define a callable `forward`")
+        timer.done(f"backend={convention.backend} kernels={len(kernel_files)}")
+        return forward
+
+
+class _StageTimer:
+    """Logs each stage's wall time at INFO on torch._precompile (TORCH_LOGS=precompile)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.stages: list = []
+        self.start = time.perf_counter()
+
+    def __call__(self, stage: str):
+        timer = self
+
+        class _Stage:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.stages.append((stage, time.perf_counter() - self.t0))
+
+        return _Stage()
+
+    def done(self, summary: str) -> None:
+        if log.isEnabledFor(logging.INFO):
+            stages = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in self.stages)
+            total = (time.perf_counter() - self.start) * 1e3
+            log.info("%s: %s; total %.1f ms; %s", self.what, stages, total, summary)
+
+
+precompile = _Precompile()
+
+
+# ---------------------------------------------------------------------------
+# Attach to torch.compiler (entry point of group torch.backends; also on import)
+# ---------------------------------------------------------------------------
+
+
+def _attach() -> None:
+    """Expose precompile / PrecompileError on torch.compiler; must never raise."""
+    try:
+        import torch.compiler as compiler
+
+        compiler.precompile = precompile
+        compiler.PrecompileError = PrecompileError
+        for name in ("precompile", "PrecompileError"):
+            if name not in compiler.__all__:
+                compiler.__all__.append(name)
+        torch._logging._internal.register_log("precompile", __name__)
+    except Exception:  # never break `import torch` for everyone
+        log.debug("torch._precompile: attach failed", exc_info=True)
+
+
+_attach()

@@ -1,0 +1,699 @@
+"""Runtime driver of a ``torch.compiler.precompile`` artifact.
+
+This file is embedded verbatim into every artifact's ``python_code``; it is
+also an ordinary module so that it can be linted and unit-tested.  It must
+therefore depend on nothing but the standard library and ``torch`` itself:
+an artifact runs in a fresh interpreter where only torch is installed.
+
+The driver enforces the runtime half of Note [precompile programming model]
+(see ``torch/_precompile.py``): every call is checked against the artifact's
+``CallingConvention`` before the captured graph runs.  The warm path needs
+neither ``torch._inductor`` nor ``torch._dynamo``; they are imported only when
+a kernel has to be compiled because the cache did not provide it.
+"""
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+
+# Version of the CallingConvention record and of the artifact layout around it.
+FORMAT_VERSION = 1
+
+_PrecompileError = getattr(torch.compiler, "PrecompileError", None)
+if _PrecompileError is None:
+    # Running without the patch installed (a bare artifact in a plain torch
+    # environment): define the class the installed patch would provide.
+    class PrecompileError(RuntimeError):
+        """A call, capture or load violated the precompile contract."""
+
+else:
+    PrecompileError = _PrecompileError
+
+
+# ---------------------------------------------------------------------------
+# The calling convention: one explicit, versioned record.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """What the graph was specialized to for one tensor."""
+
+    shape: tuple[int | None, ...]  # None marks a free (unbacked) dim
+    stride: tuple[int, ...] | None  # None: layout is not specialized (eager)
+    dtype: str  # e.g. "float32"
+    device: str  # e.g. "cpu"
+    # Bounds of the free dims, as ((dim, min, max), ...); max None = unbounded.
+    free_dims: tuple[tuple[int, int, int | None], ...] = ()
+
+    def describe_shape(self) -> str:
+        return "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """One lifted parameter or buffer (tied names collapse onto one entry)."""
+
+    kind: str  # "parameter" or "buffer"
+    names: tuple[tuple[int, str], ...]  # (module index, fully-qualified name)
+    tensor: TensorSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleSpec:
+    """The structure a module argument must have at runtime."""
+
+    position: int  # positional index in fn's arguments
+    parameters: tuple[str, ...]
+    buffers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """A pytree leaf of fn's inputs or outputs.
+
+    Exactly one of ``tensor`` (an input tensor), ``graph_output`` (an output
+    tensor, by index into the graph's outputs) or ``value`` (a Python value
+    baked at capture) describes it.
+    """
+
+    tensor: TensorSpec | None = None
+    graph_output: int | None = None
+    value: Any = None
+
+    @property
+    def is_value(self) -> bool:
+        return self.tensor is None and self.graph_output is None
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantSpec:
+    """A tensor literal created inside fn, reproduced bit-exactly."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    data: str  # base64 of the raw little-endian bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class CallingConvention:
+    """Everything a caller must match; rendered into python_code as literals.
+
+    Graph inputs are ``state`` tensors, then the tensor leaves of the user
+    inputs, then ``constants``.  Graph outputs are the tensor leaves of fn's
+    result, then one gradient per entry of ``grad_state``.
+    """
+
+    format_version: int
+    backend: str
+    arity: int
+    modules: tuple[ModuleSpec, ...]
+    state: tuple[StateSpec, ...]
+    input_spec: str  # pytree.treespec_dumps of the non-module arguments
+    inputs: tuple[LeafSpec, ...]
+    output_spec: str  # pytree.treespec_dumps of fn's result
+    outputs: tuple[LeafSpec, ...]
+    grad_state: tuple[int, ...]  # indices into state receiving .grad
+    constants: tuple[ConstantSpec, ...]
+
+    def to_literal(self) -> dict:
+        return _to_literal(self)
+
+    @classmethod
+    def from_literal(cls, literal: dict) -> "CallingConvention":
+        return _from_literal(cls, literal)
+
+    @property
+    def user_positions(self) -> tuple[int, ...]:
+        module_positions = {m.position for m in self.modules}
+        return tuple(i for i in range(self.arity) if i not in module_positions)
+
+
+def _to_literal(value: Any) -> Any:
+    """Dataclasses -> dicts of plain literals that ``ast.literal_eval`` reads."""
+    if dataclasses.is_dataclass(value):
+        return {
+            f.name: _to_literal(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+        }
+    if isinstance(value, (tuple, list)):
+        return [_to_literal(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"nonfinite_float": repr(value)}  # `nan`/`inf` are not literals
+    return value
+
+
+def _from_literal(cls: Any, literal: Any) -> Any:
+    """Inverse of ``_to_literal`` for the dataclasses above."""
+    if not isinstance(literal, dict):
+        raise PrecompileError(
+            f"calling convention: expected a dict for {cls.__name__}, got {type(literal).__name__}"
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(literal) - set(fields)
+    missing = {n for n, f in fields.items() if f.default is dataclasses.MISSING} - set(literal)
+    if unknown or missing:
+        raise PrecompileError(
+            f"calling convention: {cls.__name__} has unknown fields {sorted(unknown)} "
+            f"and missing fields {sorted(missing)}"
+        )
+    kwargs = {}
+    for name, value in literal.items():
+        kwargs[name] = _field_from_literal(cls, name, value)
+    return cls(**kwargs)
+
+
+_NESTED = {
+    ("CallingConvention", "modules"): ModuleSpec,
+    ("CallingConvention", "state"): StateSpec,
+    ("CallingConvention", "inputs"): LeafSpec,
+    ("CallingConvention", "outputs"): LeafSpec,
+    ("CallingConvention", "constants"): ConstantSpec,
+    ("StateSpec", "tensor"): TensorSpec,
+    ("LeafSpec", "tensor"): TensorSpec,
+}
+
+
+def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
+    nested = _NESTED.get((cls.__name__, name))
+    if nested is not None:
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return tuple(_from_literal(nested, v) for v in value)
+        return _from_literal(nested, value)
+    if name == "value":
+        return _value_from_literal(value)
+    return _tuples(value)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def _value_from_literal(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"nonfinite_float"}:
+        return float(value["nonfinite_float"])
+    if isinstance(value, list):
+        return [_value_from_literal(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Runtime checks
+# ---------------------------------------------------------------------------
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _checked_strides(spec: TensorSpec) -> list[int | None]:
+    """Strides the graph relies on, with Inductor's exemptions.
+
+    Size-1 dims and empty tensors may have any stride; so may every dim when
+    the backend does not specialize on layout (``stride is None``).
+    """
+    if spec.stride is None or any(s == 0 for s in spec.shape):
+        return [None] * len(spec.shape)
+    free = {d for d, _, _ in spec.free_dims}
+    return [
+        None if (size == 1 or d in free or size is None) else stride
+        for d, (size, stride) in enumerate(zip(spec.shape, spec.stride))
+    ]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
+    """Raise a PrecompileError naming ``what`` if ``value`` does not fit ``spec``."""
+    if not isinstance(value, torch.Tensor):
+        raise PrecompileError(
+            f"{what}: expected a Tensor of shape {spec.describe_shape()}, got {type(value).__name__}"
+        )
+    shape = tuple(value.shape)
+    if len(shape) != len(spec.shape) or any(
+        want is not None and want != got for want, got in zip(spec.shape, shape)
+    ):
+        raise PrecompileError(
+            f"{what}: expected shape {spec.describe_shape()}, got {shape}; shapes are "
+            "specialized at capture (mark a dim with torch._dynamo.decorators.mark_unbacked "
+            "before precompile() to let it vary)"
+        )
+    for dim, low, high in spec.free_dims:
+        size = shape[dim]
+        if size < low or (high is not None and size > high):
+            raise PrecompileError(
+                f"{what}: dim {dim} has size {size}, outside the bounds "
+                f"[{low}, {'inf' if high is None else high}] it was marked with"
+            )
+    if value.dtype != _dtype(spec.dtype):
+        raise PrecompileError(
+            f"{what}: expected dtype torch.{spec.dtype}, got {value.dtype}; convert it with .to(torch.{spec.dtype})"
+        )
+    if str(value.device) != spec.device:
+        raise PrecompileError(
+            f"{what}: expected device {spec.device}, got {value.device}; move it with .to('{spec.device}')"
+        )
+    want = _checked_strides(spec)
+    got = value.stride()
+    if any(w is not None and w != g for w, g in zip(want, got)):
+        expected = tuple("*" if w is None else w for w in want)
+        raise PrecompileError(
+            f"{what}: expected strides {expected}, got {tuple(got)}; backend "
+            f"{backend!r} specializes on memory layout: pass a tensor with the captured "
+            "layout (e.g. .contiguous()), or precompile with backend='eager'"
+        )
+
+
+def _guard_sizes(spec: TensorSpec) -> list[int | None]:
+    return list(spec.shape)
+
+
+class _ModuleState:
+    """Reads a module's lifted tensors through cached (owner, attribute) pairs."""
+
+    __slots__ = ("accessors",)
+
+    def __init__(self, accessors: list[tuple[dict, str]]):
+        self.accessors = accessors
+
+
+def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
+    *path, leaf = fqn.split(".")
+    owner = module
+    for part in path:
+        owner = owner._modules[part]
+    table = owner._parameters if kind == "parameter" else owner._buffers
+    return table, leaf
+
+
+def _leaf_path(i: int, key_path: tuple) -> str:
+    return f"args[{i}]" + pytree.keystr(key_path)
+
+
+# ---------------------------------------------------------------------------
+# The runnable
+# ---------------------------------------------------------------------------
+
+
+class PrecompiledFunction:
+    """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
+
+    Checks each call against the calling convention (cheaply once a layout has
+    been seen), runs the graph, accumulates parameter gradients onto the
+    runtime model like eager ``.backward()``, and rebuilds fn's result.
+    """
+
+    def __init__(
+        self,
+        convention: CallingConvention,
+        run_graph: Callable[[list], Any],
+        constants: list[torch.Tensor],
+    ):
+        self.convention = convention
+        self._run_graph = run_graph
+        self._constants = constants
+        self._module_positions = tuple(m.position for m in convention.modules)
+        self._user_positions = convention.user_positions
+        self._input_spec = pytree.treespec_loads(convention.input_spec)
+        self._output_spec = pytree.treespec_loads(convention.output_spec)
+        # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree.
+        self._flat_inputs = all(c.is_leaf() for c in self._input_spec.children()) and (
+            self._input_spec.type is tuple
+        )
+        self._tensor_inputs = [i for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
+        self._value_inputs = [
+            (i, leaf.value) for i, leaf in enumerate(convention.inputs) if leaf.is_value
+        ]
+        self._grad_names = [convention.state[i].names[0] for i in convention.grad_state]
+        self._num_outputs = sum(1 for leaf in convention.outputs if leaf.graph_output is not None)
+        # id(module) -> (weakref, accessors); entries die with their module.
+        self._module_cache: dict[int, tuple[weakref.ref, list]] = {}
+        self._guard = None  # TensorGuards built from the last fully checked call
+        self._state_slots, self._alias_slots = self._locate_state()
+
+    def _locate_state(self) -> tuple[list, list]:
+        """Where each lifted tensor lives: (module index, slot) in accessor order."""
+        slots = {}
+        for index, spec in enumerate(self.convention.modules):
+            for slot, name in enumerate(spec.parameters + spec.buffers):
+                slots[(index, name)] = slot
+        primary, aliases = [], []
+        for state_index, spec in enumerate(self.convention.state):
+            (module_index, name), *tied = spec.names
+            primary.append((module_index, slots[(module_index, name)]))
+            aliases += [(state_index, m, slots[(m, n)]) for m, n in tied]
+        return primary, aliases
+
+    # -- arguments ---------------------------------------------------------
+
+    def _split_args(self, args: tuple) -> tuple[list, list]:
+        if len(args) != self.convention.arity:
+            raise PrecompileError(
+                f"expected {self.convention.arity} positional arguments (as captured), got {len(args)}"
+            )
+        modules = [args[i] for i in self._module_positions]
+        for position, module in zip(self._module_positions, modules):
+            if not isinstance(module, torch.nn.Module):
+                raise PrecompileError(
+                    f"args[{position}]: expected an nn.Module (one was captured at this "
+                    f"position), got {type(module).__name__}"
+                )
+        return modules, [args[i] for i in self._user_positions]
+
+    def _user_leaves(self, user_args: list) -> list:
+        if self._flat_inputs and len(user_args) == len(self.convention.inputs):
+            if all(pytree.tree_is_leaf(a) for a in user_args):
+                return user_args
+        leaves, spec = pytree.tree_flatten(tuple(user_args))
+        if spec != self._input_spec:
+            self._raise_structure_mismatch(user_args)
+        return leaves
+
+    def _raise_structure_mismatch(self, user_args: list) -> None:
+        expected = self._input_spec.children()
+        for position, arg, want in zip(self._user_positions, user_args, expected):
+            got = pytree.tree_structure(arg)
+            if got != want:
+                raise PrecompileError(
+                    f"args[{position}]: input structure differs from the captured one: "
+                    f"expected {want}, got {got}"
+                )
+        raise PrecompileError("input structure differs from the captured one")
+
+    def _check_values(self, leaves: list) -> None:
+        for index, want in self._value_inputs:
+            got = leaves[index]
+            same = type(got) is type(want) and (
+                got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
+            )
+            if not same:
+                raise PrecompileError(
+                    f"{self._input_path(index)}: expected {want!r} (baked into the artifact at "
+                    f"capture), got {got!r}; precompile again for another value"
+                )
+
+    def _input_path(self, index: int) -> str:
+        paths, _ = pytree.tree_flatten_with_path(
+            pytree.tree_unflatten([None] * len(self.convention.inputs), self._input_spec)
+        )
+        positional, *rest = paths[index][0]
+        return _leaf_path(self._user_positions[positional.idx], tuple(rest))
+
+    # -- module state --------------------------------------------------------
+
+    def _state_tensors(self, modules: list) -> list:
+        per_module = []
+        for index, module in enumerate(modules):
+            cached = self._module_cache.get(id(module))
+            if cached is None or cached[0]() is not module:
+                cached = (weakref.ref(module), self._module_accessors(index, module))
+                self._module_cache[id(module)] = cached
+            per_module.append([table[name] for table, name in cached[1]])
+        state = [per_module[module_index][slot] for module_index, slot in self._state_slots]
+        for state_index, module_index, slot in self._alias_slots:
+            if per_module[module_index][slot] is not state[state_index]:
+                self._raise_untied(state_index, module_index, slot)
+        return state
+
+    def _raise_untied(self, state_index: int, module_index: int, slot: int) -> None:
+        spec = self.convention.state[state_index]
+        first_module, first_name = spec.names[0]
+        module_spec = self.convention.modules[module_index]
+        alias = (module_spec.parameters + module_spec.buffers)[slot]
+        raise PrecompileError(
+            f"args[{module_spec.position}].{alias} was the same tensor as "
+            f"args[{self._module_positions[first_module]}].{first_name} at capture (tied "
+            "weights) but is a different tensor now; tie them again or precompile the untied model"
+        )
+
+    def _module_accessors(self, index: int, module: torch.nn.Module) -> list:
+        spec = self.convention.modules[index]
+        where = f"args[{spec.position}]"
+        params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+        buffers = [n for n, _ in module.named_buffers(remove_duplicate=False)]
+        for kind, want, got in (
+            ("parameters", list(spec.parameters), params),
+            ("buffers", list(spec.buffers), buffers),
+        ):
+            if want != got:
+                missing = [n for n in want if n not in got]
+                extra = [n for n in got if n not in want]
+                raise PrecompileError(
+                    f"{where}: the module's {kind} differ from the captured model's: "
+                    f"expected {len(want)} {kind}, got {len(got)}; missing {missing[:5]}, "
+                    f"unexpected {extra[:5]}"
+                    + ("; order differs" if not missing and not extra else "")
+                )
+        return [_owner_dict(module, n, "parameter") for n in params] + [
+            _owner_dict(module, n, "buffer") for n in buffers
+        ]
+
+    # -- tensor checks -------------------------------------------------------
+
+    def _check_tensors(self, state: list, leaves: list) -> list:
+        user_tensors = [leaves[i] for i in self._tensor_inputs]
+        tensors = state + user_tensors
+        guard = self._guard
+        if guard is not None and guard.check(*tensors):
+            return user_tensors
+        self._check_tensors_slowly(state, leaves)
+        self._guard = self._build_guard(tensors)
+        return user_tensors
+
+    def _check_tensors_slowly(self, state: list, leaves: list) -> None:
+        backend = self.convention.backend
+        for spec, value in zip(self.convention.state, state):
+            module_index, name = spec.names[0]
+            what = f"args[{self._module_positions[module_index]}].{name} ({spec.kind})"
+            check_tensor(what, value, spec.tensor, backend)
+        for index in self._tensor_inputs:
+            check_tensor(
+                self._input_path(index), leaves[index], self.convention.inputs[index].tensor, backend
+            )
+
+    def _build_guard(self, tensors: list):
+        specs = [s.tensor for s in self.convention.state] + [
+            self.convention.inputs[i].tensor for i in self._tensor_inputs
+        ]
+        return torch._C._dynamo.guards.TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[_guard_sizes(s) for s in specs],
+            dynamic_dims_strides=[_checked_strides(s) for s in specs],
+        )
+
+    # -- call ---------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise PrecompileError(
+                f"keyword arguments are not supported (got {sorted(kwargs)}); pass every "
+                "argument positionally, as at capture"
+            )
+        modules, user_args = self._split_args(args)
+        leaves = self._user_leaves(user_args)
+        state = self._state_tensors(modules)
+        user_tensors = self._check_tensors(state, leaves)
+        if self._value_inputs:
+            self._check_values(leaves)
+        # The graph already contains any backward: run it without autograd
+        # recording (Inductor's out= kernels refuse inputs that require grad).
+        grad_enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            outputs = self._run_graph(state + user_tensors + self._constants)
+        finally:
+            torch._C._set_grad_enabled(grad_enabled)
+        if self._grad_names:
+            self._accumulate_grads(state, outputs[self._num_outputs :])
+        return self._rebuild_outputs(outputs)
+
+    def _accumulate_grads(self, state: list, grads: Any) -> None:
+        # Like eager .backward(): assign when None, else accumulate in place.
+        for index, grad in zip(self.convention.grad_state, grads):
+            param = state[index]
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad.add_(grad)
+
+    def _rebuild_outputs(self, outputs: Any) -> Any:
+        leaves = [
+            outputs[leaf.graph_output] if leaf.graph_output is not None else leaf.value
+            for leaf in self.convention.outputs
+        ]
+        return pytree.tree_unflatten(leaves, self._output_spec)
+
+
+# ---------------------------------------------------------------------------
+# Graph backends
+# ---------------------------------------------------------------------------
+
+
+def materialize_constants(specs: tuple[ConstantSpec, ...]) -> list[torch.Tensor]:
+    constants = []
+    for spec in specs:
+        raw = bytearray(base64.b64decode(spec.data))
+        flat = torch.frombuffer(raw, dtype=_dtype(spec.dtype)) if raw else torch.empty(0, dtype=_dtype(spec.dtype))
+        constants.append(flat.reshape(spec.shape).to(spec.device, copy=True))
+    return constants
+
+
+def kernel_key(argtypes: list[str], source: str) -> str:
+    """Content address of one Inductor C++ kernel."""
+    digest = hashlib.sha256(repr(list(argtypes)).encode())
+    digest.update(source.encode())
+    return digest.hexdigest()
+
+
+def load_kernel_library(key: str, path: str) -> Callable:
+    """Import a compiled kernel extension directly, without torch._inductor.
+
+    Mirrors ``CppPythonBindingsCodeCache._load_library_inner`` (torch 2.13):
+    the extension's ``PyInit_kernel`` reads the tensor data-pointer accessor's
+    address from this environment variable.
+    """
+    os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
+        torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
+    )
+    module_name = f"torch_precompile_{key[:32]}.kernel"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[module_name] = module
+    return module.kernel
+
+
+def jit_compile_kernel(argtypes: list[str], source: str) -> Callable:
+    """Compile one kernel with Inductor (the cold path: imports torch._inductor)."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    return CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+
+
+class KernelLoader:
+    """Stand-in for Inductor's ``AsyncCompile`` inside a generated module.
+
+    Each ``cpp_pybinding`` request is served from the cache's compiled kernels
+    when present, else compiled (and recorded, so precompile can harvest it).
+    """
+
+    def __init__(self, kernel_files: dict[str, str]):
+        self.kernel_files = kernel_files
+        self.compiled: dict[str, str] = {}  # key -> .so path of JIT-compiled kernels
+
+    def cpp_pybinding(self, argtypes: list[str], source: str) -> Callable:
+        key = kernel_key(argtypes, source)
+        path = self.kernel_files.get(key)
+        if path is not None:
+            return load_kernel_library(key, path)
+        kernel = jit_compile_kernel(argtypes, source)
+        self.compiled[key] = kernel.__self__.__file__
+        return kernel
+
+    def wait(self, scope: dict) -> None:
+        pass  # kernels are loaded synchronously
+
+
+class ExternKernels:
+    """Stand-in for ``torch._inductor.select_algorithm.extern_kernels``.
+
+    ``table`` maps each extern kernel the graph calls to a dotted torch name
+    recorded at precompile time; anything else is looked up in Inductor.
+    """
+
+    def __init__(self, table: dict[str, str]):
+        for name, dotted in table.items():
+            setattr(self, name, _resolve_dotted(dotted))
+
+    def __getattr__(self, name: str) -> Any:
+        from torch._inductor.select_algorithm import extern_kernels
+
+        return getattr(extern_kernels, name)
+
+
+def _resolve_dotted(dotted: str) -> Any:
+    obj: Any = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _align(nbytes: int) -> int:
+    # torch._inductor.utils._align (ALIGN_BYTES = 64 in torch 2.13)
+    return (nbytes + 63) & -64
+
+
+@contextlib.contextmanager
+def _maybe_profile(should_profile: bool, *args: Any, **kwargs: Any):
+    if should_profile:
+        with torch.profiler.profile(*args, **kwargs) as profile:
+            yield profile
+    else:
+        yield
+
+
+def _run_intermediate_hooks(name: str, value: Any) -> None:
+    pass  # only emitted with inductor's generate_intermediate_hooks, never pinned on
+
+
+def load_inductor_module(
+    source: str, extern_table: dict[str, str], kernel_files: dict[str, str]
+) -> tuple[Callable[[list], Any], KernelLoader]:
+    """Execute Inductor's generated module with light stand-ins; return ``call``."""
+    loader = KernelLoader(kernel_files)
+    namespace = {
+        "__name__": "torch_precompile_inductor_graph",
+        "AsyncCompile": lambda: loader,
+        "extern_kernels": ExternKernels(extern_table),
+        "align": _align,
+        "maybe_profile": _maybe_profile,
+        "run_intermediate_hooks": _run_intermediate_hooks,
+    }
+    exec(compile(source, "<precompile inductor graph>", "exec"), namespace)
+    return namespace["call"], loader
+
+
+def inductor_runner(call: Callable[[list], Any]) -> Callable[[list], Any]:
+    def run(inputs: list) -> Any:
+        try:
+            return call(inputs)
+        except AssertionError as error:
+            # Inductor's own size/stride asserts: the driver's checks should
+            # have caught this first; never leak a bare AssertionError.
+            raise PrecompileError(
+                f"the compiled graph rejected its inputs: {error}; pass tensors with the "
+                "captured shapes and layout, or precompile with backend='eager'"
+            ) from error
+
+    return run
+
+
+def eager_runner(graph: Callable) -> Callable[[list], Any]:
+    def run(inputs: list) -> Any:
+        return graph(*inputs)
+
+    return run
