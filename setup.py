@@ -1,9 +1,14 @@
 """Install torch.compiler.precompile onto an installed torch 2.13 wheel.
 
-Adds the modules ``torch._precompile`` and ``torch._precompile_runtime`` next
-to torch's own files (never over them) and registers an entry point of the
-group ``torch.backends``, which ``import torch`` runs at its end: it attaches
-``precompile`` and ``PrecompileError`` to ``torch.compiler``.
+Adds the modules ``torch._precompile``, ``torch._precompile_runtime`` and
+``torch._precompile_inspect`` next to torch's own files (never over them), plus
+the top-level shim ``torch_precompile``, and registers it as an entry point of
+the group ``torch.backends``, which ``import torch`` runs at its end: it
+attaches ``precompile`` and ``PrecompileError`` to ``torch.compiler``.  The
+shim never raises (a raising entry point aborts ``import torch``) and also
+works when this package lands in another site-packages than torch; see
+``torch_precompile.py``.  No file of the torch distribution is touched, so
+``pip uninstall torch-precompile`` restores stock torch exactly.
 """
 
 from setuptools import setup
@@ -14,7 +19,12 @@ setup(
     version="0.1.0",
     description="torch.compiler.precompile: ahead-of-time precompile on a stock PyTorch 2.13",
     python_requires=">=3.10",
-    py_modules=["torch._precompile", "torch._precompile_runtime"],
+    py_modules=[
+        "torch._precompile",
+        "torch._precompile_runtime",
+        "torch._precompile_inspect",
+        "torch_precompile",
+    ],
     install_requires=["torch==2.13.*"],
-    entry_points={"torch.backends": ["precompile = torch._precompile:_attach"]},
+    entry_points={"torch.backends": ["precompile = torch_precompile:_attach"]},
 )

@@ -76,7 +76,6 @@ from torch import _precompile_runtime as runtime
 from torch._precompile_runtime import (
     CallingConvention,
     ConstantSpec,
-    FORMAT_VERSION,
     LeafSpec,
     ModuleSpec,
     PrecompileError,
@@ -90,6 +89,8 @@ __all__ = ["precompile", "PrecompileError"]
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "torch.compiler.precompile"
+# Version of the artifact layout and of its CallingConvention record.
+FORMAT_VERSION = 1
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 _VALUE_TYPES = (int, float, bool, str, type(None))
@@ -295,7 +296,13 @@ def _source_of(node: torch.fx.Node) -> str:
     trace = node.meta.get("stack_trace")
     if not trace:
         return ""
-    frames = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
+    # The innermost frame of user code: skip torch's own files and FX's generated code.
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [
+        line.strip()
+        for line in trace.strip().splitlines()
+        if line.strip().startswith("File ") and torch_dir not in line and "<eval_with_key" not in line
+    ]
     return f" (at {frames[-1]})" if frames else ""
 
 
@@ -303,22 +310,23 @@ def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule
     """Refuse live state, effects and control flow; lift tensor literals to inputs."""
     from torch._higher_order_ops.effects import has_effects
 
-    constants = []
-    last_placeholder = [n for n in graph.graph.nodes if n.op == "placeholder"][-1]
-    for node in list(graph.graph.nodes):
-        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+    calls = [n for n in graph.graph.nodes if n.op == "call_function"]
+    for node in calls:
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
             raise PrecompileError(
-                f"fn uses the control-flow operator {node.target.name()}{_source_of(node)}, which "
-                "precompile does not support; write the branch as plain Python (it is specialized "
-                "to the example inputs) or keep it outside fn"
+                f"fn uses the higher-order operator {node.target.name()}{_source_of(node)} "
+                "(control flow such as torch.cond / while_loop), which precompile does not "
+                "support; write the branch as plain Python (it is specialized to the example "
+                "inputs) or keep it outside fn"
             )
-        if node.op == "call_function" and has_effects(node.target):
+        if has_effects(node.target):
             raise PrecompileError(
                 f"fn calls the effectful operator {node.target}{_source_of(node)}; side effects "
                 "would be lost or reordered by the artifact: move it out of fn"
             )
-        if node.op != "get_attr":
-            continue
+    constants = []
+    last_placeholder = list(graph.graph.find_nodes(op="placeholder"))[-1]
+    for node in list(graph.graph.find_nodes(op="get_attr")):
         value = getattr(graph, node.target)
         users = list(node.users)
         is_literal = isinstance(value, torch.Tensor) and all(
@@ -620,6 +628,8 @@ def _read_constants(python_code: str) -> dict[str, Any]:
             and isinstance(node.targets[0], ast.Name)
             and node.targets[0].id in ("FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION")
         ):
+            if node.targets[0].id in constants:
+                raise PrecompileError(f"python_code assigns {node.targets[0].id} twice; it was edited")
             try:
                 constants[node.targets[0].id] = ast.literal_eval(node.value)
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
@@ -868,3 +878,7 @@ def _attach() -> None:
 
 
 _attach()
+
+if __name__ == "__main__":
+    from torch._precompile_inspect import main
+    sys.exit(main(sys.argv[1:]))

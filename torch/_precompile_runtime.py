@@ -27,9 +27,6 @@ import torch
 import torch.utils._pytree as pytree
 
 
-# Version of the CallingConvention record and of the artifact layout around it.
-FORMAT_VERSION = 1
-
 _PrecompileError = getattr(torch.compiler, "PrecompileError", None)
 if _PrecompileError is None:
     # Running without the patch installed (a bare artifact in a plain torch

@@ -1,0 +1,749 @@
+# Owner(s): ["module: dynamo"]
+"""Tests for torch.compiler.precompile (torch/_precompile.py).
+
+Each class proves one part of Note [precompile programming model].  Inductor
+compiles cost seconds on a small CPU machine, so artifacts are built once per
+class (``_artifact`` caches them by key) and models stay tiny.
+"""
+
+import ast
+import copy
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+import torch._precompile as precompile_module
+from torch.compiler import PrecompileError
+
+
+precompile = torch.compiler.precompile
+BACKENDS = ("eager", "inductor")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_ARTIFACTS: dict = {}
+
+
+def _artifact(key, fn, *example_inputs, backend="inductor"):
+    """Build each (python_code, cache) pair once per test process."""
+    full_key = (key, backend)
+    if full_key not in _ARTIFACTS:
+        _ARTIFACTS[full_key] = precompile(fn, *example_inputs, backend=backend)
+    return _ARTIFACTS[full_key]
+
+
+def _load(pair):
+    return precompile.load(*pair)
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _forward(m, x):
+    return m(x)
+
+
+def _train_step(m, x, y):
+    loss = F.mse_loss(m(x), y)
+    loss.backward()
+    return loss
+
+
+def _snapshot(module):
+    return {
+        "state": {k: v.clone() for k, v in module.state_dict(keep_vars=True).items()},
+        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in module.named_parameters()},
+    }
+
+
+def _grads(module):
+    return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
+
+
+def _run_python(code, env=None, timeout=600):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+class TestAPI(TestCase):
+    def test_is_callable_instance_with_load(self):
+        self.assertTrue(callable(precompile))
+        self.assertTrue(callable(precompile.load))
+        self.assertIs(precompile, precompile_module.precompile)
+        self.assertIs(torch.compiler.PrecompileError, PrecompileError)
+        self.assertIn("precompile", torch.compiler.__all__)
+        self.assertIn("PrecompileError", torch.compiler.__all__)
+
+    def test_tracer_dynamo_not_implemented(self):
+        with self.assertRaisesRegex(NotImplementedError, "tracer='dynamo'"):
+            precompile(_forward, _mlp(), torch.randn(2, 8), tracer="dynamo")
+
+    def test_unknown_backend_names_choices(self):
+        with self.assertRaisesRegex(ValueError, r"unknown backend 'tvm'.*'inductor', 'eager'"):
+            precompile(_forward, _mlp(), torch.randn(2, 8), backend="tvm")
+
+    def test_unknown_tracer_names_choices(self):
+        with self.assertRaisesRegex(ValueError, r"unknown tracer 'jit'.*'make_fx', 'dynamo'"):
+            precompile(_forward, _mlp(), torch.randn(2, 8), tracer="jit")
+
+    def test_decompositions_reach_make_fx(self):
+        calls = []
+
+        def relu_as_clamp(x):
+            calls.append(x.shape)
+            return torch.clamp_min(x, 0)
+
+        table = {torch.ops.aten.relu.default: relu_as_clamp}
+        m, x = _mlp(), torch.randn(2, 8)
+        code, cache = precompile(_forward, m, x, backend="eager", decompositions=table)
+        self.assertEqual(calls, [torch.Size([2, 16])])
+        self.assertIn("aten.clamp_min", code)
+        self.assertNotIn("aten.relu", code)
+        torch.testing.assert_close(precompile.load(code, cache)(m, x), m(x))
+
+
+class TestCapture(TestCase):
+    @parametrize("backend", BACKENDS)
+    def test_inference_matches_eager(self, backend):
+        m, x = _mlp(), torch.randn(3, 8)
+        f = _load(_artifact("mlp_forward", _forward, m, x, backend=backend))
+        torch.testing.assert_close(f(m, x), m(x))
+        # New weights at runtime are used: the artifact holds none.
+        m2 = _mlp(seed=1)
+        torch.testing.assert_close(f(m2, x), m2(x))
+
+    @parametrize("backend", BACKENDS)
+    def test_several_modules_pytree_io_values_literals_tied(self, backend):
+        torch.manual_seed(0)
+        encoder = nn.Linear(4, 4)
+        decoder = nn.Linear(4, 4)
+        decoder.weight = encoder.weight  # tied across modules
+
+        def fn(scale, enc, inputs, dec, mode):
+            h = enc(inputs["x"]) * scale
+            h = h + torch.tensor([1.0, float("-inf"), 0.5, 2.0]).clamp_min(-1.0)  # a literal
+            out = dec(h)
+            return {"out": out, "pair": (out.sum(), mode), "n": 3, "none": None}
+
+        x = torch.randn(2, 4)
+        args = (2.0, encoder, {"x": x, "tag": "a"}, decoder, "train")
+        f = _load(_artifact("multi", fn, *args, backend=backend))
+        expected = fn(*args)
+        result = f(*args)
+        self.assertEqual(result, expected)
+        self.assertEqual(result["pair"][1], "train")
+        self.assertEqual(result["n"], 3)
+        convention = f.convention
+        self.assertEqual([m.position for m in convention.modules], [1, 3])
+        # Tied weight: one graph input with both names, parameters before buffers.
+        self.assertEqual(len(convention.state), 3)
+        self.assertEqual(convention.state[0].names, ((0, "weight"), (1, "weight")))
+        # Baked values are enforced.
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]: expected 2.0 .*got 3.0"):
+            f(3.0, encoder, {"x": x, "tag": "a"}, decoder, "train")
+        with self.assertRaisesRegex(PrecompileError, r"args\[2\]\['tag'\]: expected 'a'.*got 'b'"):
+            f(2.0, encoder, {"x": x, "tag": "b"}, decoder, "train")
+        with self.assertRaisesRegex(PrecompileError, r"args\[4\]: expected 'train'"):
+            f(2.0, encoder, {"x": x, "tag": "a"}, decoder, "eval")
+        # Untied at runtime is refused, not silently wrong.
+        untied = copy.deepcopy(decoder)
+        untied.weight = nn.Parameter(encoder.weight.detach().clone())
+        with self.assertRaisesRegex(PrecompileError, r"args\[3\]\.weight was the same tensor as args\[1\]\.weight"):
+            f(2.0, encoder, {"x": x, "tag": "a"}, untied, "train")
+
+    @parametrize("backend", BACKENDS)
+    def test_batchnorm_train_updates_running_stats_like_eager(self, backend):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+        x = torch.randn(2, 3, 6, 6)
+        f = _load(_artifact("bn_train", _forward, m, x, backend=backend))
+        reference = copy.deepcopy(m)
+        for _ in range(2):
+            torch.testing.assert_close(f(m, x), reference(x))
+        for (name, ours), theirs in zip(m.named_buffers(), reference.buffers()):
+            torch.testing.assert_close(ours, theirs, msg=name)
+        self.assertEqual(m[1].num_batches_tracked.item(), 2)
+
+    @parametrize("backend", BACKENDS)
+    def test_input_mutation_and_aliasing_outputs(self, backend):
+        def fn(x, y):
+            x.add_(1)  # mutates the caller's input, as in eager
+            return x.view(-1), y[:, :2], y
+
+        x, y = torch.randn(2, 3), torch.randn(2, 3)
+        pair = _artifact("mutation", fn, x, y, backend=backend)
+        f = _load(pair)
+        x_ref, x_run = x.clone(), x.clone()
+        expected = fn(x_ref, y)
+        flat, head, same = f(x_run, y)
+        torch.testing.assert_close(x_run, x_ref)
+        torch.testing.assert_close(flat, expected[0])
+        torch.testing.assert_close(head, expected[1])
+        torch.testing.assert_close(same, y)
+
+    @parametrize("backend", BACKENDS)
+    def test_dropout_reproducible_under_seed(self, backend):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+        x = torch.randn(4, 8)
+        pair = _artifact("dropout", _forward, m, x, backend=backend)
+        first, second = _load(pair), _load(pair)
+        torch.manual_seed(123)
+        a = first(m, x)
+        torch.manual_seed(123)
+        b = second(m, x)
+        torch.manual_seed(123)
+        eager = m(x)
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, eager)
+        self.assertTrue((a == 0).any())
+
+
+class TestTraining(TestCase):
+    @parametrize("backend", BACKENDS)
+    def test_grads_accumulate_like_eager(self, backend):
+        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = _load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        reference = copy.deepcopy(m)
+        for _ in range(2):  # None -> assign, then add in place
+            torch.testing.assert_close(f(m, x, y), _train_step(reference, x, y).detach())
+            for ours, theirs in zip(m.parameters(), reference.parameters()):
+                torch.testing.assert_close(ours.grad, theirs.grad)
+        self.assertFalse(f(m, x, y).requires_grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_frozen_and_unused_params_keep_none(self, backend):
+        torch.manual_seed(0)
+        m = nn.ModuleDict({"used": nn.Linear(4, 4), "frozen": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
+        m["frozen"].requires_grad_(False)
+
+        def step(m, x):
+            loss = m["frozen"](m["used"](x)).sum()
+            loss.backward()
+            return loss
+
+        x = torch.randn(2, 4)
+        f = _load(_artifact("frozen", step, m, x, backend=backend))
+        reference = copy.deepcopy(m)
+        f(m, x)
+        step(reference, x)
+        for (name, ours), theirs in zip(m.named_parameters(), reference.parameters()):
+            self.assertEqual(ours.grad is None, theirs.grad is None, msg=name)
+            if theirs.grad is not None:
+                torch.testing.assert_close(ours.grad, theirs.grad)
+        self.assertEqual(len(f.convention.grad_state), 2)
+
+    def test_buffer_receiving_grad_refused(self):
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("scale", torch.ones(4, requires_grad=True))
+
+            def forward(self, x):
+                return x * self.scale
+
+        def step(m, x):
+            m(x).sum().backward()
+
+        with self.assertRaisesRegex(PrecompileError, "buffer 'scale' would receive a gradient"):
+            precompile(step, M(), torch.randn(2, 4), backend="eager")
+
+    def test_input_receiving_grad_refused(self):
+        def step(m, x):
+            m(x).sum().backward()
+
+        x = torch.randn(2, 8, requires_grad=True)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\] would receive a gradient.*x.detach\(\)"):
+            precompile(step, _mlp(), x, backend="eager")
+
+    def test_bare_backward_returns_none(self):
+        def step(m, x):
+            m(x).sum().backward()
+
+        m, x = _mlp(), torch.randn(2, 8)
+        f = precompile.load(*precompile(step, m, x, backend="eager"))
+        self.assertIsNone(f(m, x))
+        self.assertIsNotNone(m[0].weight.grad)
+
+
+_GLOBAL_TENSOR = torch.randn(4)
+
+
+class TestCaptureContract(TestCase):
+    def test_global_tensor_refused(self):
+        with self.assertRaisesRegex(PrecompileError, "neither an argument of fn nor created inside it"):
+            precompile(lambda x: x + _GLOBAL_TENSOR, torch.randn(4), backend="eager")
+
+    def test_captured_local_refused(self):
+        bias = torch.randn(4)
+        with self.assertRaisesRegex(PrecompileError, "register_buffer"):
+            precompile(lambda x: x * bias, torch.randn(4), backend="eager")
+
+    def test_unregistered_module_attribute_refused(self):
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+                self.offset = torch.randn(4)  # plain attribute, not a buffer
+
+            def forward(self, x):
+                return self.lin(x) + self.offset
+
+        with self.assertRaisesRegex(PrecompileError, r"shape \(4,\).*in forward\): .*live state"):
+            precompile(_forward, M(), torch.randn(2, 4), backend="eager")
+
+    def test_library_style_mask_literal_accepted(self):
+        def fn(x):
+            n = x.shape[-1]
+            mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)
+            bias = torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0]])
+            return (x @ x.transpose(-1, -2) + mask + bias).softmax(-1)
+
+        x = torch.randn(2, 3, 3)
+        f = precompile.load(*precompile(fn, x, backend="eager"))
+        torch.testing.assert_close(f(x), fn(x))
+
+    def test_effectful_op_refused(self):
+        def fn(x):
+            torch.ops.aten._print("side effect")
+            return x + 1
+
+        with self.assertRaisesRegex(PrecompileError, "effectful operator aten._print"):
+            precompile(fn, torch.randn(2), backend="eager")
+
+    def test_control_flow_refused(self):
+        def fn(x):
+            return torch.cond(x.sum() > 0, lambda y: y + 1, lambda y: y - 1, (x,))
+
+        with self.assertRaisesRegex(PrecompileError, "higher-order operator cond"):
+            precompile(fn, torch.randn(2), backend="eager")
+
+    def test_rebinding_a_buffer_refused(self):
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("count", torch.zeros(()))
+
+            def forward(self, x):
+                self.count = self.count + 1  # rebinds instead of updating in place
+                return x * 2
+
+        with self.assertRaisesRegex(PrecompileError, "rebinds M attribute 'count'.*copy_"):
+            precompile(_forward, M(), torch.randn(2), backend="eager")
+
+    def test_caller_state_untouched(self):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        m(x).sum().backward()  # existing .grad must neither change nor be baked in
+        before, x_before = _snapshot(m), x.clone()
+        f = precompile.load(*precompile(_train_step, m, x, y, backend="eager"))
+        after = _snapshot(m)
+        for key in before["state"]:
+            self.assertEqual(before["state"][key], after["state"][key], atol=0, rtol=0)
+        for key in before["grads"]:
+            self.assertEqual(before["grads"][key], after["grads"][key], atol=0, rtol=0)
+        self.assertEqual(x, x_before, atol=0, rtol=0)
+        # The captured grads are fresh ones, not old grads baked in; they add onto .grad.
+        reference = copy.deepcopy(m)  # (Parameter.__deepcopy__ drops .grad)
+        for ours, theirs in zip(m.parameters(), reference.parameters()):
+            theirs.grad = ours.grad.clone()
+        f(m, x, y)
+        _train_step(reference, x, y)
+        for ours, theirs in zip(m.parameters(), reference.parameters()):
+            torch.testing.assert_close(ours.grad, theirs.grad)
+
+    def test_fn_exception_propagates_and_state_untouched(self):
+        class Boom(Exception):
+            pass
+
+        error = Boom("from fn")
+
+        def step(m, x):
+            m(x).sum().backward()
+            raise error
+
+        m = _mlp()
+        before = _snapshot(m)
+        with self.assertRaises(Boom) as raised:
+            precompile(step, m, torch.randn(2, 8), backend="eager")
+        self.assertIs(raised.exception, error)
+        after = _snapshot(m)
+        for key in before["grads"]:
+            self.assertIsNone(after["grads"][key])
+        for key in before["state"]:
+            self.assertEqual(before["state"][key], after["state"][key], atol=0, rtol=0)
+
+    def test_unsupported_leaf_refused(self):
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: unsupported leaf of type device"):
+            precompile(lambda x, d: x + 1, torch.randn(2), torch.device("cpu"), backend="eager")
+
+    def test_metadata_mutation_refused_by_inductor(self):
+        with self.assertRaisesRegex(PrecompileError, "cannot reproduce this graph faithfully.*x.t_"):
+            precompile(lambda x: x.t_(), torch.randn(2, 3), backend="inductor")
+
+
+class TestArtifact(TestCase):
+    @parametrize("backend", BACKENDS)
+    def test_python_code_layout_and_constants(self, backend):
+        m, x = _mlp(), torch.randn(3, 8)
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
+        self.assertTrue(code.startswith("# torch.compiler.precompile artifact"))
+        self.assertIn('namespace["forward"](model, *inputs)', code)
+        constants = precompile_module._read_constants(code)
+        self.assertEqual(constants["BACKEND"], backend)
+        self.assertEqual(constants["FORMAT_VERSION"], precompile_module.FORMAT_VERSION)
+        convention = constants["CALLING_CONVENTION"]
+        self.assertEqual(convention["modules"][0]["parameters"], ["0.weight", "0.bias", "2.weight", "2.bias"])
+        self.assertEqual(convention["inputs"][0]["tensor"]["shape"], [3, 8])
+        self.assertEqual(convention["grad_state"], [])
+        compile(code, "artifact", "exec")  # valid Python on its own
+        if backend == "eager":
+            self.assertIn("def eager_graph(", code)
+        else:
+            self.assertIn("INDUCTOR_GRAPH", code)
+
+    @parametrize("backend", BACKENDS)
+    def test_cache_envelope_is_weights_only_readable(self, backend):
+        m, x = _mlp(), torch.randn(3, 8)
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
+        envelope = torch.load(io.BytesIO(cache), weights_only=True)
+        self.assertEqual(envelope["format"], "torch.compiler.precompile")
+        self.assertEqual(envelope["version"], precompile_module.FORMAT_VERSION)
+        self.assertEqual(envelope["backend"], backend)
+        self.assertEqual(envelope["code_hash"], precompile_module._code_hash(code))
+        self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(envelope["artifact"]["kernels"]))
+        if backend == "eager":
+            self.assertEqual(envelope["artifact"], {"kernels": {}})
+        else:
+            self.assertGreater(len(envelope["artifact"]["kernels"]), 0)
+
+    @parametrize("backend", BACKENDS)
+    def test_runs_alone_in_fresh_interpreter(self, backend):
+        # python_code needs nothing but torch: run it with the patch hidden
+        # (autoload off, torch._precompile never imported) and no cache.
+        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        code, _ = _artifact("mlp_train", _train_step, m, x, y, backend=backend)
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = {name: os.path.join(tmp, name) for name in ("artifact.py", "state.pt", "out.pt")}
+            with open(paths["artifact.py"], "w") as f:
+                f.write(code)
+            torch.save({"model": m.state_dict(), "x": x, "y": y}, paths["state.pt"])
+            script = textwrap.dedent(
+                f"""
+                import sys, torch, torch.nn as nn
+                data = torch.load({paths['state.pt']!r})
+                m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+                m.load_state_dict(data["model"])
+                namespace = {{}}
+                exec(open({paths['artifact.py']!r}).read(), namespace)
+                loss = namespace["forward"](m, data["x"], data["y"])
+                assert "torch._precompile" not in sys.modules
+                torch.save({{"loss": loss, "grads": [p.grad for p in m.parameters()]}}, {paths['out.pt']!r})
+                """
+            )
+            result = _run_python(script, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+            self.assertEqual(result.returncode, 0, result.stderr)
+            out = torch.load(paths["out.pt"])
+        reference = copy.deepcopy(m)
+        torch.testing.assert_close(out["loss"], _train_step(reference, x, y).detach())
+        for ours, theirs in zip(out["grads"], reference.parameters()):
+            torch.testing.assert_close(ours, theirs.grad)
+
+
+class TestLoad(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.model, cls.x = _mlp(), torch.randn(3, 8)
+        cls.code, cls.cache = _artifact("mlp_forward", _forward, cls.model, cls.x, backend="eager")
+
+    def test_warns_on_every_load(self):
+        for _ in range(2):
+            with self.assertLogs("torch._precompile", level=logging.WARNING) as logs:
+                precompile.load(self.code, self.cache)
+            self.assertIn("executes python_code", logs.output[0])
+
+    def test_invalid_python(self):
+        with self.assertRaisesRegex(PrecompileError, "not valid Python"):
+            precompile.load("def broken(:\n", self.cache)
+
+    def test_missing_metadata(self):
+        with self.assertRaisesRegex(PrecompileError, r"missing the calling-convention metadata \['CALLING_CONVENTION'\]"):
+            precompile.load("FORMAT_VERSION = 1\nBACKEND = 'eager'\n", self.cache)
+
+    def test_non_literal_metadata_not_executed(self):
+        code = "FORMAT_VERSION = 1\nBACKEND = 'eager'\nCALLING_CONVENTION = __import__('os').system('false')\n"
+        with self.assertRaisesRegex(PrecompileError, "CALLING_CONVENTION is not a plain literal"):
+            precompile.load(code, self.cache)
+
+    def test_newer_format_refused(self):
+        code = self.code.replace("FORMAT_VERSION = 1\n", "FORMAT_VERSION = 99\n", 1)
+        with self.assertRaisesRegex(PrecompileError, r"format version 99, newer than .* understands \(1\)"):
+            precompile.load(code, self.cache)
+
+    def test_code_hash_mismatch(self):
+        with self.assertRaisesRegex(PrecompileError, "code_hash mismatch"):
+            precompile.load(self.code + "\n# edited\n", self.cache)
+
+    def test_backend_mismatch(self):
+        m, x = self.model, self.x
+        inductor_code, inductor_cache = _artifact("mlp_forward", _forward, m, x, backend="inductor")
+        with self.assertRaisesRegex(PrecompileError, "built for backend 'inductor' but python_code is for 'eager'"):
+            precompile.load(self.code, inductor_cache)
+        with self.assertRaisesRegex(PrecompileError, "built for backend 'eager' but python_code is for 'inductor'"):
+            precompile.load(inductor_code, self.cache)
+
+    @parametrize(
+        "damage",
+        ["empty", "truncated", "flipped", "foreign", "pickle"],
+    )
+    def test_damaged_cache(self, damage):
+        code, cache = _artifact("mlp_forward", _forward, self.model, self.x, backend="inductor")
+        buffer = io.BytesIO()
+        torch.save({"weights": torch.ones(3)}, buffer)
+        damaged = {
+            "empty": b"",
+            "truncated": cache[: len(cache) // 2],
+            "flipped": bytes(b ^ 0xFF if i == len(cache) // 2 else b for i, b in enumerate(cache)),
+            "foreign": b"\x89PNG\r\n\x1a\n" + os.urandom(64),
+            "pickle": buffer.getvalue(),
+        }[damage]
+        with self.assertRaisesRegex(PrecompileError, "cache is damaged"):
+            precompile.load(code, damaged)
+
+    def test_wrong_types(self):
+        with self.assertRaisesRegex(PrecompileError, "python_code: expected str, got bytes"):
+            precompile.load(b"x", self.cache)
+        with self.assertRaisesRegex(PrecompileError, "cache: expected bytes, got str"):
+            precompile.load(self.code, "x")
+
+
+class TestRuntimeChecks(TestCase):
+    @parametrize("backend", BACKENDS)
+    def test_call_errors_name_the_argument(self, backend):
+        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = _load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        cases = [
+            ((m, x), {}, r"expected 3 positional arguments \(as captured\), got 2"),
+            ((m, x), {"y": y}, r"keyword arguments are not supported \(got \['y'\]\)"),
+            ((x, x, y), {}, r"args\[0\]: expected an nn.Module .* got Tensor"),
+            ((m, [x], y), {}, r"args\[1\]: input structure differs"),
+            ((m, torch.randn(4, 8), y), {}, r"args\[1\]: expected shape \(3, 8\), got \(4, 8\)"),
+            ((m, x.double(), y), {}, r"args\[1\]: expected dtype torch.float32, got torch.float64"),
+            ((m, x.to("meta"), y), {}, r"args\[1\]: expected device cpu, got meta"),
+            ((m, x, 1.0), {}, r"args\[2\]: expected a Tensor of shape \(3, 4\), got float"),
+        ]
+        for args, kwargs, pattern in cases:
+            with self.assertRaisesRegex(PrecompileError, pattern):
+                f(*args, **kwargs)
+        self.assertIsNone(m[0].weight.grad)  # nothing ran
+
+    @parametrize("backend", BACKENDS)
+    def test_model_structure_checked(self, backend):
+        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = _load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        renamed = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        renamed.add_module("out", nn.Linear(16, 4))  # same count, other names
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]: the module's parameters differ.*missing \['2.weight', '2.bias'\]"):
+            f(renamed, x, y)
+        wider = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 5))
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.2\.weight \(parameter\): expected shape \(4, 16\), got \(5, 16\)"):
+            f(wider, x, y)
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.0\.weight \(parameter\): expected dtype torch.float32, got torch.float64"):
+            f(copy.deepcopy(m).double(), x, y)
+        # A parameter swapped after a successful call is re-checked.
+        f(m, x, y)
+        m[2].weight = nn.Parameter(torch.randn(4, 16, dtype=torch.float64))
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.2\.weight \(parameter\): expected dtype"):
+            f(m, x, y)
+
+    def test_layout_specialization_inductor_only(self):
+        m, x = _mlp(), torch.randn(3, 8)
+        f = _load(_artifact("mlp_forward", _forward, m, x, backend="inductor"))
+        transposed = torch.randn(8, 3).t()
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected strides \(8, 1\), got \(1, 3\).*contiguous\(\).*backend='eager'"):
+            f(m, transposed)
+        torch.testing.assert_close(f(m, transposed.contiguous()), m(transposed))
+        # Size-1 dims may have any stride (Inductor's own exemption).
+        one = torch.randn(1, 8)
+        g = _load(_artifact("mlp_forward_b1", _forward, m, one, backend="inductor"))
+        odd = torch.randn(8, 1).t()
+        self.assertEqual(odd.stride(), (1, 1))  # captured (8, 1): differs only in the size-1 dim
+        torch.testing.assert_close(g(m, odd), m(odd))
+        eager = _load(_artifact("mlp_forward", _forward, m, x, backend="eager"))
+        torch.testing.assert_close(eager(m, transposed), m(transposed))
+
+    @parametrize("backend", BACKENDS)
+    def test_pytree_input_paths(self, backend):
+        def fn(m, batch):
+            return m(batch["x"][0]) + batch["bias"]
+
+        m, x = _mlp(), torch.randn(3, 8)
+        batch = {"x": [x], "bias": torch.zeros(4)}
+        f = _load(_artifact("pytree_paths", fn, m, batch, backend=backend))
+        torch.testing.assert_close(f(m, batch), fn(m, batch))
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]\['x'\]\[0\]: expected shape \(3, 8\), got \(2, 8\)"):
+            f(m, {"x": [torch.randn(2, 8)], "bias": torch.zeros(4)})
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: input structure differs"):
+            f(m, {"x": x, "bias": torch.zeros(4)})
+
+
+class TestInductorCache(TestCase):
+    """Warm reload compiles nothing (design.md section 3)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.TemporaryDirectory()
+        torch.manual_seed(0)
+        cls.model = _mlp()
+        cls.x, cls.y = torch.randn(3, 8), torch.randn(3, 4)
+        code, cache = _artifact("mlp_train", _train_step, cls.model, cls.x, cls.y, backend="inductor")
+        cls.paths = {n: os.path.join(cls.tmp.name, n) for n in ("a.py", "a.cache", "data.pt", "stubs")}
+        with open(cls.paths["a.py"], "w") as f:
+            f.write(code)
+        with open(cls.paths["a.cache"], "wb") as f:
+            f.write(cache)
+        torch.save({"model": cls.model.state_dict(), "x": cls.x, "y": cls.y}, cls.paths["data.pt"])
+        reference = copy.deepcopy(cls.model)
+        cls.expected_loss = _train_step(reference, cls.x, cls.y).detach()
+        cls.expected_grads = [p.grad for p in reference.parameters()]
+        # Recording stub compilers that always fail.
+        os.makedirs(cls.paths["stubs"])
+        cls.compiler_log = os.path.join(cls.tmp.name, "compiler.log")
+        for name in ("gcc", "g++", "cc", "c++", "clang", "clang++"):
+            stub = os.path.join(cls.paths["stubs"], name)
+            with open(stub, "w") as f:
+                f.write(f'#!/bin/sh\necho "$0 $@" >> {cls.compiler_log}\nexit 1\n')
+            os.chmod(stub, 0o755)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+        super().tearDownClass()
+
+    def _child(self, out, extra_env=None, threads=None, cache_file=None):
+        script = textwrap.dedent(
+            f"""
+            import sys, time, torch, torch.nn as nn
+            {f'torch.set_num_threads({threads})' if threads else ''}
+            data = torch.load({self.paths['data.pt']!r})
+            m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+            m.load_state_dict(data["model"])
+            code = open({self.paths['a.py']!r}).read()
+            cache = open({cache_file or self.paths['a.cache']!r}, "rb").read()
+            f = torch.compiler.precompile.load(code, cache)
+            loss = f(m, data["x"], data["y"])
+            heavy = sorted(k for k in sys.modules if k.startswith(("torch._inductor", "torch._dynamo")))
+            torch.save({{"loss": loss, "grads": [p.grad for p in m.parameters()], "heavy": heavy}}, {out!r})
+            """
+        )
+        env = {"TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.tmp.name)}
+        env.update(extra_env or {})
+        return _run_python(script, env=env)
+
+    def _check(self, out):
+        result = torch.load(out)
+        torch.testing.assert_close(result["loss"], self.expected_loss)
+        for ours, theirs in zip(result["grads"], self.expected_grads):
+            torch.testing.assert_close(ours, theirs)
+        return result
+
+    def test_warm_load_runs_no_compiler_and_no_inductor_import(self):
+        out = os.path.join(self.tmp.name, "warm.pt")
+        env = {"PATH": self.paths["stubs"] + os.pathsep + os.environ["PATH"], "CXX": "g++", "CC": "gcc"}
+        result = self._child(out, extra_env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertFalse(os.path.exists(self.compiler_log), "a compiler was invoked on the warm path")
+        self.assertEqual(self._check(out)["heavy"], [])
+
+    def test_more_threads_than_build(self):
+        out = os.path.join(self.tmp.name, "threads.pt")
+        result = self._child(out, threads=8)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self._check(out)
+
+    def test_other_environment_warns_once_and_jit_compiles(self):
+        envelope = torch.load(io.BytesIO(open(self.paths["a.cache"], "rb").read()), weights_only=True)
+        envelope["build_env"] = dict(envelope["build_env"], cpu_capability="SOME_OTHER_ISA")
+        buffer = io.BytesIO()
+        torch.save(envelope, buffer)
+        other = os.path.join(self.tmp.name, "other.cache")
+        with open(other, "wb") as f:
+            f.write(buffer.getvalue())
+        out = os.path.join(self.tmp.name, "other.pt")
+        result = self._child(out, cache_file=other)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr.count("were built for"), 1, result.stderr)
+        self.assertIn("SOME_OTHER_ISA", result.stderr)
+        self._check(out)
+
+    def test_four_processes_share_one_cache_dir(self):
+        shared = tempfile.mkdtemp(dir=self.tmp.name)
+        outs = [os.path.join(self.tmp.name, f"proc{i}.pt") for i in range(4)]
+        results = []
+
+        def run(out):
+            results.append(self._child(out, extra_env={"TORCHINDUCTOR_CACHE_DIR": shared}))
+
+        threads = [threading.Thread(target=run, args=(out,)) for out in outs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for result in results:
+            self.assertEqual(result.returncode, 0, result.stderr)
+        for out in outs:
+            self._check(out)
+        so_files = os.listdir(os.path.join(shared, "precompile_kernels"))
+        self.assertTrue(so_files and all(name.endswith(".so") for name in so_files), so_files)
+
+
+class TestLogging(TestCase):
+    def test_stage_timings_through_torch_logs(self):
+        script = textwrap.dedent(
+            """
+            import torch
+            code, cache = torch.compiler.precompile(lambda x: x * 2, torch.randn(2), backend="eager")
+            torch.compiler.precompile.load(code, cache)
+            """
+        )
+        result = _run_python(script, env={"TORCH_LOGS": "precompile"})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stderr, r"precompile: capture\+enforce [\d.]+ ms, lower [\d.]+ ms.*cache=\d+B")
+        self.assertRegex(result.stderr, r"load: verify [\d.]+ ms, prime [\d.]+ ms, exec [\d.]+ ms")
+        quiet = _run_python(script)
+        self.assertNotIn("capture+enforce", quiet.stderr)
+
+
+instantiate_parametrized_tests(TestAPI)
+instantiate_parametrized_tests(TestCapture)
+instantiate_parametrized_tests(TestTraining)
+instantiate_parametrized_tests(TestArtifact)
+instantiate_parametrized_tests(TestLoad)
+instantiate_parametrized_tests(TestRuntimeChecks)
+
+
+if __name__ == "__main__":
+    run_tests()
