@@ -720,6 +720,103 @@ class TestInductorCache(TestCase):
         self.assertTrue(so_files and all(name.endswith(".so") for name in so_files), so_files)
 
 
+def _marked(tensor, dim, **kwargs):
+    from torch._dynamo.decorators import mark_unbacked
+
+    mark_unbacked(tensor, dim, **kwargs)
+    return tensor
+
+
+class TestFreeDims(TestCase):
+    """mark_unbacked: one inductor artifact for every size of a marked dim."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.model = _mlp()
+        # Independently marked x and y: mse_loss requires their batch sizes equal,
+        # which capture turns into one shape group the driver checks.
+        x = _marked(torch.randn(5, 8), 0)
+        y = _marked(torch.randn(5, 4), 0, max=64)
+        cls.train = _load(_artifact("free_train", _train_step, cls.model, x, y))
+        cls.forward = _load(_artifact("free_forward", _forward, cls.model, _marked(torch.randn(5, 8), 0)))
+
+    def test_forward_and_training_across_sizes(self):
+        for n in (1, 3, 5, 17, 64, 0):
+            x, y = torch.randn(n, 8), torch.randn(n, 4)
+            torch.testing.assert_close(self.forward(self.model, x), self.model(x))
+            m, reference = copy.deepcopy(self.model), copy.deepcopy(self.model)
+            loss = self.train(m, x, y)
+            torch.testing.assert_close(loss, _train_step(reference, x, y).detach(), equal_nan=True)
+            if n:
+                for ours, theirs in zip(m.parameters(), reference.parameters()):
+                    torch.testing.assert_close(ours.grad, theirs.grad)
+
+    def test_unmarked_dims_and_groups_and_bounds_checked(self):
+        m = self.model
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected shape \(\*, 8\), got \(3, 9\)"):
+            self.forward(m, torch.randn(3, 9))
+        with self.assertRaisesRegex(PrecompileError, r"args\[2\] dim 0 has size 4 but args\[1\] dim 0 has size 3; the captured graph requires them equal"):
+            self.train(m, torch.randn(3, 8), torch.randn(4, 4))
+        with self.assertRaisesRegex(PrecompileError, r"args\[2\]: dim 0 has size 65, outside the bounds \[0, 64\]"):
+            self.train(m, torch.randn(65, 8), torch.randn(65, 4))
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected a contiguous tensor.*\.contiguous\(\)"):
+            self.forward(m, torch.randn(8, 3).t())
+
+    def test_convention_records_free_dims(self):
+        convention = self.train.convention
+        x_spec, y_spec = (leaf.tensor for leaf in convention.inputs)
+        self.assertEqual(x_spec.shape, (None, 8))
+        self.assertEqual(x_spec.free_dims, ((0, 0, 0, None),))
+        self.assertEqual(y_spec.free_dims, ((0, 0, 0, 64),))  # same shape group as x
+        self.assertEqual(convention.sizes, ((0, 0), (1, 0)))
+        self.assertTrue(x_spec.contiguous)
+
+    def test_shape_id_shares_one_group(self):
+        x = _marked(torch.randn(4, 8), 0, shape_id="batch")
+        y = _marked(torch.randn(4, 4), 0, shape_id="batch", min=2)
+        f = _load(_artifact("free_shape_id", lambda m, x, y: m(x) + y, self.model, x, y))
+        groups = [leaf.tensor.free_dims[0][1] for leaf in f.convention.inputs]
+        self.assertEqual(groups[0], groups[1])
+        x2, y2 = torch.randn(6, 8), torch.randn(6, 4)
+        torch.testing.assert_close(f(self.model, x2, y2), self.model(x2) + y2)
+        with self.assertRaisesRegex(PrecompileError, r"outside the bounds \[2, inf\]"):
+            f(self.model, torch.randn(1, 8), torch.randn(1, 4))
+
+    def test_guard_on_marked_dim_refused_with_source_line(self):
+        def branchy(m, x):
+            if x.shape[0] > 3:
+                return m(x)
+            return m(x) * 2
+
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\] dim 0 \(marked with mark_unbacked\) to decide u0 > 3 at .*test_precompile.py:\d+ \(if x.shape\[0\] > 3:\)"):
+            precompile(branchy, self.model, _marked(torch.randn(5, 8), 0))
+
+    def test_specializing_view_refused(self):
+        with self.assertRaisesRegex(PrecompileError, r"fn specializes args\[1\] dim 0 .* to 5.*use -1"):
+            precompile(lambda m, x: m(x).view(5, 4), self.model, _marked(torch.randn(5, 8), 0))
+
+    def test_refusals(self):
+        x = _marked(torch.randn(5, 8), 0)
+        with self.assertRaisesRegex(NotImplementedError, "only supported by backend='inductor'"):
+            precompile(_forward, self.model, x, backend="eager")
+        dynamic = torch.randn(5, 8)
+        torch._dynamo.decorators.mark_dynamic(dynamic, 0)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: dims \[0\] are marked with mark_dynamic.*use torch._dynamo.decorators.mark_unbacked"):
+            precompile(_forward, self.model, dynamic)
+        strided = _marked(torch.randn(8, 5).t(), 0)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: an input with marked dims must be contiguous.*x.contiguous\(\)"):
+            precompile(_forward, self.model, strided)
+
+        class Wrapped(torch.Tensor):
+            pass
+
+        subclass = torch.randn(5, 8).as_subclass(Wrapped)
+        subclass._dynamo_unbacked_indices = {0}  # mark_unbacked's own record of the mark
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: mark_unbacked on a tensor subclass \(Wrapped\)"):
+            precompile(_forward, self.model, subclass)
+
+
 class TestLogging(TestCase):
     def test_stage_timings_through_torch_logs(self):
         script = textwrap.dedent(

@@ -67,6 +67,7 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from typing import Any, Callable
 
@@ -109,10 +110,36 @@ class _LiftedTensor:
 
 
 @dataclasses.dataclass
+class _Arguments:
+    """fn's example arguments: module positions, lifted state, user-input leaves."""
+
+    example_inputs: tuple
+    module_positions: list
+    modules: list
+    user_positions: list
+    lifted: list  # [_LiftedTensor]
+    input_leaves: list
+    input_spec: pytree.TreeSpec
+    input_paths: list  # "args[1]['x']" per input leaf
+    tensor_indices: list  # input leaves that are tensors
+
+
+@dataclasses.dataclass
+class _FreeDim:
+    """A user-input dim marked with mark_unbacked (Note invariant 3)."""
+
+    leaf: int  # index into input_leaves
+    dim: int
+    low: int
+    high: int | None
+    shape_id: str | None
+
+
+@dataclasses.dataclass
 class _Capture:
     graph: torch.fx.GraphModule
     convention: CallingConvention
-    example_inputs: list  # flat graph inputs (detached clones)
+    example_inputs: list  # flat graph inputs: real clones, or fakes when dims are free
 
 
 def _lift_state(modules: list) -> list:
@@ -129,12 +156,42 @@ def _lift_state(modules: list) -> list:
     return list(lifted.values())
 
 
-def _tensor_spec(t: torch.Tensor, backend: str) -> TensorSpec:
+def _split_arguments(example_inputs: tuple) -> _Arguments:
+    module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
+    modules = [example_inputs[i] for i in module_positions]
+    user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
+    user_args = tuple(example_inputs[i] for i in user_positions)
+    input_leaves, input_spec = pytree.tree_flatten(user_args)
+    input_paths = [
+        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
+        for path, _ in pytree.tree_flatten_with_path(user_args)[0]
+    ]
+    for what, leaf in zip(input_paths, input_leaves):
+        if not isinstance(leaf, torch.Tensor):
+            _check_value_leaf(what, leaf)
+    return _Arguments(
+        example_inputs=example_inputs,
+        module_positions=module_positions,
+        modules=modules,
+        user_positions=user_positions,
+        lifted=_lift_state(modules),
+        input_leaves=input_leaves,
+        input_spec=input_spec,
+        input_paths=input_paths,
+        tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
+    )
+
+
+def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
+    free = {dim for dim, *_ in free_dims}
     return TensorSpec(
-        shape=tuple(t.shape),
-        stride=tuple(t.stride()) if backend == "inductor" else None,
+        shape=tuple(None if d in free else size for d, size in enumerate(t.shape)),
+        # Free dims: strides vary with the size, so the layout is pinned as contiguous.
+        stride=tuple(t.stride()) if backend == "inductor" and not free else None,
         dtype=str(t.dtype).removeprefix("torch."),
         device=str(t.device),
+        free_dims=tuple(free_dims),
+        contiguous=bool(free),
     )
 
 
@@ -152,63 +209,277 @@ def _check_value_leaf(what: str, value: Any) -> None:
         )
 
 
-def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
-    from torch.fx.experimental.proxy_tensor import make_fx
+def _read_marks(args: _Arguments, backend: str) -> list:
+    """Dims marked with torch._dynamo.decorators.mark_unbacked on the user inputs."""
+    for entry in args.lifted:
+        if getattr(entry.tensor, "_has_dynamo_dim_marking", False):
+            raise PrecompileError(
+                f"parameter/buffer '{entry.names[0][1]}' has dynamic-dim marks; only user "
+                "inputs can have free dims: remove the marks from the module's tensors"
+            )
+    free_dims = []
+    for index in args.tensor_indices:
+        tensor, what = args.input_leaves[index], args.input_paths[index]
+        if getattr(tensor, "_dynamo_dynamic_indices", None):
+            raise PrecompileError(
+                f"{what}: dims {sorted(tensor._dynamo_dynamic_indices)} are marked with "
+                "mark_dynamic (backed), which precompile does not support; use "
+                "torch._dynamo.decorators.mark_unbacked instead"
+            )
+        marked = set(getattr(tensor, "_dynamo_unbacked_indices", ())) | set(
+            getattr(tensor, "_dynamo_strict_unbacked_indices", ())
+        )
+        if not marked:
+            continue
+        if backend != "inductor":
+            raise NotImplementedError(
+                f"precompile: {what} has dims marked with mark_unbacked; free dims are only "
+                "supported by backend='inductor' (backend='eager' specializes every size)"
+            )
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            raise PrecompileError(
+                f"{what}: mark_unbacked on a tensor subclass ({type(tensor).__name__}) is not "
+                "supported; pass a plain torch.Tensor"
+            )
+        if not tensor.is_contiguous():
+            raise PrecompileError(
+                f"{what}: an input with marked dims must be contiguous (its strides depend on "
+                f"the free sizes); got strides {tuple(tensor.stride())}: pass x.contiguous()"
+            )
+        bounds = getattr(tensor, "_dynamo_unbacked_bounds", {})
+        shape_ids = getattr(tensor, "_dynamo_shape_ids", {})
+        for dim in sorted(marked):
+            low, high = bounds.get(dim, (None, None))
+            free_dims.append(_FreeDim(index, dim, 0 if low is None else low, high, shape_ids.get(dim)))
+    return free_dims
+
+
+def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
+    """fn over flat tensors: (*state, *user tensors, *free sizes) -> (*outputs, *grads)."""
     from torch.nn.utils.stateless import _reparametrize_module
 
-    module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
-    modules = [example_inputs[i] for i in module_positions]
-    user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
-    user_args = tuple(example_inputs[i] for i in user_positions)
+    num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
 
-    lifted = _lift_state(modules)
-    state_leaves = [_clone_leaf(entry.tensor) for entry in lifted]
-    input_leaves, input_spec = pytree.tree_flatten(user_args)
-    input_paths = [
-        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
-        for path, _ in pytree.tree_flatten_with_path(user_args)[0]
-    ]
-    for what, leaf in zip(input_paths, input_leaves):
-        if not isinstance(leaf, torch.Tensor):
-            _check_value_leaf(what, leaf)
-    tensor_input_indices = [i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)]
-    traced_inputs = [_clone_leaf(input_leaves[i]) for i in tensor_input_indices]
-
-    recorded: dict[str, Any] = {}
-
-    def flat_fn(*flat: torch.Tensor):
-        state, tensors = flat[: len(lifted)], flat[len(lifted) :]
-        leaves = list(input_leaves)
-        for index, tensor in zip(tensor_input_indices, tensors):
+    def flat_fn(*flat):
+        state = flat[:num_state]
+        tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
+        leaves = list(args.input_leaves)
+        for index, tensor in zip(args.tensor_indices, tensors):
             leaves[index] = tensor
-        args = list(example_inputs)
-        for position, arg in zip(user_positions, pytree.tree_unflatten(leaves, input_spec)):
-            args[position] = arg
-        mappings = [{} for _ in modules]
-        for entry, leaf in zip(lifted, state):
+        call_args = list(args.example_inputs)
+        for position, arg in zip(args.user_positions, pytree.tree_unflatten(leaves, args.input_spec)):
+            call_args[position] = arg
+        mappings = [{} for _ in args.modules]
+        for entry, leaf in zip(args.lifted, state):
             for index, fqn in entry.names:
                 mappings[index][fqn] = leaf
         with contextlib.ExitStack() as stack:
-            for module, mapping in zip(modules, mappings):
+            for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(_reparametrize_module(module, mapping))
             with torch.enable_grad():
-                result = fn(*args)
-            _check_state_not_rebound(modules, mappings)
+                result = fn(*call_args)
+            _check_state_not_rebound(args.modules, mappings)
         out_leaves, out_spec = pytree.tree_flatten(result)
-        recorded["out_spec"] = out_spec
-        recorded["out_leaves"] = out_leaves
-        _check_gradients_reach_only_parameters(lifted, state, input_paths, tensor_input_indices, tensors)
+        recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
+        _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [
-            i for i, (entry, leaf) in enumerate(zip(lifted, state))
+            i
+            for i, (entry, leaf) in enumerate(zip(args.lifted, state))
             if entry.kind == "parameter" and leaf.grad is not None
         ]
         outputs = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
-    graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(
-        *state_leaves, *traced_inputs
-    )
+    return flat_fn
+
+
+def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
+    """Real-mode make_fx on clones: every size is static (Note invariant 3, 8)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
+        _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
+    ]
+    graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
     graph, constants = _enforce_contract(graph)
+    example = [t.detach() for t in inputs] + constants
+    return graph, example, (), constants
+
+
+def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decompositions) -> tuple:
+    """Symbolic make_fx with marked dims as unbacked symints (design.md section 2).
+
+    A data-dependent guard ``Eq(a, b)`` between two marked dims whose example
+    sizes agree means the graph requires them equal: they are merged into one
+    shape group (checked by the driver at every call) and the trace is redone.
+    Any other guard on a marked dim is refused.
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    groups = {i: free.shape_id or f"free{i}" for i, free in enumerate(free_dims)}
+    for _ in range(len(free_dims) + 1):
+        attempt = _SymbolicAttempt(args, free_dims, groups)
+        try:
+            return attempt.trace(flat_fn, decompositions)
+        except GuardOnDataDependentSymNode as error:
+            merged = attempt.mergeable(error.cond)
+            if merged is None:
+                raise attempt.guard_error(error) from None
+            keep, drop = merged
+            groups = {i: groups[keep] if g == groups[drop] else g for i, g in groups.items()}
+    raise AssertionError("unreachable: each retry merges two shape groups")
+
+
+class _SymbolicAttempt:
+    """One symbolic trace: fakes in a fresh ShapeEnv, one symint per marked dim."""
+
+    def __init__(self, args: _Arguments, free_dims: list, groups: dict):
+        from torch._dynamo.source import LocalSource
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+        self.args, self.free_dims = args, free_dims
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+
+        def fakify(tensor, name, free=()):
+            dims = {f.dim: (i, f) for i, f in free}
+            context = StatelessSymbolicContext(
+                dynamic_sizes=[
+                    DimDynamic.UNBACKED if d in dims else DimDynamic.STATIC for d in range(tensor.dim())
+                ],
+                shape_ids={d: groups[i] for d, (i, _) in dims.items()},
+                unbacked_bounds={d: (f.low, f.high) for d, (_, f) in dims.items()},
+            )
+            fake = self.fake_mode.from_tensor(tensor.detach(), symbolic_context=context, source=LocalSource(name))
+            return fake.requires_grad_(tensor.requires_grad)
+
+        self.inputs = [fakify(e.tensor, f"state{i}") for i, e in enumerate(args.lifted)]
+        by_leaf: dict[int, list] = {}
+        for i, free in enumerate(free_dims):
+            by_leaf.setdefault(free.leaf, []).append((i, free))
+        fake_leaves = {}
+        for index in args.tensor_indices:
+            tensor = args.input_leaves[index]
+            fake_leaves[index] = fakify(tensor, f"input{index}", by_leaf.get(index, ()))
+            self.inputs.append(fake_leaves[index])
+        # Free sizes are graph inputs too: AOTAutograd needs a binding for each symbol.
+        self.sizes = [fake_leaves[f.leaf].shape[f.dim] for f in free_dims]
+        self.symbols = {size.node.expr: i for i, size in enumerate(self.sizes)}
+        self.shape_env.pending_fresh_unbacked_symbols.clear()
+
+    def trace(self, flat_fn: Callable, decompositions) -> tuple:
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        graph = make_fx(
+            flat_fn, decomposition_table=decompositions, tracing_mode="symbolic", record_stack_traces=True
+        )(*self.inputs, *self.sizes)
+        self.refuse_specialization()
+        insert_deferred_runtime_asserts(graph, self.shape_env, "torch.compiler.precompile")
+        graph.recompile()
+        graph, constants = _enforce_contract(graph)
+        example = [t.detach() for t in self.inputs] + list(self.sizes) + [
+            self.fake_mode.from_tensor(c) for c in constants
+        ]
+        return graph, example, self.size_sources(), constants
+
+    def describe(self, index: int) -> str:
+        free = self.free_dims[index]
+        return f"{self.args.input_paths[free.leaf]} dim {free.dim}"
+
+    def refuse_specialization(self) -> None:
+        """Every requirement fn put on a free dim must be a mark bound or a shape group."""
+        for symbol, index in self.symbols.items():
+            replaced = self.shape_env.replacements.get(symbol)
+            if replaced is not None and self.shape_env.simplify(replaced) not in self.symbols:
+                raise PrecompileError(
+                    f"fn specializes {self.describe(index)} (marked with mark_unbacked) to "
+                    f"{replaced}, e.g. through .view() with literal sizes; use -1 or sizes derived "
+                    "from the input's .shape, or remove the mark"
+                )
+        for asserts in self.shape_env.deferred_runtime_asserts.values():
+            for requirement in asserts:
+                if not self.implied_by_marks(requirement.expr):
+                    names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
+                    raise PrecompileError(
+                        f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
+                        "(marked with mark_unbacked); state it in the mark instead (min=/max=) or "
+                        "remove the mark"
+                    )
+
+    def implied_by_marks(self, expr) -> bool:
+        """Equalities between free dims, and bounds the driver already checks."""
+        import sympy
+
+        sides = [self.shape_env.simplify(side) for side in getattr(expr, "args", ())]
+        if isinstance(expr, sympy.Eq) and all(side in self.symbols for side in sides):
+            return True
+        if not isinstance(expr, (sympy.LessThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.StrictGreaterThan)):
+            return False
+        lhs, rhs = sides
+        if lhs in self.symbols and rhs.is_Integer:  # symbol OP constant
+            symbol, constant, lower = lhs, int(rhs), isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan))
+        elif rhs in self.symbols and lhs.is_Integer:  # constant OP symbol
+            symbol, constant, lower = rhs, int(lhs), isinstance(expr, (sympy.LessThan, sympy.StrictLessThan))
+        else:
+            return False
+        free = self.free_dims[self.symbols[symbol]]
+        strict = isinstance(expr, (sympy.StrictLessThan, sympy.StrictGreaterThan))
+        if lower:  # requires size >= constant (+1 if strict)
+            return constant + strict <= free.low
+        return free.high is not None and free.high <= constant - strict
+
+    def size_sources(self) -> tuple:
+        """(leaf, dim, group, low, high) per free size, groups by canonical symbol."""
+        canonical = {}
+        result = []
+        for free, size in zip(self.free_dims, self.sizes):
+            symbol = self.shape_env.simplify(size.node.expr)
+            group = canonical.setdefault(symbol, len(canonical))
+            result.append((free.leaf, free.dim, group, free.low, free.high))
+        return tuple(result)
+
+    def mergeable(self, cond) -> tuple | None:
+        import sympy
+
+        if not isinstance(cond, (sympy.Eq, sympy.Ne)):
+            return None
+        lhs, rhs = (self.shape_env.simplify(side) for side in cond.args)
+        if lhs not in self.symbols or rhs not in self.symbols:
+            return None
+        a, b = self.symbols[lhs], self.symbols[rhs]
+        example_sizes = [
+            self.args.input_leaves[self.free_dims[i].leaf].shape[self.free_dims[i].dim] for i in (a, b)
+        ]
+        return (a, b) if example_sizes[0] == example_sizes[1] and a != b else None
+
+    def guard_error(self, error) -> PrecompileError:
+        names = {
+            str(symbol): f"{self.args.input_paths[self.free_dims[i].leaf]} dim {self.free_dims[i].dim}"
+            for symbol, i in self.symbols.items()
+        }
+        involved = [names[str(s)] for s in getattr(error.cond, "free_symbols", ()) if str(s) in names]
+        frames = [
+            f for f in traceback.extract_tb(error.__traceback__) if os.path.dirname(torch.__file__) not in f.filename
+        ]
+        where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+        return PrecompileError(
+            f"fn needs the size of {' and '.join(involved) or 'a marked dim'} (marked with "
+            f"mark_unbacked) to decide {error.cond}{where}: a free dim cannot be guarded on. "
+            "Remove the mark to specialize it, or avoid branching on / reshaping with that size"
+        )
+
+
+def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
+    args = _split_arguments(example_inputs)
+    free_dims = _read_marks(args, backend)
+    recorded: dict[str, Any] = {}
+    flat_fn = _flat_function(fn, args, recorded)
+    if free_dims:
+        graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
+    else:
+        graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
 
     outputs, graph_index = [], 0
     for i, leaf in enumerate(recorded["out_leaves"]):
@@ -219,6 +490,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             _check_value_leaf(f"fn's output leaf {i}", leaf)
             outputs.append(LeafSpec(value=leaf))
 
+    free_by_leaf: dict[int, list] = {}
+    for leaf, dim, group, low, high in sizes:
+        free_by_leaf.setdefault(leaf, []).append((dim, group, low, high))
     convention = CallingConvention(
         format_version=FORMAT_VERSION,
         backend=backend,
@@ -229,28 +503,25 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 parameters=tuple(n for n, _ in m.named_parameters(remove_duplicate=False)),
                 buffers=tuple(n for n, _ in m.named_buffers(remove_duplicate=False)),
             )
-            for position, m in zip(module_positions, modules)
+            for position, m in zip(args.module_positions, args.modules)
         ),
         state=tuple(
             StateSpec(kind=e.kind, names=tuple(e.names), tensor=_tensor_spec(e.tensor, backend))
-            for e in lifted
+            for e in args.lifted
         ),
-        input_spec=pytree.treespec_dumps(input_spec),
+        input_spec=pytree.treespec_dumps(args.input_spec),
         inputs=tuple(
-            LeafSpec(tensor=_tensor_spec(leaf, backend))
+            LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
             if isinstance(leaf, torch.Tensor)
             else LeafSpec(value=leaf)
-            for leaf in input_leaves
+            for i, leaf in enumerate(args.input_leaves)
         ),
         output_spec=pytree.treespec_dumps(recorded["out_spec"]),
         outputs=tuple(outputs),
         grad_state=tuple(recorded["grad_state"]),
+        sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
         constants=tuple(_constant_spec(c) for c in constants),
     )
-    example = [
-        t.detach().clone(memory_format=torch.preserve_format)
-        for t in [e.tensor for e in lifted] + [input_leaves[i] for i in tensor_input_indices] + constants
-    ]
     return _Capture(graph, convention, example)
 
 
@@ -269,19 +540,19 @@ def _check_state_not_rebound(modules: list, mappings: list) -> None:
                 )
 
 
-def _check_gradients_reach_only_parameters(lifted, state, input_paths, tensor_input_indices, tensors) -> None:
+def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tensors: tuple) -> None:
     # Invariant 4: only parameters receive gradients from the runnable.
-    for entry, leaf in zip(lifted, state):
+    for entry, leaf in zip(args.lifted, state):
         if entry.kind == "buffer" and leaf.grad is not None:
             raise PrecompileError(
                 f"buffer '{entry.names[0][1]}' would receive a gradient; precompile only "
                 "accumulates gradients of parameters: make it an nn.Parameter or set "
                 "requires_grad=False on the buffer"
             )
-    for index, tensor in zip(tensor_input_indices, tensors):
+    for index, tensor in zip(args.tensor_indices, tensors):
         if tensor.grad is not None:
             raise PrecompileError(
-                f"{input_paths[index]} would receive a gradient; precompile only accumulates "
+                f"{args.input_paths[index]} would receive a gradient; precompile only accumulates "
                 "gradients of module parameters: pass the input with requires_grad=False "
                 "(e.g. x.detach()) or make it a parameter of a module argument"
             )

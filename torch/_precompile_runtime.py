@@ -51,8 +51,10 @@ class TensorSpec:
     stride: tuple[int, ...] | None  # None: layout is not specialized (eager)
     dtype: str  # e.g. "float32"
     device: str  # e.g. "cpu"
-    # Bounds of the free dims, as ((dim, min, max), ...); max None = unbounded.
-    free_dims: tuple[tuple[int, int, int | None], ...] = ()
+    # Free dims as ((dim, shape group, min, max), ...); max None = unbounded.
+    # Dims in one shape group must have equal sizes.
+    free_dims: tuple[tuple[int, int, int, int | None], ...] = ()
+    contiguous: bool = False  # layout pinned as contiguous (inputs with free dims)
 
     def describe_shape(self) -> str:
         return "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
@@ -109,7 +111,7 @@ class CallingConvention:
     """Everything a caller must match; rendered into python_code as literals.
 
     Graph inputs are ``state`` tensors, then the tensor leaves of the user
-    inputs, then ``constants``.  Graph outputs are the tensor leaves of fn's
+    inputs, then the free ``sizes`` (ints), then ``constants``.  Graph outputs are the tensor leaves of fn's
     result, then one gradient per entry of ``grad_state``.
     """
 
@@ -123,6 +125,7 @@ class CallingConvention:
     output_spec: str  # pytree.treespec_dumps of fn's result
     outputs: tuple[LeafSpec, ...]
     grad_state: tuple[int, ...]  # indices into state receiving .grad
+    sizes: tuple[tuple[int, int], ...]  # (input leaf, dim) of each free size graph input
     constants: tuple[ConstantSpec, ...]
 
     def to_literal(self) -> dict:
@@ -227,10 +230,8 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
     """
     if spec.stride is None or any(s == 0 for s in spec.shape):
         return [None] * len(spec.shape)
-    free = {d for d, _, _ in spec.free_dims}
     return [
-        None if (size == 1 or d in free or size is None) else stride
-        for d, (size, stride) in enumerate(zip(spec.shape, spec.stride))
+        None if size == 1 else stride for size, stride in zip(spec.shape, spec.stride)
     ]
 
 
@@ -257,7 +258,7 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
             "specialized at capture (mark a dim with torch._dynamo.decorators.mark_unbacked "
             "before precompile() to let it vary)"
         )
-    for dim, low, high in spec.free_dims:
+    for dim, _, low, high in spec.free_dims:
         size = shape[dim]
         if size < low or (high is not None and size > high):
             raise PrecompileError(
@@ -271,6 +272,11 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
     if str(value.device) != spec.device:
         raise PrecompileError(
             f"{what}: expected device {spec.device}, got {value.device}; move it with .to('{spec.device}')"
+        )
+    if spec.contiguous and not value.is_contiguous():
+        raise PrecompileError(
+            f"{what}: expected a contiguous tensor (it has free dims), got strides "
+            f"{tuple(value.stride())}; pass .contiguous()"
         )
     want = _checked_strides(spec)
     got = value.stride()
@@ -340,6 +346,10 @@ class PrecompiledFunction:
             self._input_spec.type is tuple
         )
         self._tensor_inputs = [i for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
+        # Inputs with free dims: checked every call (layout, bounds, shape groups).
+        self._free_inputs = [
+            (i, leaf.tensor) for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None and leaf.tensor.free_dims
+        ]
         self._value_inputs = [
             (i, leaf.value) for i, leaf in enumerate(convention.inputs) if leaf.is_value
         ]
@@ -514,17 +524,38 @@ class PrecompiledFunction:
         user_tensors = self._check_tensors(state, leaves)
         if self._value_inputs:
             self._check_values(leaves)
+        sizes = self._free_sizes(leaves) if self._free_inputs else []
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad).
         grad_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            outputs = self._run_graph(state + user_tensors + self._constants)
+            outputs = self._run_graph(state + user_tensors + sizes + self._constants)
         finally:
             torch._C._set_grad_enabled(grad_enabled)
         if self._grad_names:
             self._accumulate_grads(state, outputs[self._num_outputs :])
         return self._rebuild_outputs(outputs)
+
+    def _free_sizes(self, leaves: list) -> list:
+        """Sizes of the free dims (graph inputs), after checking bounds and shape groups."""
+        groups: dict[int, tuple[int, int, int]] = {}  # group -> (size, leaf, dim)
+        for index, spec in self._free_inputs:
+            tensor = leaves[index]
+            if not tensor.is_contiguous():
+                check_tensor(self._input_path(index), tensor, spec, self.convention.backend)
+            for dim, group, low, high in spec.free_dims:
+                size = tensor.shape[dim]
+                if size < low or (high is not None and size > high):
+                    check_tensor(self._input_path(index), tensor, spec, self.convention.backend)
+                first = groups.setdefault(group, (size, index, dim))
+                if first[0] != size:
+                    raise PrecompileError(
+                        f"{self._input_path(index)} dim {dim} has size {size} but "
+                        f"{self._input_path(first[1])} dim {first[2]} has size {first[0]}; the "
+                        "captured graph requires them equal"
+                    )
+        return [leaves[index].shape[dim] for index, dim in self.convention.sizes]
 
     def _accumulate_grads(self, state: list, grads: Any) -> None:
         # Like eager .backward(): assign when None, else accumulate in place.
