@@ -774,6 +774,9 @@ def _render_string(text: str) -> str:
 # ---------------------------------------------------------------------------
 
 
+_GRAPH_MARKER = "\n# " + "-" * 20 + " captured graph " + "-" * 20
+
+
 def _driver_source() -> str:
     source = inspect.getsource(runtime)
     return source.split('"""', 2)[2].lstrip("\n")  # drop the module docstring
@@ -811,7 +814,7 @@ def _render(convention: CallingConvention, lowered: _Lowered) -> str:
         f"FORMAT_VERSION = {FORMAT_VERSION}\n",
         f"BACKEND = {convention.backend!r}\n",
         f"CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}\n",
-        "# " + "-" * 20 + " captured graph " + "-" * 20 + "\n",
+        _GRAPH_MARKER.lstrip("\n") + "\n",
         lowered.graph_code,
         "# " + "-" * 20 + " driver (torch/_precompile_runtime.py) " + "-" * 20 + "\n",
         _driver_source(),
@@ -887,8 +890,11 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
 def _read_constants(python_code: str) -> dict[str, Any]:
     if not isinstance(python_code, str):
         raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
+    # The constants precede the graph: parsing only that header keeps load()
+    # fast for large graphs; the rest is compiled when executed.
+    header_end = python_code.find(_GRAPH_MARKER)
     try:
-        module = ast.parse(python_code)
+        module = ast.parse(python_code if header_end < 0 else python_code[:header_end])
     except SyntaxError as error:
         raise PrecompileError(f"python_code is not valid Python ({error}); it is not a precompile artifact") from error
     constants = {}

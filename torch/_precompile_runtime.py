@@ -14,14 +14,13 @@ a kernel has to be compiled because the cache did not provide it.
 
 import base64
 import contextlib
-import dataclasses
 import hashlib
 import importlib.util
 import math
 import os
 import sys
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -39,12 +38,13 @@ else:
 
 
 # ---------------------------------------------------------------------------
-# The calling convention: one explicit, versioned record.
+# The calling convention: one explicit, versioned record.  NamedTuples rather
+# than dataclasses: creating a dataclass execs generated code (~2 ms each),
+# paid by every load() of an artifact.
 # ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(NamedTuple):
     """What the graph was specialized to for one tensor."""
 
     shape: tuple[int | None, ...]  # None marks a free (unbacked) dim
@@ -60,8 +60,7 @@ class TensorSpec:
         return "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
 
 
-@dataclasses.dataclass(frozen=True)
-class StateSpec:
+class StateSpec(NamedTuple):
     """One lifted parameter or buffer (tied names collapse onto one entry)."""
 
     kind: str  # "parameter" or "buffer"
@@ -69,8 +68,7 @@ class StateSpec:
     tensor: TensorSpec
 
 
-@dataclasses.dataclass(frozen=True)
-class ModuleSpec:
+class ModuleSpec(NamedTuple):
     """The structure a module argument must have at runtime."""
 
     position: int  # positional index in fn's arguments
@@ -78,8 +76,7 @@ class ModuleSpec:
     buffers: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class LeafSpec:
+class LeafSpec(NamedTuple):
     """A pytree leaf of fn's inputs or outputs.
 
     Exactly one of ``tensor`` (an input tensor), ``graph_output`` (an output
@@ -96,8 +93,7 @@ class LeafSpec:
         return self.tensor is None and self.graph_output is None
 
 
-@dataclasses.dataclass(frozen=True)
-class ConstantSpec:
+class ConstantSpec(NamedTuple):
     """A tensor literal created inside fn, reproduced bit-exactly."""
 
     shape: tuple[int, ...]
@@ -106,8 +102,7 @@ class ConstantSpec:
     data: str  # base64 of the raw little-endian bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class CallingConvention:
+class CallingConvention(NamedTuple):
     """Everything a caller must match; rendered into python_code as literals.
 
     Graph inputs are ``state`` tensors, then the tensor leaves of the user
@@ -142,12 +137,9 @@ class CallingConvention:
 
 
 def _to_literal(value: Any) -> Any:
-    """Dataclasses -> dicts of plain literals that ``ast.literal_eval`` reads."""
-    if dataclasses.is_dataclass(value):
-        return {
-            f.name: _to_literal(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-        }
+    """Records -> dicts of plain literals that ``ast.literal_eval`` reads."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {name: _to_literal(getattr(value, name)) for name in value._fields}
     if isinstance(value, (tuple, list)):
         return [_to_literal(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -156,23 +148,19 @@ def _to_literal(value: Any) -> Any:
 
 
 def _from_literal(cls: Any, literal: Any) -> Any:
-    """Inverse of ``_to_literal`` for the dataclasses above."""
+    """Inverse of ``_to_literal`` for the records above."""
     if not isinstance(literal, dict):
         raise PrecompileError(
             f"calling convention: expected a dict for {cls.__name__}, got {type(literal).__name__}"
         )
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(literal) - set(fields)
-    missing = {n for n, f in fields.items() if f.default is dataclasses.MISSING} - set(literal)
+    unknown = set(literal) - set(cls._fields)
+    missing = set(cls._fields) - set(cls._field_defaults) - set(literal)
     if unknown or missing:
         raise PrecompileError(
             f"calling convention: {cls.__name__} has unknown fields {sorted(unknown)} "
             f"and missing fields {sorted(missing)}"
         )
-    kwargs = {}
-    for name, value in literal.items():
-        kwargs[name] = _field_from_literal(cls, name, value)
-    return cls(**kwargs)
+    return cls(**{name: _field_from_literal(cls, name, value) for name, value in literal.items()})
 
 
 _NESTED = {
