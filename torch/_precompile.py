@@ -720,7 +720,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     )
     bind = (
         "_call, _kernel_loader = load_inductor_module(INDUCTOR_GRAPH, EXTERN_KERNELS, _kernel_files)\n"
-        "_run_graph = inductor_runner(_call)\n"
+        "_run_graph = _call  # Inductor's call(list_of_inputs) -> outputs\n"
     )
     return _Lowered(graph_code, bind)
 

@@ -277,19 +277,6 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
         )
 
 
-def _guard_sizes(spec: TensorSpec) -> list[int | None]:
-    return list(spec.shape)
-
-
-class _ModuleState:
-    """Reads a module's lifted tensors through cached (owner, attribute) pairs."""
-
-    __slots__ = ("accessors",)
-
-    def __init__(self, accessors: list[tuple[dict, str]]):
-        self.accessors = accessors
-
-
 def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
     *path, leaf = fqn.split(".")
     owner = module
@@ -311,9 +298,13 @@ def _leaf_path(i: int, key_path: tuple) -> str:
 class PrecompiledFunction:
     """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
 
-    Checks each call against the calling convention (cheaply once a layout has
-    been seen), runs the graph, accumulates parameter gradients onto the
-    runtime model like eager ``.backward()``, and rebuilds fn's result.
+    Every call is checked against the calling convention, runs the graph,
+    accumulates parameter gradients onto the runtime model like eager
+    ``.backward()``, and rebuilds fn's result.  The checks cost microseconds:
+    a call whose modules and tensor layouts were already fully checked is
+    verified by one C++ ``TensorGuards`` check; anything else takes the slow
+    path, which either raises a PrecompileError naming what differs or
+    re-arms the fast path for the new layout.
     """
 
     def __init__(
@@ -325,28 +316,30 @@ class PrecompiledFunction:
         self.convention = convention
         self._run_graph = run_graph
         self._constants = constants
+        self._arity = convention.arity
         self._module_positions = tuple(m.position for m in convention.modules)
         self._user_positions = convention.user_positions
         self._input_spec = pytree.treespec_loads(convention.input_spec)
         self._output_spec = pytree.treespec_loads(convention.output_spec)
-        # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree.
-        self._flat_inputs = all(c.is_leaf() for c in self._input_spec.children()) and (
-            self._input_spec.type is tuple
+        # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
+        # the guard and value checks below catch a container passed instead.
+        self._flat_inputs = self._input_spec.type is tuple and all(
+            c.is_leaf() for c in self._input_spec.children()
         )
-        self._tensor_inputs = [i for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
+        inputs = convention.inputs
+        self._tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
+        self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
-        self._free_inputs = [
-            (i, leaf.tensor) for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None and leaf.tensor.free_dims
-        ]
-        self._value_inputs = [
-            (i, leaf.value) for i, leaf in enumerate(convention.inputs) if leaf.is_value
-        ]
-        self._grad_names = [convention.state[i].names[0] for i in convention.grad_state]
+        self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
         self._num_outputs = sum(1 for leaf in convention.outputs if leaf.graph_output is not None)
-        # id(module) -> (weakref, accessors); entries die with their module.
-        self._module_cache: dict[int, tuple[weakref.ref, list]] = {}
-        self._guard = None  # TensorGuards built from the last fully checked call
+        self._output_indices = [leaf.graph_output for leaf in convention.outputs]
+        self._plain_outputs = all(i is not None for i in self._output_indices) and (
+            self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
+        )
         self._state_slots, self._alias_slots = self._locate_state()
+        # tuple(id(module)) -> (weakrefs, accessors); stale entries are pruned.
+        self._state_cache: dict[tuple, tuple[tuple, list]] = {}
+        self._guard = None  # TensorGuards armed by the last fully checked call
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -358,94 +351,103 @@ class PrecompiledFunction:
         for state_index, spec in enumerate(self.convention.state):
             (module_index, name), *tied = spec.names
             primary.append((module_index, slots[(module_index, name)]))
-            aliases += [(state_index, m, slots[(m, n)]) for m, n in tied]
+            aliases += [(state_index, m, slots[(m, n)], n) for m, n in tied]
         return primary, aliases
 
-    # -- arguments ---------------------------------------------------------
+    # -- the call ------------------------------------------------------------
 
-    def _split_args(self, args: tuple) -> tuple[list, list]:
-        if len(args) != self.convention.arity:
-            raise PrecompileError(
-                f"expected {self.convention.arity} positional arguments (as captured), got {len(args)}"
-            )
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != self._arity:
+            self._raise_call_shape(args, kwargs)
         modules = [args[i] for i in self._module_positions]
-        for position, module in zip(self._module_positions, modules):
-            if not isinstance(module, torch.nn.Module):
-                raise PrecompileError(
-                    f"args[{position}]: expected an nn.Module (one was captured at this "
-                    f"position), got {type(module).__name__}"
-                )
-        return modules, [args[i] for i in self._user_positions]
+        state = self._state_tensors(modules)
+        user_args = [args[i] for i in self._user_positions]
+        leaves = user_args if self._flat_inputs else self._flatten(user_args)
+        tensors = state + [leaves[i] for i in self._tensor_inputs]
+        if not self._guard_passes(tensors):
+            self._check_slowly(user_args, leaves, state)
+            self._guard = self._build_guard(tensors)
+        if self._value_inputs:
+            self._check_values(user_args, leaves)
+        if self._free_inputs:
+            tensors += self._free_sizes(leaves)
+        # The graph already contains any backward: run it without autograd
+        # recording (Inductor's out= kernels refuse inputs that require grad).
+        grad_enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            outputs = self._run_graph(tensors + self._constants)
+        except AssertionError as error:
+            if self.convention.backend != "inductor":
+                raise
+            # Inductor's own size/stride asserts: the checks above should have
+            # caught this first; never leak a bare AssertionError.
+            raise PrecompileError(
+                f"the compiled graph rejected its inputs: {error}; pass tensors with the "
+                "captured shapes and layout, or precompile with backend='eager'"
+            ) from error
+        finally:
+            torch._C._set_grad_enabled(grad_enabled)
+        if self.convention.grad_state:
+            self._accumulate_grads(state, outputs[self._num_outputs :])
+        if self._plain_outputs:
+            if self._output_spec.is_leaf():
+                return outputs[0]
+            return tuple(outputs[i] for i in self._output_indices)
+        return self._rebuild_outputs(outputs)
 
-    def _user_leaves(self, user_args: list) -> list:
-        if self._flat_inputs and len(user_args) == len(self.convention.inputs):
-            if all(pytree.tree_is_leaf(a) for a in user_args):
-                return user_args
-        leaves, spec = pytree.tree_flatten(tuple(user_args))
-        if spec != self._input_spec:
-            self._raise_structure_mismatch(user_args)
-        return leaves
+    def _guard_passes(self, tensors: list) -> bool:
+        guard = self._guard
+        if guard is None:
+            return False
+        try:
+            return guard.check(*tensors)
+        except TypeError:  # a non-tensor where a tensor was captured
+            return False
 
-    def _raise_structure_mismatch(self, user_args: list) -> None:
-        expected = self._input_spec.children()
-        for position, arg, want in zip(self._user_positions, user_args, expected):
-            got = pytree.tree_structure(arg)
-            if got != want:
-                raise PrecompileError(
-                    f"args[{position}]: input structure differs from the captured one: "
-                    f"expected {want}, got {got}"
-                )
-        raise PrecompileError("input structure differs from the captured one")
-
-    def _check_values(self, leaves: list) -> None:
-        for index, want in self._value_inputs:
-            got = leaves[index]
-            same = type(got) is type(want) and (
-                got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
+    def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
+        if kwargs:
+            raise PrecompileError(
+                f"keyword arguments are not supported (got {sorted(kwargs)}); pass every "
+                "argument positionally, as at capture"
             )
-            if not same:
-                raise PrecompileError(
-                    f"{self._input_path(index)}: expected {want!r} (baked into the artifact at "
-                    f"capture), got {got!r}; precompile again for another value"
-                )
-
-    def _input_path(self, index: int) -> str:
-        paths, _ = pytree.tree_flatten_with_path(
-            pytree.tree_unflatten([None] * len(self.convention.inputs), self._input_spec)
+        raise PrecompileError(
+            f"expected {self._arity} positional arguments (as captured), got {len(args)}"
         )
-        positional, *rest = paths[index][0]
-        return _leaf_path(self._user_positions[positional.idx], tuple(rest))
 
     # -- module state --------------------------------------------------------
 
     def _state_tensors(self, modules: list) -> list:
-        per_module = []
-        for index, module in enumerate(modules):
-            cached = self._module_cache.get(id(module))
-            if cached is None or cached[0]() is not module:
-                cached = (weakref.ref(module), self._module_accessors(index, module))
-                self._module_cache[id(module)] = cached
-            per_module.append([table[name] for table, name in cached[1]])
-        state = [per_module[module_index][slot] for module_index, slot in self._state_slots]
-        for state_index, module_index, slot in self._alias_slots:
-            if per_module[module_index][slot] is not state[state_index]:
-                self._raise_untied(state_index, module_index, slot)
+        key = tuple(map(id, modules))
+        cached = self._state_cache.get(key)
+        if cached is None or any(ref() is not m for ref, m in zip(cached[0], modules)):
+            cached = self._cache_state_accessors(key, modules)
+        state = [table[name] for table, name in cached[1]]
+        for state_index, table, name, module_index, fqn in cached[2]:
+            if table[name] is not state[state_index]:
+                self._raise_untied(state_index, module_index, fqn)
         return state
 
-    def _raise_untied(self, state_index: int, module_index: int, slot: int) -> None:
-        spec = self.convention.state[state_index]
-        first_module, first_name = spec.names[0]
-        module_spec = self.convention.modules[module_index]
-        alias = (module_spec.parameters + module_spec.buffers)[slot]
-        raise PrecompileError(
-            f"args[{module_spec.position}].{alias} was the same tensor as "
-            f"args[{self._module_positions[first_module]}].{first_name} at capture (tied "
-            "weights) but is a different tensor now; tie them again or precompile the untied model"
-        )
+    def _cache_state_accessors(self, key: tuple, modules: list) -> tuple:
+        per_module = [self._module_accessors(index, module) for index, module in enumerate(modules)]
+        accessors = [per_module[m][slot] for m, slot in self._state_slots]
+        aliases = [(i, *per_module[m][slot], m, fqn) for i, m, slot, fqn in self._alias_slots]
+        if len(self._state_cache) > 64:  # drop entries whose modules died
+            self._state_cache = {
+                k: v for k, v in self._state_cache.items() if all(ref() is not None for ref in v[0])
+            }
+        cached = (tuple(weakref.ref(m) for m in modules), accessors, aliases)
+        self._state_cache[key] = cached
+        return cached
 
-    def _module_accessors(self, index: int, module: torch.nn.Module) -> list:
+    def _module_accessors(self, index: int, module: Any) -> list:
         spec = self.convention.modules[index]
         where = f"args[{spec.position}]"
+        if not isinstance(module, torch.nn.Module):
+            raise PrecompileError(
+                f"{where}: expected an nn.Module (one was captured at this position), "
+                f"got {type(module).__name__}"
+            )
         params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
         buffers = [n for n, _ in module.named_buffers(remove_duplicate=False)]
         for kind, want, got in (
@@ -465,65 +467,53 @@ class PrecompiledFunction:
             _owner_dict(module, n, "buffer") for n in buffers
         ]
 
-    # -- tensor checks -------------------------------------------------------
-
-    def _check_tensors(self, state: list, leaves: list) -> list:
-        user_tensors = [leaves[i] for i in self._tensor_inputs]
-        tensors = state + user_tensors
-        guard = self._guard
-        if guard is not None and guard.check(*tensors):
-            return user_tensors
-        self._check_tensors_slowly(state, leaves)
-        self._guard = self._build_guard(tensors)
-        return user_tensors
-
-    def _check_tensors_slowly(self, state: list, leaves: list) -> None:
-        backend = self.convention.backend
-        for spec, value in zip(self.convention.state, state):
-            module_index, name = spec.names[0]
-            what = f"args[{self._module_positions[module_index]}].{name} ({spec.kind})"
-            check_tensor(what, value, spec.tensor, backend)
-        for index in self._tensor_inputs:
-            check_tensor(
-                self._input_path(index), leaves[index], self.convention.inputs[index].tensor, backend
-            )
-
-    def _build_guard(self, tensors: list):
-        specs = [s.tensor for s in self.convention.state] + [
-            self.convention.inputs[i].tensor for i in self._tensor_inputs
-        ]
-        return torch._C._dynamo.guards.TensorGuards(
-            *tensors,
-            dynamic_dims_sizes=[_guard_sizes(s) for s in specs],
-            dynamic_dims_strides=[_checked_strides(s) for s in specs],
+    def _raise_untied(self, state_index: int, module_index: int, fqn: str) -> None:
+        first_module, first_name = self.convention.state[state_index].names[0]
+        raise PrecompileError(
+            f"args[{self._module_positions[module_index]}].{fqn} was the same tensor as "
+            f"args[{self._module_positions[first_module]}].{first_name} at capture (tied "
+            "weights) but is a different tensor now; tie them again or precompile the untied model"
         )
 
-    # -- call ---------------------------------------------------------------
+    # -- user inputs ---------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            raise PrecompileError(
-                f"keyword arguments are not supported (got {sorted(kwargs)}); pass every "
-                "argument positionally, as at capture"
+    def _flatten(self, user_args: list) -> list:
+        leaves, spec = pytree.tree_flatten(tuple(user_args))
+        if spec != self._input_spec:
+            self._raise_structure_mismatch(user_args)
+        return leaves
+
+    def _raise_structure_mismatch(self, user_args: list) -> None:
+        expected = self._input_spec.children()
+        for position, arg, want in zip(self._user_positions, user_args, expected):
+            got = pytree.tree_structure(arg)
+            if got != want:
+                raise PrecompileError(
+                    f"args[{position}]: input structure differs from the captured one: "
+                    f"expected {want}, got {got}"
+                )
+        raise PrecompileError("input structure differs from the captured one")
+
+    def _check_values(self, user_args: list, leaves: list) -> None:
+        for index, want in self._value_inputs:
+            got = leaves[index]
+            same = type(got) is type(want) and (
+                got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
             )
-        modules, user_args = self._split_args(args)
-        leaves = self._user_leaves(user_args)
-        state = self._state_tensors(modules)
-        user_tensors = self._check_tensors(state, leaves)
-        if self._value_inputs:
-            self._check_values(leaves)
-        sizes = self._free_sizes(leaves) if self._free_inputs else []
-        # The graph already contains any backward: run it without autograd
-        # recording (Inductor's out= kernels refuse inputs that require grad).
-        grad_enabled = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            outputs = self._run_graph(state + user_tensors + sizes + self._constants)
-        finally:
-            torch._C._set_grad_enabled(grad_enabled)
-        if self._grad_names:
-            self._accumulate_grads(state, outputs[self._num_outputs :])
-        return self._rebuild_outputs(outputs)
+            if not same:
+                if self._flat_inputs:
+                    self._flatten(user_args)  # a container passed for a value: say so
+                raise PrecompileError(
+                    f"{self._input_path(index)}: expected {want!r} (baked into the artifact at "
+                    f"capture), got {got!r}; precompile again for another value"
+                )
+
+    def _input_path(self, index: int) -> str:
+        paths, _ = pytree.tree_flatten_with_path(
+            pytree.tree_unflatten([None] * len(self.convention.inputs), self._input_spec)
+        )
+        positional, *rest = paths[index][0]
+        return _leaf_path(self._user_positions[positional.idx], tuple(rest))
 
     def _free_sizes(self, leaves: list) -> list:
         """Sizes of the free dims (graph inputs), after checking bounds and shape groups."""
@@ -544,6 +534,32 @@ class PrecompiledFunction:
                         "captured graph requires them equal"
                     )
         return [leaves[index].shape[dim] for index, dim in self.convention.sizes]
+
+    # -- the slow path -------------------------------------------------------
+
+    def _check_slowly(self, user_args: list, leaves: list, state: list) -> None:
+        """Full check with precise errors; returns when the call is valid."""
+        if self._flat_inputs:
+            self._flatten(user_args)  # the fast path skipped the structure check
+        backend = self.convention.backend
+        for spec, value in zip(self.convention.state, state):
+            module_index, name = spec.names[0]
+            what = f"args[{self._module_positions[module_index]}].{name} ({spec.kind})"
+            check_tensor(what, value, spec.tensor, backend)
+        for index in self._tensor_inputs:
+            check_tensor(self._input_path(index), leaves[index], self.convention.inputs[index].tensor, backend)
+
+    def _build_guard(self, tensors: list):
+        specs = [s.tensor for s in self.convention.state] + [
+            self.convention.inputs[i].tensor for i in self._tensor_inputs
+        ]
+        return torch._C._dynamo.guards.TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(s.shape) for s in specs],
+            dynamic_dims_strides=[_checked_strides(s) for s in specs],
+        )
+
+    # -- results -------------------------------------------------------------
 
     def _accumulate_grads(self, state: list, grads: Any) -> None:
         # Like eager .backward(): assign when None, else accumulate in place.
@@ -691,21 +707,6 @@ def load_inductor_module(
     }
     exec(compile(source, "<precompile inductor graph>", "exec"), namespace)
     return namespace["call"], loader
-
-
-def inductor_runner(call: Callable[[list], Any]) -> Callable[[list], Any]:
-    def run(inputs: list) -> Any:
-        try:
-            return call(inputs)
-        except AssertionError as error:
-            # Inductor's own size/stride asserts: the driver's checks should
-            # have caught this first; never leak a bare AssertionError.
-            raise PrecompileError(
-                f"the compiled graph rejected its inputs: {error}; pass tensors with the "
-                "captured shapes and layout, or precompile with backend='eager'"
-            ) from error
-
-    return run
 
 
 def eager_runner(graph: Callable) -> Callable[[list], Any]:
