@@ -783,15 +783,30 @@ def _driver_source() -> str:
 
 
 def _describe_call(convention: CallingConvention) -> str:
-    parts = []
-    module_positions = {m.position for m in convention.modules}
-    user = iter(range(len(convention.user_positions)))
+    """One comment line per argument, for the artifact's header."""
+    lines = []
+    modules = {m.position: m for m in convention.modules}
+    spec = pytree.treespec_loads(convention.input_spec)
+    leaves = iter(convention.inputs)
     for position in range(convention.arity):
-        if position in module_positions:
-            parts.append(f"args[{position}]: nn.Module")
-        else:
-            parts.append(f"args[{position}]: user input {next(user)}")
-    return ", ".join(parts)
+        if position in modules:
+            module = modules[position]
+            lines.append(
+                f"args[{position}]: nn.Module with {len(module.parameters)} parameters, "
+                f"{len(module.buffers)} buffers"
+            )
+            continue
+        child = spec.children()[convention.user_positions.index(position)]
+        described = [_describe_leaf(next(leaves)) for _ in range(child.num_leaves)]
+        lines.append(f"args[{position}]: " + (described[0] if child.is_leaf() else f"pytree of {described}"))
+    return "\n".join(f"#   {line}" for line in lines)
+
+
+def _describe_leaf(leaf: LeafSpec) -> str:
+    if leaf.tensor is None:
+        return f"{leaf.value!r} (baked)"
+    t = leaf.tensor
+    return f"Tensor{t.describe_shape()} {t.dtype} {t.device}"
 
 
 def _render(convention: CallingConvention, lowered: _Lowered) -> str:
@@ -806,7 +821,8 @@ def _render(convention: CallingConvention, lowered: _Lowered) -> str:
 #     exec(open("this_file.py").read(), namespace)
 #     out = namespace["forward"](model, *inputs)
 #
-# Calling convention: forward({_describe_call(convention)})
+# Calling convention (positional arguments only):
+{_describe_call(convention)}
 # Pass the model(s) again at every call; no weights are stored here.
 """
     sections = [

@@ -57,7 +57,8 @@ class TensorSpec(NamedTuple):
     contiguous: bool = False  # layout pinned as contiguous (inputs with free dims)
 
     def describe_shape(self) -> str:
-        return "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
+        sizes = ["*" if s is None else str(s) for s in self.shape]
+        return "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
 
 
 class StateSpec(NamedTuple):
