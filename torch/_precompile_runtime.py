@@ -26,7 +26,9 @@ import torch
 import torch.utils._pytree as pytree
 
 
-_PrecompileError = getattr(torch.compiler, "PrecompileError", None)
+# sys.modules, not torch.compiler: the in-tree torch.compiler imports this module
+# while torch (and torch.compiler) are still initializing.
+_PrecompileError = getattr(sys.modules.get("torch.compiler"), "PrecompileError", None)
 if _PrecompileError is None:
     # Running without the patch installed (a bare artifact in a plain torch
     # environment): define the class the installed patch would provide.
