@@ -52,6 +52,16 @@ enforced where it says so, and proven by the named tests in
    the same model.  Caller's responsibility.
 """
 
+if __name__ == "__main__":
+    # `python -m torch._precompile inspect ...`: dispatch before this file runs
+    # as a second copy of the module (runpy's __main__), which would re-import it.
+    import sys
+
+    from torch._precompile_inspect import main
+
+    sys.exit(main(sys.argv[1:]))
+
+
 import ast
 import contextlib
 import dataclasses
@@ -1171,7 +1181,3 @@ def _attach() -> None:
 
 
 _attach()
-
-if __name__ == "__main__":
-    from torch._precompile_inspect import main
-    sys.exit(main(sys.argv[1:]))

@@ -645,7 +645,14 @@ class KernelLoader:
         path = self.kernel_files.get(key)
         if path is not None:
             return load_kernel_library(key, path)
-        kernel = jit_compile_kernel(argtypes, source)
+        try:
+            kernel = jit_compile_kernel(argtypes, source)
+        except Exception as error:
+            raise PrecompileError(
+                f"compiling a kernel of this artifact failed ({type(error).__name__}: {error}); "
+                "the cache had no compiled kernel usable on this host, so a working C++ compiler "
+                "is needed: install one, or precompile on a host like this one"
+            ) from error
         self.compiled[key] = kernel.__self__.__file__
         return kernel
 

@@ -1,0 +1,169 @@
+"""Data-parallel training with one compile: precompile on rank 0, load everywhere.
+
+    torchrun --nproc-per-node 2 examples/distributed_train.py OUT_DIR [--steps 3]
+
+Rank 0 precompiles the whole training step (forward + backward, backend
+"inductor") once; the ``(python_code, cache)`` pair travels to every rank with
+``torch.distributed.broadcast_object_list``; every rank loads it and trains on
+its shard of each global batch.  Only rank 0 pays the compile: the cache holds
+the compiled kernels, so ``precompile.load`` on the other ranks compiles
+nothing.  To prove it, ranks > 0 run with recording stub compilers (``g++``,
+``gcc``, ``c++``, ``cc``, ``clang``, ``clang++`` that append to a log and fail)
+first on ``PATH`` and ``CXX``, and with an empty ``TORCHINDUCTOR_CACHE_DIR`` of
+their own.  Each rank writes ``OUT_DIR/rank{r}.pt`` (final parameters, losses,
+and, on ranks > 0, the compiler invocations the stubs recorded).
+
+Why not DistributedDataParallel
+-------------------------------
+DDP averages gradients from autograd hooks: its reducer registers a hook on
+every parameter's gradient accumulator and starts a bucketed all-reduce when
+autograd produces that parameter's gradient.  A precompiled training step does
+not go through autograd at all: the backward is part of the compiled graph,
+which runs under ``no_grad`` and hands back the gradients as plain outputs that
+the runnable adds onto ``param.grad`` (see Note [precompile programming model],
+invariant 4, in ``torch/_precompile.py``).  No autograd hook fires, so a DDP
+wrapper would never see a gradient and would silently train each rank on its
+own shard (and DDP's forward would not even be called: the precompiled step
+takes the plain module).  Do the reduction yourself after each precompiled
+step, before ``optimizer.step()``:
+
+* all-reduce every ``param.grad`` and divide by the world size (what
+  ``allreduce_gradients`` below does, with all gradients flattened into one
+  bucket so there is a single collective per step, as DDP's buckets do), or
+* for big models, several buckets of a few MB each, launched with
+  ``async_op=True`` and waited on before ``optimizer.step()``.
+
+With a mean loss and equal shard sizes, the averaged shard gradients equal
+the full-batch gradient, so the result matches single-process training on the
+whole batch (up to float rounding).
+
+Loading a broadcast artifact executes it: only broadcast pairs from a rank
+you trust (``broadcast_object_list`` itself unpickles what it receives).
+"""
+
+import argparse
+import os
+import stat
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+STUB_COMPILERS = ("g++", "gcc", "c++", "cc", "clang", "clang++")
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def make_data(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batches, identical on every rank: (steps, global_batch, 8), (steps, global_batch, 1)."""
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(steps, global_batch, 8, generator=generator)
+    y = torch.randn(steps, global_batch, 1, generator=generator)
+    return x, y
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """What gets precompiled: forward, mean loss, backward."""
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+
+
+def allreduce_gradients(parameters: list, world_size: int) -> None:
+    """Average ``.grad`` over all ranks with one all-reduce (one flat bucket)."""
+    # Which parameters get a gradient is fixed at capture: the same on every rank.
+    grads = [p.grad for p in parameters if p.grad is not None]
+    bucket = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(bucket)
+    bucket /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(bucket[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def install_stub_compilers(directory: str, log_file: str) -> None:
+    """Put failing, recording compilers first on PATH (and in CXX/CC) for this process."""
+    os.makedirs(directory, exist_ok=True)
+    for name in STUB_COMPILERS:
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write(f'#!/bin/sh\necho "{name} $*" >> "{log_file}"\nexit 1\n')
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    os.environ["PATH"] = directory + os.pathsep + os.environ.get("PATH", "")
+    os.environ["CXX"] = os.path.join(directory, "c++")
+    os.environ["CC"] = os.path.join(directory, "cc")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", help="where each rank writes rank{r}.pt")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--global-batch", type=int, default=8)
+    args = parser.parse_args(argv)
+
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if args.global_batch % world_size:
+        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by the world size {world_size}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    compiler_log = os.path.join(args.out_dir, f"compiler_calls_rank{rank}.log")
+    if rank > 0:
+        # Any compiler this rank runs from here on is recorded, and fails.
+        open(compiler_log, "w").close()
+        install_stub_compilers(os.path.join(args.out_dir, f"stub_compilers_rank{rank}"), compiler_log)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor_rank{rank}_", dir=args.out_dir)
+
+    model = make_model()  # same seed on every rank: the same initial parameters
+    optimizer = make_optimizer(model)
+    xs, ys = make_data(args.steps, args.global_batch)
+    shard = args.global_batch // world_size
+    mine = slice(rank * shard, (rank + 1) * shard)
+
+    # 1. Compile once, on rank 0, against this rank's shard shapes.
+    artifact = [None]
+    if rank == 0:
+        artifact[0] = torch.compiler.precompile(train_step, model, xs[0, mine], ys[0, mine], backend="inductor")
+    # 2. Ship the (python_code, cache) pair to every rank.
+    dist.broadcast_object_list(artifact, src=0)
+    python_code, cache = artifact[0]
+    # 3. Load everywhere (rank 0 too): the cached kernels, no compiler.
+    step = torch.compiler.precompile.load(python_code, cache)
+
+    # 4. Data-parallel training: local step, average gradients, update.
+    losses = []
+    for i in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = step(model, xs[i, mine], ys[i, mine])
+        allreduce_gradients(list(model.parameters()), world_size)
+        optimizer.step()
+        losses.append(loss.item())
+
+    compiler_calls = []
+    if rank > 0:
+        with open(compiler_log) as f:
+            compiler_calls = f.read().splitlines()
+    torch.save(
+        {
+            "parameters": {name: p.detach().clone() for name, p in model.named_parameters()},
+            "losses": losses,
+            "compiler_calls": compiler_calls,
+        },
+        os.path.join(args.out_dir, f"rank{rank}.pt"),
+    )
+    print(f"rank {rank}/{world_size}: losses {[round(v, 4) for v in losses]}, compiler calls {len(compiler_calls)}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

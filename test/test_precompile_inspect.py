@@ -1,0 +1,381 @@
+# Owner(s): ["module: dynamo"]
+"""Tests for ``python -m torch._precompile inspect`` (torch/_precompile_inspect.py).
+
+The inspector runs as users run it, in a subprocess.  The two artifacts (an
+eager and an inductor one of the same tiny training step) are built once per
+test process and written to a shared directory.
+"""
+
+import ast
+import contextlib
+import io
+import json
+import os
+import pprint
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+import torch._precompile as precompile_module
+from torch._precompile_inspect import describe, main
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ERROR_PREFIX = "torch._precompile inspect: error: "
+V = precompile_module.FORMAT_VERSION
+
+
+def _model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    model[0].bias.requires_grad_(False)  # frozen: receives no gradient
+    return model
+
+
+def _step(model, x, extra):
+    loss = ((model(x) - extra["target"]) ** 2).mean() * extra["scale"]
+    loss.backward()
+    return {"loss": loss, "tag": "train"}
+
+
+def _example():
+    return _model(), torch.randn(5, 4), {"target": torch.randn(5, 3), "scale": 0.5}
+
+
+_DIR = None
+_FILES: dict = {}
+
+
+def _files(backend):
+    """(code_file, cache_file) of the step precompiled with ``backend``; built once."""
+    global _DIR
+    if backend not in _FILES:
+        if _DIR is None:
+            _DIR = tempfile.TemporaryDirectory()
+        python_code, cache = torch.compiler.precompile(_step, *_example(), backend=backend)
+        _FILES[backend] = (
+            _write(f"{backend}.py", python_code.encode()),
+            _write(f"{backend}.cache", cache),
+        )
+    return _FILES[backend]
+
+
+def _write(name, data):
+    path = os.path.join(_DIR.name, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _edit_convention(name, code_file, edit):
+    """Write a copy of code_file whose CALLING_CONVENTION literal went through ``edit``."""
+    code = _read(code_file).decode()
+    lines = code.splitlines(keepends=True)
+    (node,) = [
+        n for n in ast.parse(code).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "CALLING_CONVENTION"
+    ]  # fmt: skip
+    literal = ast.literal_eval(node.value)
+    edit(literal)
+    new = f"CALLING_CONVENTION = {pprint.pformat(literal, sort_dicts=False)}\n"
+    return _write(name, "".join(lines[: node.lineno - 1] + [new] + lines[node.end_lineno :]).encode())
+
+
+def _inspect(*args):
+    """The inspector as users run it: a fresh `python -m torch._precompile inspect`."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch._precompile", "inspect", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _main(*args):
+    """The same command in this process (no interpreter start-up): main(argv)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        returncode = main(["inspect", *args])
+    return subprocess.CompletedProcess(args, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+class InspectTestCase(TestCase):
+    def inspect_json(self, code_file, cache_file, returncode=0, run=_main):
+        result = run(code_file, cache_file, "--json")
+        self.assertEqual(result.returncode, returncode, result.stderr)
+        self.assertEqual(result.stderr, "")
+        return json.loads(result.stdout)
+
+    def assertOneLineError(self, result, *fragments):
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertEqual(result.stdout, "")
+        self.assertNotIn("Traceback", result.stderr)
+        lines = result.stderr.splitlines()
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertTrue(lines[0].startswith(ERROR_PREFIX), lines[0])
+        for fragment in fragments:
+            self.assertIn(fragment, lines[0])
+
+
+class TestInspectReport(InspectTestCase):
+    def check_common(self, report, backend):
+        self.assertEqual(report["format_version"], {"python_code": V, "cache": V, "supported": V})
+        self.assertEqual(report["backend"], {"python_code": backend, "cache": backend})
+        self.assertEqual(
+            report["pair"],
+            {
+                "belongs_together": True,
+                "problem": None,
+                "version_matches": True,
+                "backend_matches": True,
+                "code_hash_matches": True,
+            },
+        )
+        env = report["build_environment"]
+        self.assertEqual(env["host"], precompile_module._build_environment())
+        self.assertEqual(env["cache"], env["host"])
+        self.assertTrue(env["matches_host"])
+        self.assertEqual(env["differs"], [])
+        self.assertEqual(report["arity"], 3)
+        self.assertEqual(report["call"], "forward(args[0]: nn.Module, args[1], args[2])")
+        self.assertEqual(report["modules"], [{"position": 0, "parameters": 4, "buffers": 3}])
+        # Linear(4, 3) + BatchNorm1d(3): 12 + 3 + 3 + 3 float32; running stats + int64 counter.
+        self.assertEqual(
+            report["parameters"],
+            {"count": 4, "bytes": 21 * 4, "dtypes": {"float32": 4}, "devices": {"cpu": 4}},
+        )
+        self.assertEqual(
+            report["buffers"],
+            {"count": 3, "bytes": 6 * 4 + 8, "dtypes": {"float32": 2, "int64": 1}, "devices": {"cpu": 3}},
+        )
+        self.assertEqual(report["tied"], [])
+        inputs = {entry["path"]: entry for entry in report["inputs"]}
+        self.assertEqual(list(inputs), ["args[1]", "args[2]['target']", "args[2]['scale']"])
+        self.assertEqual(inputs["args[1]"]["kind"], "tensor")
+        self.assertEqual(inputs["args[1]"]["shape"], [5, 4])
+        self.assertEqual(inputs["args[1]"]["dtype"], "float32")
+        self.assertEqual(inputs["args[1]"]["device"], "cpu")
+        self.assertEqual(inputs["args[1]"]["free_dims"], [])
+        self.assertFalse(inputs["args[1]"]["contiguous"])
+        self.assertEqual(inputs["args[1]"]["bytes"], 80)
+        self.assertEqual(inputs["args[2]['target']"]["shape"], [5, 3])
+        self.assertEqual(inputs["args[2]['scale']"], {"path": "args[2]['scale']", "kind": "value", "value": "0.5"})
+        self.assertEqual(
+            report["outputs"],
+            [
+                {"path": "result['loss']", "kind": "tensor", "graph_output": 0},
+                {"path": "result['tag']", "kind": "value", "value": "'train'"},
+            ],
+        )
+        self.assertEqual(
+            [g["name"] for g in report["grad_params"]],
+            ["args[0].0.weight", "args[0].1.weight", "args[0].1.bias"],  # 0.bias is frozen
+        )
+        self.assertEqual(report["grad_params"][0]["shape"], [3, 4])
+        self.assertEqual(report["constants"], {"count": 0, "bytes": 0})
+        return inputs
+
+    def test_json_eager(self):
+        code_file, cache_file = _files("eager")
+        report = self.inspect_json(code_file, cache_file)
+        inputs = self.check_common(report, "eager")
+        self.assertIsNone(inputs["args[1]"]["stride"])  # eager does not specialize on layout
+        self.assertEqual(report["kernels"], {"count": 0, "bytes": 0})
+        self.assertIn("no compiled kernels", report["build_environment"]["consequence"])
+        self.assertEqual(report["code_file"], code_file)
+        self.assertEqual(report["cache_file"], cache_file)
+        self.assertEqual(
+            report["sizes"], {"python_code": os.path.getsize(code_file), "cache": os.path.getsize(cache_file)}
+        )
+
+    def test_json_inductor(self):
+        code_file, cache_file = _files("inductor")
+        report = self.inspect_json(code_file, cache_file, run=_inspect)
+        inputs = self.check_common(report, "inductor")
+        self.assertEqual(inputs["args[1]"]["stride"], [4, 1])
+        kernels = precompile_module._read_envelope(_read(cache_file))["artifact"]["kernels"]
+        self.assertGreater(len(kernels), 0)
+        self.assertEqual(report["kernels"], {"count": len(kernels), "bytes": sum(map(len, kernels.values()))})
+        self.assertIn("load directly", report["build_environment"]["consequence"])
+
+    def test_json_is_describe(self):
+        code_file, cache_file = _files("eager")
+        report = self.inspect_json(code_file, cache_file)
+        expected = describe(_read(code_file).decode(), _read(cache_file))
+        self.assertEqual({k: v for k, v in report.items() if k not in ("code_file", "cache_file")}, expected)
+
+    def test_text(self):
+        for backend, stride, kernels in (("eager", "", "kernels             0, 0 bytes"), ("inductor", " stride (4, 1)", "")):
+            with self.subTest(backend=backend):
+                code_file, cache_file = _files(backend)
+                result = _inspect(code_file, cache_file)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(result.stderr, "")
+                text = result.stdout
+                for line in (
+                    "torch.compiler.precompile artifact",
+                    f"  python_code         {code_file} (",
+                    f"  cache               {cache_file} (",
+                    f"  format version      {V} (cache {V}; this torch reads up to {V})",
+                    f"  backend             {backend}\n",
+                    "  pair                belongs together",
+                    "matches this host",
+                    "  calling convention  forward(args[0]: nn.Module, args[1], args[2])",
+                    "  module              args[0]: 4 parameters, 3 buffers",
+                    "  parameters          4 tensors, 84 bytes; dtypes float32 x4; devices cpu x4",
+                    "  buffers             3 tensors, 32 bytes; dtypes float32 x2, int64 x1; devices cpu x3",
+                    f"  input               args[1]: (5, 4) float32 cpu{stride}\n",
+                    "  input               args[2]['scale']: value 0.5 (baked)",
+                    f"  input               args[2]['target']: (5, 3) float32 cpu",
+                    "  output              result['loss']: tensor (graph output 0)",
+                    "  output              result['tag']: value 'train' (baked)",
+                    "  grad params         3\n",
+                    f"args[0].0.weight: (3, 4) float32 cpu{stride}",
+                    kernels,
+                ):
+                    self.assertIn(line, text)
+                self.assertNotIn("args[0].0.bias:", text)
+
+    def test_build_environment_mismatch(self):
+        code_file, cache_file = _files("inductor")
+        envelope = precompile_module._read_envelope(_read(cache_file))
+        envelope["build_env"] = {**envelope["build_env"], "torch": "2.12.0", "cpu_capability": "NO AVX"}
+        foreign = os.path.join(_DIR.name, "foreign_host.cache")
+        torch.save(envelope, foreign)
+        report = self.inspect_json(code_file, foreign)  # still a loadable pair: exit 0
+        env = report["build_environment"]
+        self.assertFalse(env["matches_host"])
+        self.assertEqual(env["differs"], ["cpu_capability", "torch"])
+        self.assertIn("compile the kernels", env["consequence"])
+        self.assertTrue(report["pair"]["belongs_together"])
+        text = _main(code_file, foreign).stdout
+        self.assertIn("DIFFERS from this host", text)
+
+    def test_free_dims_and_tied_weights(self):
+        # Capture does not emit free dims or tied names for this model: edit the literal.
+        def edit(convention):
+            x = convention["inputs"][0]["tensor"]  # args[1], captured as (5, 4)
+            x["shape"][0] = None
+            x["free_dims"] = [[0, 0, 2, 64]]
+            x["contiguous"] = True
+            convention["state"][2]["names"].append([0, "1.weight_alias"])
+
+        code_file, cache_file = _files("eager")
+        edited = _edit_convention("free_dims.py", code_file, edit)
+        report = self.inspect_json(edited, cache_file, returncode=3)  # edited: code_hash differs
+        x = report["inputs"][0]
+        self.assertEqual((x["path"], x["shape"], x["bytes"]), ("args[1]", [None, 4], None))
+        self.assertEqual(x["free_dims"], [{"dim": 0, "size_group": 0, "min": 2, "max": 64}])
+        self.assertTrue(x["contiguous"])
+        self.assertEqual(report["tied"], [["args[0].1.weight", "args[0].1.weight_alias"]])
+        text = _main(edited, cache_file).stdout
+        self.assertIn("args[1]: (*, 4) float32 cpu contiguous; dim 0 free in [2, 64] (size group 0)", text)
+        self.assertIn("tied                args[0].1.weight = args[0].1.weight_alias", text)
+
+    def test_does_not_execute_the_artifact(self):
+        code_file, cache_file = _files("eager")
+        marker = os.path.join(_DIR.name, "executed")
+        booby_trapped = _write(
+            "trapped.py", _read(code_file) + f"\nopen({marker!r}, 'w').close()\nraise SystemExit(7)\n".encode()
+        )
+        result = _inspect(booby_trapped, cache_file)
+        self.assertEqual(result.returncode, 3, result.stderr)  # edited: the cache no longer matches
+        self.assertFalse(os.path.exists(marker))
+
+
+class TestInspectMismatch(InspectTestCase):
+    def test_backend_mismatch(self):
+        eager_code, _ = _files("eager")
+        _, inductor_cache = _files("inductor")
+        report = self.inspect_json(eager_code, inductor_cache, returncode=3)
+        pair = report["pair"]
+        self.assertFalse(pair["belongs_together"])
+        self.assertFalse(pair["backend_matches"])
+        self.assertFalse(pair["code_hash_matches"])
+        self.assertIn("backend 'inductor'", pair["problem"])
+        self.assertEqual(report["backend"], {"python_code": "eager", "cache": "inductor"})
+        text = _inspect(eager_code, inductor_cache)
+        self.assertEqual(text.returncode, 3)
+        self.assertIn("pair                DOES NOT belong together: cache was built for backend 'inductor'", text.stdout)
+
+    def test_edited_code(self):
+        code_file, cache_file = _files("inductor")
+        edited = _write("edited.py", _read(code_file) + b"\n# an innocent edit\n")
+        pair = self.inspect_json(edited, cache_file, returncode=3)["pair"]
+        self.assertEqual(
+            (pair["belongs_together"], pair["backend_matches"], pair["code_hash_matches"]), (False, True, False)
+        )
+        self.assertIn("code_hash mismatch", pair["problem"])
+
+
+class TestInspectBadFiles(InspectTestCase):
+    def test_missing_files(self):
+        code_file, cache_file = _files("eager")
+        missing = os.path.join(_DIR.name, "missing.py")
+        self.assertOneLineError(_inspect(missing, cache_file), missing, "cannot read")
+        self.assertOneLineError(_main(code_file, missing), missing, "cannot read")
+        self.assertOneLineError(_main(code_file, _DIR.name), _DIR.name, "cannot read")
+
+    def test_corrupt_code_file(self):
+        code_file, cache_file = _files("eager")
+        code = _read(code_file)
+        for i, (name, data, fragment) in enumerate((
+            ("syntax.py", code[: len(code) // 2] + b"\ndef (:\n", "not valid Python"),
+            ("plain.py", b"x = 1\n", "missing the calling-convention metadata"),
+            ("binary.py", b"\xff\xfe\x00garbage", "not UTF-8"),
+            ("cache_as_code.py", _read(cache_file), "python_code"),
+            ("future.py", code.replace(f"FORMAT_VERSION = {V}\n".encode(), f"FORMAT_VERSION = {V + 1}\n".encode(), 1), "newer"),
+        )):
+            with self.subTest(name):
+                path = _write(name, data)
+                run = _inspect if i == 0 else _main  # one fresh interpreter is enough
+                self.assertOneLineError(run(path, cache_file), path, fragment)
+
+    def test_malformed_calling_convention(self):
+        code_file, cache_file = _files("eager")
+        for name, edit, fragment in (
+            ("unknown_field.py", lambda c: c.update(extra=1), "unknown fields ['extra']"),
+            ("bad_spec.py", lambda c: c.update(input_spec="not a tree spec"), "not a readable precompile artifact"),
+            ("bad_module.py", lambda c: c["state"][0].update(names=[[7, "w"]]), "not a readable precompile artifact"),
+        ):
+            with self.subTest(name):
+                path = _edit_convention(name, code_file, edit)
+                self.assertOneLineError(_main(path, cache_file), path, fragment)
+
+    def test_corrupt_cache(self):
+        code_file, cache_file = _files("inductor")
+        cache = _read(cache_file)
+        envelope = precompile_module._read_envelope(cache)
+        first = next(iter(envelope["artifact"]["kernels"]))
+        envelope["artifact"]["kernels"][first] += b"\x00"
+        tampered = os.path.join(_DIR.name, "tampered.cache")
+        torch.save(envelope, tampered)
+        for i, (path, fragment) in enumerate((
+            (_write("truncated.cache", cache[: len(cache) // 2]), "damaged"),
+            (_write("random.cache", os.urandom(4096)), "damaged"),
+            (_write("empty.cache", b""), "damaged"),
+            (code_file, "damaged"),  # the code file passed as the cache
+            (tampered, "sha256"),
+        )):
+            with self.subTest(os.path.basename(path)):
+                run = _inspect if i == 0 else _main
+                self.assertOneLineError(run(code_file, path), path, fragment)
+
+    def test_usage_error(self):
+        result = _inspect("only_one_file.py")
+        self.assertEqual(result.returncode, 2)
+        self.assertNotIn("Traceback", result.stderr)
+
+
+if __name__ == "__main__":
+    run_tests()

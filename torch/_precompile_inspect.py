@@ -1,0 +1,413 @@
+"""Inspect a ``torch.compiler.precompile`` artifact without running it.
+
+    python -m torch._precompile inspect CODE_FILE CACHE_FILE [--json]
+
+prints what a ``(python_code, cache)`` pair was built for and what it expects
+at every call: format version, backend, the build environment of the cached
+kernels and whether it matches this host, module positions, parameters and
+buffers, user inputs (shapes, dtypes, devices, free dims and their bounds),
+outputs, which parameters receive gradients, the kernels, and whether the two
+files belong together.
+
+Nothing in the artifact is executed: the calling convention is read from
+``python_code`` with ``ast`` and the cache with ``torch.load(weights_only=True)``,
+through the same readers ``precompile.load`` uses (see Note [precompile
+programming model], invariants 6 and 7, in ``torch/_precompile.py``).
+
+Exit status: 0 the pair belongs together (``load`` accepts it); 1 a file is
+missing or is not a readable precompile artifact (one line on stderr); 2 bad
+command line; 3 both files are readable but do not belong together (the report
+says why).
+"""
+
+import argparse
+import collections
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import torch.utils._pytree as pytree
+from torch import _precompile as _impl
+from torch._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
+
+
+__all__ = ["describe", "format_report", "main", "UnreadableArtifact"]
+
+EXIT_OK, EXIT_BAD_FILE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+
+
+class UnreadableArtifact(PrecompileError):
+    """One half of the pair cannot be read; ``part`` is "python_code" or "cache"."""
+
+    def __init__(self, part: str, error: PrecompileError):
+        super().__init__(_one_line(str(error)))
+        self.part = part
+
+
+def describe(python_code: str, cache: bytes) -> dict[str, Any]:
+    """A JSON-serializable report on a ``(python_code, cache)`` pair; executes nothing.
+
+    Raises ``UnreadableArtifact`` (a ``PrecompileError``) if either half cannot
+    be read (not an artifact, a newer format, damaged bytes); a readable pair
+    that does not belong together is reported in ``report["pair"]``.
+    """
+    try:
+        convention = _impl._read_convention(python_code)
+        # _read_convention parses only the header; load() would also fail on
+        # a syntax error further down.  Compiling executes nothing.
+        compile(python_code, "<precompile artifact>", "exec", dont_inherit=True)
+    except SyntaxError as error:
+        raise UnreadableArtifact(
+            "python_code", PrecompileError(f"python_code is not valid Python ({error}); it is damaged or was edited")
+        ) from None
+    except PrecompileError as error:
+        raise UnreadableArtifact("python_code", error) from None
+    try:
+        envelope = _impl._read_envelope(cache)
+        # The payload's own integrity, whatever code it is paired with:
+        # _verify with the pair fields set to this code's own values.
+        kernels = _impl._verify(
+            python_code,
+            convention,
+            {
+                **envelope,
+                "version": _impl.FORMAT_VERSION,
+                "backend": convention.backend,
+                "code_hash": _impl._code_hash(python_code),
+            },
+        )
+    except PrecompileError as error:
+        raise UnreadableArtifact("cache", error) from None
+    try:
+        _impl._verify(python_code, convention, envelope)
+        problem = None
+    except PrecompileError as error:
+        problem = _one_line(str(error))
+
+    state = convention.state
+    return {
+        "format_version": {
+            "python_code": convention.format_version,
+            "cache": envelope["version"],
+            "supported": _impl.FORMAT_VERSION,
+        },
+        "backend": {"python_code": convention.backend, "cache": envelope["backend"]},
+        "pair": {
+            "belongs_together": problem is None,
+            "problem": problem,
+            "version_matches": envelope["version"] == convention.format_version,
+            "backend_matches": envelope["backend"] == convention.backend,
+            "code_hash_matches": envelope["code_hash"] == _impl._code_hash(python_code),
+        },
+        "build_environment": _build_environment_report(envelope["build_env"], len(kernels)),
+        "call": _call_text(convention),
+        "arity": convention.arity,
+        "modules": [
+            {"position": m.position, "parameters": len(m.parameters), "buffers": len(m.buffers)}
+            for m in convention.modules
+        ],
+        "parameters": _tensors_summary([s.tensor for s in state if s.kind == "parameter"]),
+        "buffers": _tensors_summary([s.tensor for s in state if s.kind == "buffer"]),
+        "tied": [[_state_name(convention, n) for n in s.names] for s in state if len(s.names) > 1],
+        "inputs": _inputs_report(convention),
+        "outputs": _outputs_report(convention),
+        "grad_params": [
+            {"name": _state_name(convention, state[i].names[0]), **_tensor_report(state[i].tensor)}
+            for i in convention.grad_state
+        ],
+        "constants": {
+            "count": len(convention.constants),
+            "bytes": sum(_nbytes(c.shape, c.dtype) for c in convention.constants),
+        },
+        "kernels": {"count": len(kernels), "bytes": sum(len(blob) for blob in kernels.values())},
+        "sizes": {"python_code": len(python_code.encode()), "cache": len(cache)},
+    }
+
+
+def _call_text(convention: CallingConvention) -> str:
+    modules = {m.position for m in convention.modules}
+    args = [f"args[{i}]: nn.Module" if i in modules else f"args[{i}]" for i in range(convention.arity)]
+    return f"forward({', '.join(args)})"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _nbytes(shape: tuple, dtype: str) -> int | None:
+    if any(size is None for size in shape):
+        return None  # a free dim: the size is only known at runtime
+    return math.prod(shape) * _dtype(dtype).itemsize
+
+
+def _state_name(convention: CallingConvention, name: tuple) -> str:
+    module_index, fqn = name
+    return f"args[{convention.modules[module_index].position}].{fqn}"
+
+
+def _tensor_report(spec: TensorSpec) -> dict[str, Any]:
+    return {
+        "shape": list(spec.shape),
+        "stride": None if spec.stride is None else list(spec.stride),
+        "dtype": spec.dtype,
+        "device": spec.device,
+        # Dims in one size group must have equal sizes at runtime.
+        "free_dims": [
+            {"dim": d, "size_group": group, "min": low, "max": high} for d, group, low, high in spec.free_dims
+        ],
+        "contiguous": spec.contiguous,
+        "bytes": _nbytes(spec.shape, spec.dtype),
+    }
+
+
+def _tensors_summary(specs: list) -> dict[str, Any]:
+    sizes = [_nbytes(s.shape, s.dtype) for s in specs]
+    return {
+        "count": len(specs),
+        "bytes": sum(sizes) if None not in sizes else None,
+        "dtypes": dict(collections.Counter(s.dtype for s in specs)),
+        "devices": dict(collections.Counter(s.device for s in specs)),
+    }
+
+
+def _leaf_paths(spec_text: str, count: int) -> list[tuple]:
+    spec = pytree.treespec_loads(spec_text)
+    if spec.num_leaves != count:
+        raise PrecompileError(
+            f"python_code: CALLING_CONVENTION is malformed (a tree spec has {spec.num_leaves} "
+            f"leaves, the leaf list {count})"
+        )
+    paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * count, spec))
+    return [path for path, _ in paths]
+
+
+def _inputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
+    report = []
+    paths = _leaf_paths(convention.input_spec, len(convention.inputs))
+    for (positional, *rest), leaf in zip(paths, convention.inputs):
+        entry = {"path": _leaf_path(convention.user_positions[positional.idx], tuple(rest))}
+        if leaf.tensor is not None:
+            entry.update(kind="tensor", **_tensor_report(leaf.tensor))
+        else:
+            entry.update(kind="value", value=repr(leaf.value))
+        report.append(entry)
+    return report
+
+
+def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
+    report = []
+    paths = _leaf_paths(convention.output_spec, len(convention.outputs))
+    for path, leaf in zip(paths, convention.outputs):
+        entry = {"path": "result" + pytree.keystr(path)}
+        if leaf.graph_output is not None:
+            entry.update(kind="tensor", graph_output=leaf.graph_output)
+        else:
+            entry.update(kind="value", value=repr(leaf.value))
+        report.append(entry)
+    return report
+
+
+def _build_environment_report(built: Any, num_kernels: int) -> dict[str, Any]:
+    host = _impl._build_environment()
+    built_dict = built if isinstance(built, dict) else {}
+    differs = sorted(k for k in set(host) | set(built_dict) if built_dict.get(k) != host.get(k))
+    matches = isinstance(built, dict) and not differs
+    if num_kernels == 0:
+        consequence = "no compiled kernels in the cache: the build environment does not matter"
+    elif matches:
+        consequence = "the cached kernels load directly on this host (no compiler needed)"
+    else:
+        consequence = (
+            "load will warn and compile the kernels from python_code on this host "
+            "(needs a C++ compiler; slower first call)"
+        )
+    return {
+        "cache": built,
+        "host": host,
+        "matches_host": matches,
+        "differs": differs,
+        "consequence": consequence,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Text rendering
+# ---------------------------------------------------------------------------
+
+
+def _shape_text(shape: list) -> str:
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + (",)" if len(shape) == 1 else ")")
+
+
+def _bytes_text(n: int | None) -> str:
+    return "unknown (free dims)" if n is None else f"{n:,} bytes"
+
+
+def _counts_text(counter: dict) -> str:
+    return ", ".join(f"{key} x{count}" for key, count in counter.items()) or "-"
+
+
+def _tensor_text(entry: dict) -> str:
+    text = f"{_shape_text(entry['shape'])} {entry['dtype']} {entry['device']}"
+    if entry["stride"] is not None:
+        text += f" stride {_shape_text(entry['stride'])}"
+    if entry["contiguous"]:
+        text += " contiguous"
+    for free in entry["free_dims"]:
+        high = "inf" if free["max"] is None else free["max"]
+        text += f"; dim {free['dim']} free in [{free['min']}, {high}] (size group {free['size_group']})"
+    return text
+
+
+def format_report(report: dict[str, Any], code_file: str = "", cache_file: str = "") -> str:
+    """The human-readable form of ``describe``'s report."""
+    version, backend, pair, env = (
+        report["format_version"],
+        report["backend"],
+        report["pair"],
+        report["build_environment"],
+    )
+    lines = ["torch.compiler.precompile artifact"]
+
+    def row(label: str, value: Any) -> None:
+        lines.append(f"  {label:<20}{value}")
+
+    row("python_code", f"{code_file} ({report['sizes']['python_code']:,} bytes)")
+    row("cache", f"{cache_file} ({report['sizes']['cache']:,} bytes)")
+    row(
+        "format version",
+        f"{version['python_code']} (cache {version['cache']}; this torch reads up to {version['supported']})",
+    )
+    row("backend", backend["python_code"] + ("" if pair["backend_matches"] else f" (cache: {backend['cache']})"))
+    row("pair", "belongs together" if pair["belongs_together"] else f"DOES NOT belong together: {pair['problem']}")
+    built = env["cache"]
+    built_text = (
+        ", ".join(f"{k} {v}" for k, v in built.items()) if isinstance(built, dict) else repr(built)
+    )
+    row("build environment", built_text)
+    if env["matches_host"]:
+        row("", "matches this host")
+    else:
+        here = ", ".join(f"{k} {env['host'].get(k)}" for k in env["differs"])
+        row("", f"DIFFERS from this host ({here})")
+    row("", env["consequence"])
+    row("calling convention", report["call"])
+    for module in report["modules"]:
+        row("module", f"args[{module['position']}]: {module['parameters']} parameters, {module['buffers']} buffers")
+    for kind in ("parameters", "buffers"):
+        summary = report[kind]
+        row(
+            kind,
+            f"{summary['count']} tensors, {_bytes_text(summary['bytes'])}; "
+            f"dtypes {_counts_text(summary['dtypes'])}; devices {_counts_text(summary['devices'])}",
+        )
+    for names in report["tied"]:
+        row("tied", " = ".join(names))
+    if not report["inputs"]:
+        row("inputs", "-")
+    for entry in report["inputs"]:
+        detail = _tensor_text(entry) if entry["kind"] == "tensor" else f"value {entry['value']} (baked)"
+        row("input", f"{entry['path']}: {detail}")
+    for entry in report["outputs"]:
+        detail = (
+            f"tensor (graph output {entry['graph_output']})"
+            if entry["kind"] == "tensor"
+            else f"value {entry['value']} (baked)"
+        )
+        row("output", f"{entry['path']}: {detail}")
+    if not report["outputs"]:
+        row("outputs", "-")
+    grads = report["grad_params"]
+    row("grad params", f"{len(grads)}" + ("" if grads else " (inference only)"))
+    for entry in grads:
+        row("", f"{entry['name']}: {_tensor_text(entry)}")
+    if report["constants"]["count"]:
+        row("constants", f"{report['constants']['count']}, {_bytes_text(report['constants']['bytes'])}")
+    row("kernels", f"{report['kernels']['count']}, {_bytes_text(report['kernels']['bytes'])}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+class _BadFile(Exception):
+    pass
+
+
+def _read(path: str, text: bool) -> Any:
+    try:
+        if text:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        with open(path, "rb") as f:
+            return f.read()
+    except UnicodeDecodeError as error:
+        raise _BadFile(f"{path}: not a precompile python_code file (not UTF-8 text: {error.reason})") from None
+    except OSError as error:
+        raise _BadFile(f"{path}: cannot read ({error.strerror or error})") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torch._precompile",
+        description="Tools for torch.compiler.precompile artifacts.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser(
+        "inspect",
+        help="describe a (python_code, cache) pair without executing it",
+        description=(
+            "Describe a (python_code, cache) pair without executing it. Exit status: 0 the "
+            "pair belongs together, 1 a file cannot be read, 3 the files do not belong together."
+        ),
+    )
+    inspect.add_argument("code_file", metavar="CODE_FILE", help="the python_code, as written to disk")
+    inspect.add_argument("cache_file", metavar="CACHE_FILE", help="the cache bytes, as written to disk")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torch._precompile inspect CODE_FILE CACHE_FILE [--json]``."""
+    try:
+        args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit:  # --help, or argparse's own usage error
+        return EXIT_USAGE if exit.code else EXIT_OK
+    prefix = "torch._precompile inspect: error"
+    try:
+        python_code = _read(args.code_file, text=True)
+        cache = _read(args.cache_file, text=False)
+        report = describe(python_code, cache)
+        if args.json:
+            report = {"code_file": args.code_file, "cache_file": args.cache_file, **report}
+            text = json.dumps(report, indent=2, default=repr)
+        else:
+            text = format_report(report, args.code_file, args.cache_file)
+    except _BadFile as error:
+        print(f"{prefix}: {error}", file=sys.stderr)
+        return EXIT_BAD_FILE
+    except UnreadableArtifact as error:
+        path = args.code_file if error.part == "python_code" else args.cache_file
+        print(f"{prefix}: {path}: {error}", file=sys.stderr)
+        return EXIT_BAD_FILE
+    except Exception as error:  # malformed content that the readers let through
+        print(
+            f"{prefix}: {args.code_file}, {args.cache_file}: not a readable precompile artifact "
+            f"({type(error).__name__}: {_one_line(str(error))[:300]})",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_FILE
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `... | head`: the reader left; exit quietly like other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return EXIT_OK if report["pair"]["belongs_together"] else EXIT_MISMATCH
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
