@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -469,6 +470,22 @@ class TestArtifact(TestCase):
         torch.testing.assert_close(out["loss"], _train_step(reference, x, y).detach())
         for ours, theirs in zip(out["grads"], reference.parameters()):
             torch.testing.assert_close(ours, theirs.grad)
+
+
+    @parametrize("backend", BACKENDS)
+    def test_embedded_driver_runs_when_installed_one_differs(self, backend):
+        m, x = _mlp(), torch.randn(3, 8)
+        code, _ = _artifact("mlp_forward", _forward, m, x, backend=backend)
+        installed = {}
+        exec(code, installed)
+        self.assertEqual(installed["_driver"]["__name__"], "torch._precompile_runtime")
+        other = re.sub(r"DRIVER_SHA256 = '[0-9a-f]+'", "DRIVER_SHA256 = 'another version'", code)
+        embedded = {}
+        exec(other, embedded)
+        self.assertEqual(embedded["_driver"]["__name__"], "torch_precompile_driver")
+        torch.testing.assert_close(embedded["forward"](m, x), m(x))
+        with self.assertRaisesRegex(PrecompileError, "expected shape"):
+            embedded["forward"](m, torch.randn(2, 8))
 
 
 class TestLoad(TestCase):
