@@ -6,50 +6,66 @@ Note [precompile programming model]
 ``precompile(fn, *example_inputs)`` captures ``fn`` -- the whole computation,
 taking its model(s) as explicit arguments -- into ``(python_code, cache)``;
 ``precompile.load(python_code, cache)`` turns the pair back into a runnable
-with fn's calling convention.  The contract, invariant by invariant (each is
-enforced where it says so, and proven by the named tests in
-``test/test_precompile.py``; the rest is the caller's responsibility):
+with fn's calling convention.  The contract, invariant by invariant; each
+says who guarantees it and, where it is enforced, which tests (in
+``test/``) prove it:
 
 1. Modules are arguments, not state.  Every ``nn.Module`` argument has its
    parameters and buffers lifted to graph inputs (parameters of all modules,
    then buffers; tied tensors collapse to one input by identity), so the
    artifact holds no weights and the model is passed again at every call.
-   Enforced at runtime: module positions, parameter/buffer names, shapes,
-   dtypes, devices and tying (TestRuntimeChecks, TestNoWeights).
+   Enforced at every call: module positions, parameter/buffer names, shapes,
+   dtypes, devices and tying (test_precompile.py TestRuntimeChecks,
+   TestCapture; test_precompile_zoo.py TestNoWeightsLeave).
 2. No live state.  A tensor fn reads that is neither derived from its
    arguments nor created inside fn (a global, a captured local, an
    unregistered module attribute) is refused at capture; tensor literals
-   created inside fn are code and are baked bit-exactly (TestCaptureContract).
+   created inside fn are code and are baked bit-exactly.  Enforced
+   (TestCaptureContract).
 3. Specialization.  Capture is a non-strict make_fx trace: Python control
    flow follows the example inputs, and every size, dtype and device is baked
-   and checked at each call; Inductor also specializes on strides (except
+   and checked at every call; Inductor also specializes on strides (except
    size-1 dims and empty tensors).  Non-tensor input leaves are baked and a
-   different value is refused (TestRuntimeChecks).
+   different value is refused.  The one exception: a user-input dim marked
+   with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
+   and the equalities the graph needs between marked dims are checked at
+   every call, and a graph that guards on it is refused at capture.
+   Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py).
 4. The whole step.  If fn calls ``.backward()``, forward and backward are one
    graph; the runnable accumulates parameter gradients onto the runtime
    model's ``.grad`` exactly like eager (assign when None, else add).  Which
    parameters receive a gradient is fixed at capture.  A buffer or user input
-   that would receive a gradient is refused (TestTraining).  The runnable's
-   outputs carry no autograd history: backward must happen inside fn.
+   that would receive a gradient is refused.  The runnable's outputs carry no
+   autograd history: backward must happen inside fn.  Enforced (TestTraining,
+   test_precompile_zoo.py).
 5. Side effects.  Effectful ops and control-flow higher-order ops are refused
-   at capture; in-place updates of buffers and inputs (BatchNorm running
-   stats) are part of the graph and happen at every call (TestCaptureContract).
+   at capture, and so is rebinding a module attribute instead of updating it
+   in place; in-place updates of buffers and inputs (BatchNorm running stats)
+   are part of the graph and happen at every call.  Enforced
+   (TestCaptureContract, TestCapture).
 6. The code is the contract.  ``python_code`` is self-contained (it runs with
    only torch installed, compiling kernels on first use) and is the single
    source of truth for the calling convention; ``cache`` only accelerates and
-   is bound to the code by its sha256 (TestLoad, TestArtifact).
+   is bound to the code by its sha256, its payload by another.  Enforced
+   (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
-   ``ast`` before executing anything, and warns at every load (TestLoad).
-   Caller's responsibility.
-8. Capture is side-effect free for the caller.  ``precompile`` traces on
+   ``ast`` and the cache with ``torch.load(weights_only=True)`` before
+   executing anything, and warns at every load (TestLoad).  Trusting the
+   pair is the caller's responsibility.
+8. Capture has no side effects on the caller.  ``precompile`` traces on
    clones, so the caller's parameters, buffers, ``.grad`` and inputs are
    bit-identical afterwards, also when fn raises (TestCaptureContract).
-   Caller's responsibility: fn must not reach tensors other than its
-   arguments for writing (an optimizer holding the original parameters).
-9. Threads.  An inference runnable may be called from several threads at
-   once; a training step writes ``.grad`` and must not run concurrently on
-   the same model.  Caller's responsibility.
+   Caller's responsibility: fn must not write tensors other than its
+   arguments (an optimizer holding the original parameters).
+9. Kernels are machine code.  Cached kernels load only when the cache's build
+   environment (torch, Python, platform, CPU capability) equals this
+   process's; otherwise ``load`` warns once and compiles from python_code.
+   Warm loads run no compiler and import neither ``torch._inductor`` nor
+   ``torch._dynamo`` (TestInductorCache).
+10. Threads.  An inference runnable may be called from several threads at
+   once (test_precompile_concurrency.py); a training step writes ``.grad``
+   and must not run concurrently on the same model: caller's responsibility.
 """
 
 if __name__ == "__main__":
