@@ -269,6 +269,7 @@ class TestInspectReport(InspectTestCase):
             x["free_dims"] = [[0, 0, 2, 64]]
             x["contiguous"] = True
             convention["state"][2]["names"].append([0, "1.weight_alias"])
+            convention["modules"][0]["parameters"].append("1.weight_alias")  # keep it consistent
 
         code_file, cache_file = _files("eager")
         edited = _edit_convention("free_dims.py", code_file, edit)
@@ -345,8 +346,8 @@ class TestInspectBadFiles(InspectTestCase):
         code_file, cache_file = _files("eager")
         for name, edit, fragment in (
             ("unknown_field.py", lambda c: c.update(extra=1), "unknown fields ['extra']"),
-            ("bad_spec.py", lambda c: c.update(input_spec="not a tree spec"), "not a readable precompile artifact"),
-            ("bad_module.py", lambda c: c["state"][0].update(names=[[7, "w"]]), "not a readable precompile artifact"),
+            ("bad_spec.py", lambda c: c.update(input_spec="not a tree spec"), "calling convention is malformed: input_spec"),
+            ("bad_module.py", lambda c: c["state"][0].update(names=[[7, "w"]]), "calling convention is malformed: state[0].names"),
         ):
             with self.subTest(name):
                 path = _edit_convention(name, code_file, edit)

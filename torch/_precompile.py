@@ -92,6 +92,7 @@ import pprint
 import re
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -497,15 +498,35 @@ class _SymbolicAttempt:
         )
 
 
+@contextlib.contextmanager
+def _without_mkldnn():
+    """Trace nn.LSTM & co. through their cell-by-cell decomposition.
+
+    With MKLDNN enabled, CPU ``aten::lstm`` dispatches to ``aten::mkldnn_rnn_layer``,
+    which make_fx records as one op.  Its ``workspace`` output (saved for
+    ``mkldnn_rnn_layer_backward``) is undefined when grad mode is off, as it is
+    while the driver runs the graph, and its fake kernel reports a (1,)-sized
+    workspace that Inductor's size asserts then reject.  The decomposition is
+    plain ATen and serves both backends.
+    """
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
     free_dims = _read_marks(args, backend)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    if free_dims:
-        graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
-    else:
-        graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
+    with _without_mkldnn():
+        if free_dims:
+            graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
+        else:
+            graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
 
     outputs, graph_index = [], 0
     for i, leaf in enumerate(recorded["out_leaves"]):
@@ -656,7 +677,9 @@ def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule
 def _constant_spec(t: torch.Tensor) -> ConstantSpec:
     import base64
 
-    data = t.contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    # reshape(-1): a 0-dim literal (torch.tensor(torch.finfo(dtype).min)) cannot be
+    # viewed as bytes directly ("self.dim() cannot be 0 to view Float as Byte").
+    data = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return ConstantSpec(
         shape=tuple(t.shape),
         dtype=str(t.dtype).removeprefix("torch."),
@@ -754,7 +777,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
 def _strip_stand_in_imports(source: str) -> str:
     lines = source.splitlines(keepends=True)
     drop = set()
-    for node in ast.parse(source).body:
+    for node in _parse(source).body:
         if (
             isinstance(node, ast.ImportFrom)
             and (node.module or "").startswith("torch._inductor")
@@ -961,6 +984,17 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------
 
 
+# CPython 3.11 (seen on 3.11.7) keeps ast.parse's recursion-depth counter in shared
+# state: parses racing in two threads raise "SystemError: AST constructor
+# recursion depth mismatch" (gh-106905).  load() is called from threads.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+    with _AST_LOCK:
+        return ast.parse(source)
+
+
 def _read_constants(python_code: str) -> dict[str, Any]:
     if not isinstance(python_code, str):
         raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
@@ -968,7 +1002,7 @@ def _read_constants(python_code: str) -> dict[str, Any]:
     # fast for large graphs; the rest is compiled when executed.
     header_end = python_code.find(_GRAPH_MARKER)
     try:
-        module = ast.parse(python_code if header_end < 0 else python_code[:header_end])
+        module = _parse(python_code if header_end < 0 else python_code[:header_end])
     except SyntaxError as error:
         raise PrecompileError(f"python_code is not valid Python ({error}); it is not a precompile artifact") from error
     constants = {}

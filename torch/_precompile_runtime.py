@@ -131,7 +131,9 @@ class CallingConvention(NamedTuple):
 
     @classmethod
     def from_literal(cls, literal: dict) -> "CallingConvention":
-        return _from_literal(cls, literal)
+        convention = _from_literal(cls, literal)
+        validate_convention(convention)
+        return convention
 
     @property
     def user_positions(self) -> tuple[int, ...]:
@@ -190,6 +192,147 @@ def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
     return _tuples(value)
 
 
+_LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
+
+
+def validate_convention(c: "CallingConvention") -> None:
+    """Types and cross-references of a calling convention read from python_code.
+
+    A damaged CALLING_CONVENTION must be refused here, at load, never turn into
+    a TypeError / IndexError or a wrong result at call time.
+    """
+
+    def fail(what: str) -> None:
+        raise PrecompileError(f"calling convention is malformed: {what}")
+
+    def is_int(v: Any, low: int = 0) -> bool:
+        return type(v) is int and v >= low
+
+    def check_tensor_spec(where: str, t: Any) -> None:
+        if not isinstance(t, TensorSpec):
+            fail(f"{where} is not a tensor spec")
+        if not isinstance(t.shape, tuple) or not all(s is None or is_int(s) for s in t.shape):
+            fail(f"{where}.shape {t.shape!r}")
+        if t.stride is not None and (
+            not isinstance(t.stride, tuple)
+            or len(t.stride) != len(t.shape)
+            or not all(type(s) is int for s in t.stride)
+        ):
+            fail(f"{where}.stride {t.stride!r}")
+        if type(t.dtype) is not str or not isinstance(getattr(torch, t.dtype, None), torch.dtype):
+            fail(f"{where}.dtype {t.dtype!r}")
+        if type(t.device) is not str:
+            fail(f"{where}.device {t.device!r}")
+        try:
+            torch.device(t.device)
+        except (RuntimeError, ValueError, TypeError):
+            fail(f"{where}.device {t.device!r}")
+        if not isinstance(t.free_dims, tuple) or not all(
+            isinstance(f, tuple)
+            and len(f) == 4
+            and is_int(f[0])
+            and f[0] < len(t.shape)
+            and t.shape[f[0]] is None
+            and is_int(f[1])
+            and is_int(f[2])
+            and (f[3] is None or (is_int(f[3]) and f[3] >= f[2]))
+            for f in t.free_dims
+        ):
+            fail(f"{where}.free_dims {t.free_dims!r}")
+        if len({f[0] for f in t.free_dims}) != sum(s is None for s in t.shape):
+            fail(f"{where}: free dims and shape disagree")
+        if type(t.contiguous) is not bool:
+            fail(f"{where}.contiguous {t.contiguous!r}")
+
+    def load_spec(where: str, dumped: Any, leaves: int, children: int | None = None) -> None:
+        if type(dumped) is not str:
+            fail(f"{where} {dumped!r}")
+        try:
+            spec = pytree.treespec_loads(dumped)
+        except Exception:  # any decoding failure: damaged
+            fail(f"{where} is not a pytree spec")
+        if spec.num_leaves != leaves or (children is not None and (spec.type is not tuple or spec.num_children != children)):
+            fail(f"{where} does not match its {leaves} leaves")
+
+    if not is_int(c.format_version, 1) or c.backend not in ("eager", "inductor") or not is_int(c.arity):
+        fail("format_version / backend / arity")
+    if not all(isinstance(x, tuple) for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants)):
+        fail("a list field is not a list")
+    names: dict = {}  # (module index, name) -> kind
+    positions = []
+    for index, m in enumerate(c.modules):
+        if not isinstance(m, ModuleSpec) or not is_int(m.position) or m.position >= c.arity:
+            fail(f"modules[{index}]")
+        positions.append(m.position)
+        for kind, fqns in (("parameter", m.parameters), ("buffer", m.buffers)):
+            if not isinstance(fqns, tuple) or not all(type(n) is str and n for n in fqns):
+                fail(f"modules[{index}] {kind} names")
+            for n in fqns:
+                if (index, n) in names:
+                    fail(f"modules[{index}] names {n!r} twice")
+                names[(index, n)] = kind
+    if len(set(positions)) != len(positions):
+        fail("module positions repeat")
+    covered = set()
+    for index, s in enumerate(c.state):
+        if not isinstance(s, StateSpec) or s.kind not in ("parameter", "buffer"):
+            fail(f"state[{index}]")
+        if not isinstance(s.names, tuple) or not s.names:
+            fail(f"state[{index}].names")
+        for entry in s.names:
+            if not (isinstance(entry, tuple) and len(entry) == 2 and names.get(entry) == s.kind) or entry in covered:
+                fail(f"state[{index}].names {entry!r}")
+            covered.add(entry)
+        check_tensor_spec(f"state[{index}].tensor", s.tensor)
+    if covered != set(names):
+        fail("state does not cover every module parameter and buffer exactly once")
+    for index, leaf in enumerate(c.inputs):
+        if not isinstance(leaf, LeafSpec) or leaf.graph_output is not None:
+            fail(f"inputs[{index}]")
+        if leaf.tensor is not None:
+            check_tensor_spec(f"inputs[{index}].tensor", leaf.tensor)
+        elif not isinstance(leaf.value, _LEAF_VALUE_TYPES):
+            fail(f"inputs[{index}].value")
+    load_spec("input_spec", c.input_spec, len(c.inputs), c.arity - len(c.modules))
+    graph_outputs = []
+    for index, leaf in enumerate(c.outputs):
+        if not isinstance(leaf, LeafSpec) or leaf.tensor is not None:
+            fail(f"outputs[{index}]")
+        if leaf.graph_output is not None:
+            graph_outputs.append(leaf.graph_output)
+        elif not isinstance(leaf.value, _LEAF_VALUE_TYPES):
+            fail(f"outputs[{index}].value")
+    if graph_outputs != list(range(len(graph_outputs))):
+        fail(f"output graph indices {graph_outputs!r}")
+    load_spec("output_spec", c.output_spec, len(c.outputs))
+    if list(c.grad_state) != sorted(set(c.grad_state)) or not all(
+        is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in c.grad_state
+    ):
+        fail(f"grad_state {c.grad_state!r}")
+    for index, size in enumerate(c.sizes):
+        if not (
+            isinstance(size, tuple)
+            and len(size) == 2
+            and is_int(size[0])
+            and size[0] < len(c.inputs)
+            and c.inputs[size[0]].tensor is not None
+            and is_int(size[1])
+            and size[1] < len(c.inputs[size[0]].tensor.shape)
+            and c.inputs[size[0]].tensor.shape[size[1]] is None
+        ):
+            fail(f"sizes[{index}]")
+    for index, k in enumerate(c.constants):
+        if not isinstance(k, ConstantSpec) or not isinstance(k.shape, tuple) or not all(is_int(s) for s in k.shape):
+            fail(f"constants[{index}]")
+        check_tensor_spec(f"constants[{index}]", TensorSpec(k.shape, None, k.dtype, k.device))
+        try:
+            raw = base64.b64decode(k.data, validate=True)
+        except (TypeError, ValueError):
+            fail(f"constants[{index}].data")
+        if len(raw) != math.prod(k.shape) * _dtype(k.dtype).itemsize:
+            fail(f"constants[{index}].data has {len(raw)} bytes")
+
+
 def _tuples(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_tuples(v) for v in value)
@@ -240,6 +383,11 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
         raise PrecompileError(
             f"{what}: expected a Tensor of shape {spec.describe_shape()}, got {type(value).__name__}"
         )
+    if value.layout != torch.strided:
+        raise PrecompileError(
+            f"{what}: expected a dense (strided) Tensor, got layout {value.layout}; "
+            "pass .to_dense()"
+        )
     shape = tuple(value.shape)
     if len(shape) != len(spec.shape) or any(
         want is not None and want != got for want, got in zip(spec.shape, shape)
@@ -278,6 +426,33 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
             f"{backend!r} specializes on memory layout: pass a tensor with the captured "
             "layout (e.g. .contiguous()), or precompile with backend='eager'"
         )
+
+
+def _structure_counter() -> list:
+    """``[n]``, bumped whenever any nn.Module registers a submodule, parameter or buffer.
+
+    The driver caches where each lifted tensor lives (the owning module's
+    ``_parameters`` / ``_buffers`` dict); replacing ``model.fc1`` or registering a
+    new parameter must invalidate that, or stale weights are used silently.
+    One counter per process, shared by every artifact.
+    """
+    import torch.nn.modules.module as module_module
+
+    counter = getattr(module_module, "_precompile_structure_counter", None)
+    if counter is None:
+        counter = [0]
+
+        def bump(*_: Any) -> None:  # returns None: the registration is unchanged
+            counter[0] += 1
+
+        module_module.register_module_module_registration_hook(bump)
+        module_module.register_module_parameter_registration_hook(bump)
+        module_module.register_module_buffer_registration_hook(bump)
+        module_module._precompile_structure_counter = counter
+    return counter
+
+
+_STRUCTURE = _structure_counter()
 
 
 def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
@@ -335,6 +510,7 @@ class PrecompiledFunction:
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
         self._num_outputs = sum(1 for leaf in convention.outputs if leaf.graph_output is not None)
+        self._num_graph_outputs = self._num_outputs + len(convention.grad_state)
         self._output_indices = [leaf.graph_output for leaf in convention.outputs]
         self._plain_outputs = all(i is not None for i in self._output_indices) and (
             self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
@@ -391,6 +567,11 @@ class PrecompiledFunction:
             ) from error
         finally:
             torch._C._set_grad_enabled(grad_enabled)
+        if len(outputs) != self._num_graph_outputs:
+            raise PrecompileError(
+                f"the captured graph returned {len(outputs)} outputs but the calling convention "
+                f"describes {self._num_graph_outputs}: python_code was edited"
+            )
         if self.convention.grad_state:
             self._accumulate_grads(state, outputs[self._num_outputs :])
         if self._plain_outputs:
@@ -423,7 +604,11 @@ class PrecompiledFunction:
     def _state_tensors(self, modules: list) -> list:
         key = tuple(map(id, modules))
         cached = self._state_cache.get(key)
-        if cached is None or any(ref() is not m for ref, m in zip(cached[0], modules)):
+        if (
+            cached is None
+            or cached[3] != _STRUCTURE[0]
+            or any(ref() is not m for ref, m in zip(cached[0], modules))
+        ):
             cached = self._cache_state_accessors(key, modules)
         state = [table[name] for table, name in cached[1]]
         for state_index, table, name, module_index, fqn in cached[2]:
@@ -432,6 +617,7 @@ class PrecompiledFunction:
         return state
 
     def _cache_state_accessors(self, key: tuple, modules: list) -> tuple:
+        generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
         per_module = [self._module_accessors(index, module) for index, module in enumerate(modules)]
         accessors = [per_module[m][slot] for m, slot in self._state_slots]
         aliases = [(i, *per_module[m][slot], m, fqn) for i, m, slot, fqn in self._alias_slots]
@@ -439,7 +625,7 @@ class PrecompiledFunction:
             self._state_cache = {
                 k: v for k, v in self._state_cache.items() if all(ref() is not None for ref in v[0])
             }
-        cached = (tuple(weakref.ref(m) for m in modules), accessors, aliases)
+        cached = (tuple(weakref.ref(m) for m in modules), accessors, aliases, generation)
         self._state_cache[key] = cached
         return cached
 
