@@ -1220,17 +1220,13 @@ class _StageTimer:
         self.stages: list = []
         self.start = time.perf_counter()
 
+    @contextlib.contextmanager
     def __call__(self, stage: str):
-        timer = self
-
-        class _Stage:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.stages.append((stage, time.perf_counter() - self.t0))
-
-        return _Stage()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages.append((stage, time.perf_counter() - start))
 
     def done(self, summary: str) -> None:
         if log.isEnabledFor(logging.INFO):
