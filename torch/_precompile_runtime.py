@@ -515,6 +515,7 @@ class PrecompiledFunction:
         self._plain_outputs = all(i is not None for i in self._output_indices) and (
             self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
         )
+        self._single_output = self._plain_outputs and self._output_spec.is_leaf()
         self._state_slots, self._alias_slots = self._locate_state()
         # tuple(id(module)) -> (weakrefs, accessors); stale entries are pruned.
         self._state_cache: dict[tuple, tuple[tuple, list]] = {}
@@ -543,7 +544,7 @@ class PrecompiledFunction:
         user_args = [args[i] for i in self._user_positions]
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         tensors = state + [leaves[i] for i in self._tensor_inputs]
-        if not self._guard_passes(tensors):
+        if self._guard is None or not self._guard_passes(tensors):
             self._check_slowly(user_args, leaves, state)
             self._guard = self._build_guard(tensors)
         if self._value_inputs:
@@ -574,18 +575,15 @@ class PrecompiledFunction:
             )
         if self.convention.grad_state:
             self._accumulate_grads(state, outputs[self._num_outputs :])
+        if self._single_output:
+            return outputs[0]
         if self._plain_outputs:
-            if self._output_spec.is_leaf():
-                return outputs[0]
-            return tuple(outputs[i] for i in self._output_indices)
+            return tuple([outputs[i] for i in self._output_indices])
         return self._rebuild_outputs(outputs)
 
     def _guard_passes(self, tensors: list) -> bool:
-        guard = self._guard
-        if guard is None:
-            return False
         try:
-            return guard.check(*tensors)
+            return self._guard.check(*tensors)
         except TypeError:  # a non-tensor where a tensor was captured
             return False
 
@@ -607,7 +605,7 @@ class PrecompiledFunction:
         if (
             cached is None
             or cached[3] != _STRUCTURE[0]
-            or any(ref() is not m for ref, m in zip(cached[0], modules))
+            or [ref() for ref in cached[0]] != modules  # list == compares by identity first
         ):
             cached = self._cache_state_accessors(key, modules)
         state = [table[name] for table, name in cached[1]]
