@@ -1,0 +1,464 @@
+"""precompile vs what users would pick instead (issue 7).
+
+Peers, each measured in fresh processes on the same workloads (tiny
+overhead-bound Linear(16,16) batch 1, MLP forward, MLP training step,
+conv+BatchNorm forward):
+
+  eager; torch.compile (its own warm cache dir); mega-cache
+  (torch.compiler.save_cache_artifacts -> load_cache_artifacts into an empty
+  dir); torch._dynamo aot_compile (torch.compile(fn, fullgraph=True).aot_compile)
+  + torch.compiler.load_compiled_function; torch._inductor.standalone_compile
+  (on a make_fx graph with the parameters as inputs); torch.export + AOTInductor
+  package (aoti_compile_and_package / aoti_load_package); TorchScript
+  (torch.jit.trace + save / load); torch.compiler.precompile (both backends).
+
+Reported per (workload, peer): build time; warm start (fresh process, after
+``import torch``, to the first result) with an empty inductor cache dir and
+with the peer's own warm cache where it has one; steady-state time per call
+(one process, ``torch.set_num_threads(1)``, interleaved, medians); artifact
+size; whether weights are baked in; whether grads accumulate.  Ratios against
+eager and against precompile, all from the same run.
+
+Writes benchmarks/results/compare.md and compare.png (matplotlib optional).
+
+Usage:
+    python benchmarks/compare.py            # full run (< 25 min on 2 cores)
+    python benchmarks/compare.py --quick    # CI smoke: MLP forward, 1 repeat, fast peers only
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402  (imports no torch)
+
+
+# ---------------------------------------------------------------------------
+# Peers (methods beyond eager / torch.compile / precompile, which _common has)
+# ---------------------------------------------------------------------------
+
+
+class MegaCache(C.Compile):
+    """torch.compile's mega-cache bytes, loaded into an empty cache dir."""
+
+    name, label = "mega", "torch.compile + mega-cache"
+    artifact_from = "compile"  # the compile build saves them (torch.compiler.save_cache_artifacts)
+    start_modes = ("empty",)
+    slow_empty_start = True
+
+    def load(self, wl, model, inputs, art):
+        import torch
+
+        torch.compiler.load_cache_artifacts((art / "mega.bin").read_bytes())
+        return super().load(wl, model, inputs, art)
+
+
+class AotCompile(C.Method):
+    name, label = "aot_compile", "dynamo aot_compile + load_compiled_function"
+    start_modes = ("empty", "own")
+    slow_empty_start = True
+    # Its guards include torch.get_num_threads(): an artifact built with the
+    # default threads fails every call at 1 thread, so steady state (1 thread)
+    # loads a second build made with 1 thread.
+    steady_artifact = "aot_compile_1t"
+    build_threads = None
+
+    def build(self, wl, model, inputs, art):
+        import torch
+
+        if self.build_threads:
+            torch.set_num_threads(self.build_threads)
+        t0 = time.perf_counter()
+        # A training step needs Dynamo to trace Tensor.backward().
+        with torch._dynamo.config.patch(trace_autograd_ops=wl.train), wl.context():
+            compiled = torch.compile(wl.fn, fullgraph=True).aot_compile(((model, *inputs), {}))
+        compiled.save_compiled_function(str(art / "fn.bin"))
+        return {"build_s": time.perf_counter() - t0, "artifact_bytes": (art / "fn.bin").stat().st_size}
+
+    def load(self, wl, model, inputs, art):
+        import torch
+
+        with open(art / "fn.bin", "rb") as f:
+            fn = torch.compiler.load_compiled_function(f)
+        return C.Runtime(lambda: fn(model, *inputs), list(model.parameters()), wl.context)
+
+    def artifact_bytes(self, art, build_info):
+        return build_info["artifact_bytes"]
+
+
+class AotCompile1T(AotCompile):
+    """aot_compile built with torch.set_num_threads(1), for the steady-state process only."""
+
+    name, label = "aot_compile_1t", "aot_compile (1-thread build)"
+    steady_artifact = None
+    build_threads = 1
+
+
+def _state(model) -> tuple:
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    tensors = [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers()]
+    return names, tensors
+
+
+class Standalone(C.Method):
+    """standalone_compile of a make_fx graph taking (params, buffers, inputs).
+
+    The graph is the forward (for the training step: the loss); training runs
+    ``loss.backward()`` through the compiled autograd function, onto the
+    parameters passed in.
+    """
+
+    name, label = "standalone", "inductor standalone_compile"
+    start_modes = ("empty", "own")
+    slow_empty_start = True
+
+    def build(self, wl, model, inputs, art):
+        import torch
+        import torch.nn.functional as F
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        names, state = _state(model)
+        n = len(names)
+
+        def flat(*args):
+            out = torch.func.functional_call(model, dict(zip(names, args[:n])), args[n : n + 1])
+            return (F.mse_loss(out, args[n + 1]) if wl.train else out,)
+
+        t0 = time.perf_counter()
+        with wl.context():
+            gm = make_fx(flat)(*state, *inputs)
+            artifact = torch._inductor.standalone_compile(gm, [*state, *inputs], dynamic_shapes="from_example_inputs")
+        artifact.save(path=str(art / "artifact.bin"), format="binary")
+        return {"build_s": time.perf_counter() - t0, "artifact_bytes": (art / "artifact.bin").stat().st_size}
+
+    def load(self, wl, model, inputs, art):
+        import torch
+
+        artifact = torch._inductor.CompiledArtifact.load(path=str(art / "artifact.bin"), format="binary")
+        _, state = _state(model)
+        args = [*state, *inputs]
+        if wl.train:
+
+            def call():
+                loss = artifact(*args)[0]
+                loss.backward()
+                return loss.detach()
+
+        else:
+
+            def call():
+                return artifact(*args)[0]
+
+        return C.Runtime(call, list(model.parameters()), wl.context)
+
+    def artifact_bytes(self, art, build_info):
+        return build_info["artifact_bytes"]
+
+
+class AOTInductor(C.Method):
+    name, label = "aoti", "torch.export + AOTInductor package"
+    weights_baked = "yes"
+    start_modes = ("empty", "own")
+    slow_empty_start = True
+
+    def unsupported(self, wl):
+        return "inference only (an AOTInductor package has no autograd)" if wl.train else None
+
+    def build(self, wl, model, inputs, art):
+        import torch
+
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            program = torch.export.export(model, inputs)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(art / "model.pt2"))
+        return {"build_s": time.perf_counter() - t0, "artifact_bytes": (art / "model.pt2").stat().st_size}
+
+    def load(self, wl, model, inputs, art):
+        import torch
+
+        runner = torch._inductor.aoti_load_package(str(art / "model.pt2"))
+        return C.Runtime(lambda: runner(*inputs), [], torch.no_grad)
+
+    def artifact_bytes(self, art, build_info):
+        return build_info["artifact_bytes"]
+
+
+class TorchScript(C.Method):
+    """torch.jit.trace of the model; the step runs fn with the ScriptModule as model."""
+
+    name, label = "torchscript", "TorchScript (jit.trace)"
+    weights_baked = "yes"
+
+    def build(self, wl, model, inputs, art):
+        import torch
+
+        t0 = time.perf_counter()
+        with wl.context():
+            traced = torch.jit.trace(model, inputs[:1])
+        torch.jit.save(traced, str(art / "model.pt"))
+        return {"build_s": time.perf_counter() - t0, "artifact_bytes": (art / "model.pt").stat().st_size}
+
+    def load(self, wl, model, inputs, art):
+        import torch
+
+        scripted = torch.jit.load(str(art / "model.pt"))
+        fn = wl.fn
+        # Training: grads land on the ScriptModule's own (baked) parameters.
+        return C.Runtime(lambda: fn(scripted, *inputs), list(scripted.parameters()), wl.context)
+
+    def artifact_bytes(self, art, build_info):
+        return build_info["artifact_bytes"]
+
+
+METHODS = dict(C.BASE_METHODS)
+for _peer in (MegaCache(), AotCompile(), AotCompile1T(), Standalone(), AOTInductor(), TorchScript()):
+    METHODS[_peer.name] = _peer
+
+ORDER = ["eager", "compile", "mega", "aot_compile", "standalone", "aoti", "torchscript", "precompile_eager", "precompile"]
+SLOW = {"mega", "aot_compile", "standalone", "aoti"}
+# Peers whose start takes milliseconds: also started with 1 thread, where the
+# first call's OpenMP regions cannot stall on a busy second core.
+FAST_START = {"eager", "torchscript", "precompile_eager", "precompile"}
+WORKLOADS = ["tiny", "mlp_fwd", "mlp_train", "conv_fwd"]
+NOTES = {
+    "compile": "no separate build: build = cold first call (empty cache dir); empty-dir start = the same",
+    "mega": "build = torch.compile's cold first call + save_cache_artifacts; own-cache start = torch.compile's",
+    "aot_compile": "fullgraph only; the training step needs trace_autograd_ops=True and guards on `.grad is None`",
+    "standalone": "graph from make_fx(functional_call) with params/buffers as inputs; the user passes them",
+    "aoti": "weights baked into the package; `runner(x)`",
+    "torchscript": "weights baked; training updates the ScriptModule's own parameters, not the user's model",
+    "precompile_eager": "captured ATen graph, no kernels",
+    "precompile": "load() + call(model, x); no weights, kernels shipped in the cache",
+}
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = C.base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--budget-min", type=float, default=24.0, help="wall-clock budget; extra repeats stop when spent")
+    parser.add_argument("--workloads", default=None, help="comma-separated subset of " + ",".join(WORKLOADS))
+    parser.add_argument("--peers", default=None, help="comma-separated subset of " + ",".join(ORDER))
+    parser.add_argument("--no-chart", action="store_true")
+    args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    slow_empty_repeats = 1  # an empty-dir start of a compiling peer is a full recompile
+    steady_repeats, target_s = (2, 0.005) if args.quick else (15, 0.02)
+    workloads = (args.workloads or ("mlp_fwd" if args.quick else ",".join(WORKLOADS))).split(",")
+    default_peers = [m for m in ORDER if not (args.quick and m in SLOW)]
+    peers = [m for m in (args.peers.split(",") if args.peers else default_peers) if m]
+    budget_s = args.budget_min * 60
+    load_before, mach = C.load_average(), C.machine()
+    capped = []
+
+    with C.scratch(args) as workdir:
+        runner = C.Runner(__file__, workdir)
+        hidden = ["aot_compile_1t"] if "aot_compile" in peers else []
+        plan = C.Plan(runner, METHODS, workloads, peers + hidden)
+        starts = [(m, mode, None) for m in peers for mode in METHODS[m].start_modes]
+        starts += [(m, _main_mode(m), 1) for m in peers if m in FAST_START]
+        # Phase 1: one of everything (build, each start once, steady state).
+        for w in workloads:
+            for m in peers + hidden:
+                plan.build(w, m)
+            for m, mode, threads in starts:
+                plan.start(w, m, mode, threads=threads)
+            plan.steady(w, peers, steady_repeats, target_s)
+        # Phase 2: more start repeats, round-robin, while the budget lasts.
+        pending = []
+        for r in range(1, repeats):
+            for w in workloads:
+                for m, mode, threads in starts:
+                    if mode == "empty" and METHODS[m].slow_empty_start and r >= slow_empty_repeats:
+                        continue
+                    pending.append((w, m, mode, threads))
+        for w, m, mode, threads in pending:
+            if runner.elapsed() > budget_s:
+                capped.append(f"{w}/{m}/{mode}" + (f"@{threads}" if threads else ""))
+                continue
+            plan.start(w, m, mode, threads=threads)
+        elapsed = runner.elapsed()
+
+    text = C.report_header("precompile vs the alternatives", sys.argv, mach, load_before, C.load_average(), elapsed)
+    text += (
+        f"- repeats: warm starts {repeats} fresh processes (empty-dir starts of peers that compile on load: "
+        f"{slow_empty_repeats}, a full recompile each), builds 1, steady state {steady_repeats} interleaved repeats "
+        f"(batches of ~{target_s * 1e3:.0f} ms, 1 thread); medians\n"
+    )
+    if capped:
+        text += f"- budget ({args.budget_min:.0f} min) spent: {len(capped)} extra repeats skipped ({', '.join(capped[:8])}...)\n"
+    text += "\n" + render(plan, workloads, peers)
+    chart = None if args.no_chart else write_chart(plan, workloads, peers)
+    if chart:
+        text += f"\n![compare]({chart.name})\n"
+    print(text)
+    path = C.write_report("compare.md", text, plan.dump())
+    print(f"wrote {path}" + (f" and {chart}" if chart else ""), file=sys.stderr)
+
+
+def _main_mode(m: str) -> str:
+    """The start mode a peer's headline warm start uses: its own cache when it has one."""
+    return "own" if "own" in METHODS[m].start_modes else "empty"
+
+
+def _warm(cell: C.Cell, m: str) -> float | None:
+    """The peer's best honest warm start: own warm cache where it has one, else empty dir."""
+    own = cell.start_s("own")
+    return own if own is not None else cell.start_s("empty")
+
+
+def render(plan: C.Plan, workloads: list, peers: list) -> str:
+    out = []
+    legend = (
+        "Columns: **build** = time to produce the artifact in a fresh process with an empty inductor cache dir "
+        "(torch.compile: its cold first call); **start, empty dir** / **start, own cache** = fresh process, from "
+        "after `import torch` to the first result (model + input creation included for all), with an empty "
+        "TORCHINDUCTOR_CACHE_DIR / with the dir a previous run of this peer warmed (default threads); **start, 1 thread** = "
+        "the same (own cache where it has one) with `torch.set_num_threads(1)`, for the peers that start in milliseconds, "
+        "where a busy machine's scheduling of the second OpenMP thread otherwise dominates the first call; ratios use the "
+        "default-thread own-cache start; **steady** = per call, 1 thread, "
+        "interleaved, median +- its ~95% notch (forward under `torch.no_grad()`; training: `.grad = None` then the "
+        "step; differences inside the notches are noise); ratios are "
+        "peer / eager and peer / precompile (> 1: precompile is faster). Artifact = what must be shipped "
+        "(torch.compile: its cache dir)."
+    )
+    out.append(legend + "\n")
+    for w in workloads:
+        wl = C.WORKLOADS[w]
+        out.append(f"\n## {w}: {wl.label}\n")
+        eager_start = plan.cell(w, "eager").start_s("empty") if "eager" in peers else None
+        pc = plan.cell(w, "precompile") if "precompile" in peers else None
+        pc_start = _warm(pc, "precompile") if pc else None
+        eager_steady = plan.steady_s(w, "eager") if "eager" in peers else None
+        pc_steady = plan.steady_s(w, "precompile") if pc else None
+        rows = []
+        for m in peers:
+            cell, method = plan.cell(w, m), METHODS[m]
+            if cell.skipped:
+                rows.append([method.label] + ["not supported: " + cell.skipped] + [""] * 11)
+                continue
+            owner = plan.cell(w, method.artifact_dir_name)
+            build = owner.ok_builds()
+            build_s = C.median(b["build_s"] + b.get("mega_save_s", 0.0) * (m == "mega") for b in build) if build else None
+            if m == "eager":
+                build_s = 0.0
+            empty = cell.start_s("empty")
+            if m == "compile":
+                empty_txt = f"= build ({C.fmt_time(build_s)})"
+            else:
+                empty_txt = C.fmt_time(empty)
+            own = cell.start_s("own")
+            if m == "mega":
+                own_txt = "= torch.compile"
+            elif "own" in method.start_modes:
+                own_txt = C.fmt_time(own)
+            else:
+                own_txt = "no cache"
+            one = cell.start_s(f"{_main_mode(m)}@1")
+            warm = _warm(cell, m)
+            steady = plan.steady_s(w, m)
+            steady_info = cell.steady or {}
+            size = C.median(b.get("artifact_bytes") for b in build) if build else None
+            if m == "mega":
+                size = C.median(b.get("mega_bytes") for b in build) if build else None
+            grads = steady_info.get("grads_accumulate", "-") if wl.train else "-"
+            error = cell.error()
+            rows.append([
+                method.label,
+                C.fmt_time(build_s) if m != "eager" else "-",
+                empty_txt,
+                own_txt,
+                C.fmt_time(one) if one is not None else "-",
+                C.fmt_ratio(warm, eager_start),
+                C.fmt_ratio(warm, pc_start),
+                C.fmt_steady(steady_info),
+                C.fmt_ratio(steady, eager_steady),
+                C.fmt_ratio(steady, pc_steady),
+                C.fmt_bytes(size) if m != "eager" else "-",
+                method.weights_baked,
+                grads,
+                "; ".join(x for x in (NOTES.get(m, ""), f"ERROR: {error[:200]}" if error else "",
+                                      "result differs from eager!" if steady_info.get("correct") is False else "") if x),
+            ])
+        out.append(C.markdown_table(
+            ["peer", "build", "start, empty dir", "start, own cache", "start, 1 thread", "start / eager", "start / precompile",
+             "steady", "steady / eager", "steady / precompile", "artifact", "weights baked", "grads accumulate", "notes"],
+            rows,
+        ))
+        # Who wins.
+        compiled = [m for m in peers if m != "eager"]
+        best_start = _best(plan, w, compiled, lambda c, m: _warm(c, m))
+        best_steady = _best(plan, w, peers, lambda c, m: plan.steady_s(w, m))
+        out.append(
+            f"\nfastest warm start (eager aside, which loads nothing): {best_start}; "
+            f"fastest steady state: {best_steady}.\n"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _best(plan, w, peers, value) -> str:
+    scored = [(value(plan.cell(w, m), m), m) for m in peers if not plan.cell(w, m).skipped]
+    scored = [(v, m) for v, m in scored if v is not None]
+    if not scored:
+        return "n/a"
+    v, m = min(scored)
+    return f"{METHODS[m].label} ({C.fmt_time(v)})"
+
+
+def write_chart(plan: C.Plan, workloads: list, peers: list):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipping compare.png (pip install matplotlib)", file=sys.stderr)
+        return None
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(13, 2.2 + 2.1 * len(workloads)), squeeze=False)
+    for row, w in enumerate(workloads):
+        for col, (title, value) in enumerate((
+            ("warm start to first result (own cache if any), s", lambda m: _warm(plan.cell(w, m), m)),
+            ("steady state per call, us (1 thread)", lambda m: None if plan.steady_s(w, m) is None else plan.steady_s(w, m) * 1e6),
+        )):
+            ax = axes[row][col]
+            labels, values, colors = [], [], []
+            for m in peers:
+                if plan.cell(w, m).skipped:
+                    continue
+                v = value(m)
+                if v is None:
+                    continue
+                labels.append(METHODS[m].label)
+                values.append(v)
+                colors.append("tab:red" if m == "precompile" else ("tab:orange" if m == "precompile_eager" else "tab:gray"))
+            ax.barh(range(len(values)), values, color=colors)
+            ax.set_yticks(range(len(values)))
+            ax.set_yticklabels(labels, fontsize=7)
+            ax.invert_yaxis()
+            if col == 0:
+                ax.set_xscale("log")  # milliseconds to tens of seconds
+            else:
+                ax.set_xlim(0, max(values, default=1) * 1.25)  # linear from 0: ratios stay visible
+            ax.set_title(f"{w}: {title}", fontsize=8)
+            ax.tick_params(axis="x", labelsize=7)
+            for i, v in enumerate(values):
+                ax.text(v, i, f" {v:.3g}", va="center", fontsize=6)
+    fig.suptitle("torch.compiler.precompile vs alternatives (lower is better; starts on a log scale)", fontsize=10)
+    fig.tight_layout()
+    C.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = C.RESULTS_DIR / "compare.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        C.child_main(METHODS)
+    else:
+        main()
