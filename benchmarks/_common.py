@@ -880,6 +880,21 @@ def report_header(title: str, argv: list, mach: dict, load_before: str, load_aft
     )
 
 
+def rerender(args, name: str, plan_factory: Callable, render: Callable) -> None:
+    """``--from-json``: rebuild the Plan from a run's JSON and render it again."""
+    dump = json.loads(Path(args.from_json).read_text())
+    plan, *extra = plan_factory(dump)
+    plan.restore(dump)
+    header = dump.get("_header")
+    if header is None:  # runs from before the header was stored: take it from the markdown
+        md = Path(args.from_json).with_suffix(".md")
+        header = md.read_text().split("\n## ", 1)[0].rstrip("\n") + "\n\n" if md.exists() else ""
+    text = header + render(plan, *extra)
+    print(text)
+    path = write_report(name, text, dict(dump, _header=header))
+    print(f"re-rendered {path} from {args.from_json}", file=sys.stderr)
+
+
 def write_report(name: str, text: str, raw: dict | None = None) -> Path:
     """results/NAME (markdown) and, with ``raw``, results/NAME.json beside it."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -1039,6 +1054,18 @@ class Plan:
             self.cell(w, m).steady = (
                 result["methods"].get(m, {"error": "not measured"}) if result.get("ok") else {"error": result.get("error")}
             )
+
+    def restore(self, dump: dict) -> None:
+        """Inverse of dump(): re-render a finished run without measuring again."""
+        self.pairs = dump.get("pairs", {})
+        for key, data in dump.items():
+            if key == "pairs" or "/" not in key:
+                continue
+            w, m = key.split("/", 1)
+            if (w, m) in self.cells:
+                cell = self.cells[(w, m)]
+                cell.skipped, cell.builds, cell.steady = data["skipped"], data["builds"], data["steady"]
+                cell.starts.update(data["starts"])
 
     def dump(self) -> dict:
         """Every raw result, for results/*.json."""

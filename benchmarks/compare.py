@@ -246,6 +246,7 @@ def main() -> None:
     parser.add_argument("--workloads", default=None, help="comma-separated subset of " + ",".join(WORKLOADS))
     parser.add_argument("--peers", default=None, help="comma-separated subset of " + ",".join(ORDER))
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument("--from-json", default=None, help="re-render a previous run's results JSON; measures nothing")
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     slow_empty_repeats = 1  # an empty-dir start of a compiling peer is a full recompile
@@ -254,6 +255,20 @@ def main() -> None:
     default_peers = [m for m in ORDER if not (args.quick and m in SLOW)]
     peers = [m for m in (args.peers.split(",") if args.peers else default_peers) if m]
     budget_s = args.budget_min * 60
+    if args.from_json:
+
+        def factory(dump):
+            done_w = [w for w in WORKLOADS if any(k.startswith(f"{w}/") for k in dump)]
+            done_p = [m for m in ORDER if any(k.endswith(f"/{m}") for k in dump)]
+            hidden = ["aot_compile_1t"] if "aot_compile" in done_p else []
+            return C.Plan(None, METHODS, done_w, done_p + hidden), done_w, done_p
+
+        def render_all(plan, done_w, done_p):
+            chart = None if args.no_chart else write_chart(plan, done_w, done_p)
+            return render(plan, done_w, done_p) + (f"\n![compare]({chart.name})\n" if chart else "")
+
+        C.rerender(args, "compare.md", factory, render_all)
+        return
     load_before, mach = C.load_average(), C.machine()
     capped = []
 
@@ -293,12 +308,14 @@ def main() -> None:
     )
     if capped:
         text += f"- budget ({args.budget_min:.0f} min) spent: {len(capped)} extra repeats skipped ({', '.join(capped[:8])}...)\n"
-    text += "\n" + render(plan, workloads, peers)
+    text += "\n"
+    header = text
+    text += render(plan, workloads, peers)
     chart = None if args.no_chart else write_chart(plan, workloads, peers)
     if chart:
         text += f"\n![compare]({chart.name})\n"
     print(text)
-    path = C.write_report("compare.md", text, plan.dump())
+    path = C.write_report("compare.md", text, dict(plan.dump(), _header=header))
     print(f"wrote {path}" + (f" and {chart}" if chart else ""), file=sys.stderr)
 
 
