@@ -218,12 +218,13 @@ def render(plan: C.Plan, workloads: list, grid: list) -> str:
                 _fmt_pair(after) if not train else "-",
                 _goal(None if own is None else own["median_s"] <= OVERHEAD_GOAL_S),
             ])
+    counts = {p["pairs"] for by_w in plan.pairs.values() for p in by_w.values()}
     out.append("\n## (c) Driver overhead over the raw generated call\n")
     out.append(
         "raw = the artifact's generated `call(list)` (inductor) / captured graph (eager) on the same flat input list "
         "(state + user tensors + constants) under `no_grad`, with the same `.grad = None` reset as the full call. "
         "Every overhead is the median of per-call differences between adjacent ~2 ms blocks of two calls (alternating "
-        "order, 300 pairs; +- is the ~95% notch; \"p10\" differences the two calls' 10th-percentile blocks, the "
+        "order, " + "/".join(str(c) for c in sorted(counts)) + " pairs; +- is the ~95% notch; \"p10\" differences the two calls' 10th-percentile blocks, the "
         "least-disturbed runs). Columns: **full - raw** = end to end (a training step's driver also hands the grads to "
         "`.grad`, work eager's AccumulateGrad does too); **full - (raw + hand-off)** = the same with that hand-off "
         "done by a plain loop in the baseline; **driver's own** = the real driver around a graph replaced by a no-op "
