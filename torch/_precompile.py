@@ -121,7 +121,6 @@ CACHE_FORMAT = "torch.compiler.precompile"
 FORMAT_VERSION = 1
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
-_VALUE_TYPES = (int, float, bool, str, type(None))
 
 
 # ---------------------------------------------------------------------------
@@ -229,7 +228,7 @@ def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_value_leaf(what: str, value: Any) -> None:
-    if not isinstance(value, _VALUE_TYPES):
+    if not isinstance(value, runtime.LEAF_VALUE_TYPES):
         raise PrecompileError(
             f"{what}: unsupported leaf of type {type(value).__name__}; inputs and outputs "
             "must be pytrees of tensors, int, float, bool, str or None"

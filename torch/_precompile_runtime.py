@@ -192,7 +192,8 @@ def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
     return _tuples(value)
 
 
-_LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
+# The Python values a pytree leaf of fn's inputs or outputs may be (baked at capture).
+LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
 
 
 def validate_convention(c: "CallingConvention") -> None:
@@ -291,7 +292,7 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"inputs[{index}]")
         if leaf.tensor is not None:
             check_tensor_spec(f"inputs[{index}].tensor", leaf.tensor)
-        elif not isinstance(leaf.value, _LEAF_VALUE_TYPES):
+        elif not isinstance(leaf.value, LEAF_VALUE_TYPES):
             fail(f"inputs[{index}].value")
     load_spec("input_spec", c.input_spec, len(c.inputs), c.arity - len(c.modules))
     graph_outputs = []
@@ -300,7 +301,7 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"outputs[{index}]")
         if leaf.graph_output is not None:
             graph_outputs.append(leaf.graph_output)
-        elif not isinstance(leaf.value, _LEAF_VALUE_TYPES):
+        elif not isinstance(leaf.value, LEAF_VALUE_TYPES):
             fail(f"outputs[{index}].value")
     if graph_outputs != list(range(len(graph_outputs))):
         fail(f"output graph indices {graph_outputs!r}")
@@ -367,14 +368,6 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
     return [
         None if size == 1 else stride for size, stride in zip(spec.shape, spec.stride)
     ]
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
