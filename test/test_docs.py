@@ -153,15 +153,17 @@ class TestReadmeAndCi(TestCase):
         commands = [line.strip() for line in head if line.startswith("    ") and line.strip()]
         self.assertEqual(len(commands), 2, "README starts with two commands")
         setup_and_demo, test_command = commands
-        self.assertTrue(setup_and_demo.startswith("bash .ci/setup"), setup_and_demo)
+        self.assertIn("python3 -m venv .venv && . .venv/bin/activate && bash .ci/setup", setup_and_demo)
         run = [
             line.strip()
             for line in (REPO / ".ci" / "run").read_text().splitlines()
             if line.strip() and not line.lstrip().startswith("#")
         ]
         self.assertIn("set -euo pipefail", run)
-        self.assertIn("bash .ci/setup", run)
+        self.assertIn("rm -rf .venv", run)  # a fresh venv, not the machine's Python
+        self.assertIn(setup_and_demo, run, ".ci/run must run the README's first command verbatim")
         self.assertEqual(run[-1], test_command, ".ci/run must end with the README's test command")
+        self.assertNotIn("--system-site-packages", (REPO / ".ci" / "run").read_text())
         setup = (REPO / ".ci" / "setup").read_text()
         self.assertIn("set -euo pipefail", setup)
         self.assertRegex(setup, r"pip install torch==2\.13\.0\b")  # pinned: never a CUDA download by accident

@@ -300,7 +300,10 @@ def _make_venv(root: Path) -> Path:
     this interpreter's (its setuptools lacks bdist_wheel); with
     ``--system-site-packages`` the venv runs this interpreter's pip, which
     installs into the venv.  When this interpreter is itself a venv, its
-    site-packages are added with a .pth file (system site means the base's).
+    site-packages are added by a .pth file that calls ``site.addsitedir``
+    (system site means the base's): as site directories, their own .pth files
+    run too, so an editable install there (whose ``torch.backends`` entry point
+    the child also sees) stays importable.
     """
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root)],
@@ -311,7 +314,8 @@ def _make_venv(root: Path) -> Path:
     python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     if sys.prefix != sys.base_prefix:
         purelib = _python("import sysconfig; print(sysconfig.get_paths()['purelib'])", python=str(python))
-        (Path(purelib.stdout.strip()) / "_parent_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
+        (Path(purelib.stdout.strip()) / "_parent_site.pth").write_text("\n".join(lines) + "\n")
     return python
 
 

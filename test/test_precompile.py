@@ -439,10 +439,13 @@ class TestArtifact(TestCase):
         else:
             self.assertGreater(len(envelope["artifact"]["kernels"]), 0)
 
+    @parametrize("autoload", [False, True])
     @parametrize("backend", BACKENDS)
-    def test_runs_alone_in_fresh_interpreter(self, backend):
-        # python_code needs nothing but torch: run it with the patch hidden
-        # (autoload off, torch._precompile never imported) and no cache.
+    def test_runs_alone_in_fresh_interpreter(self, backend, autoload):
+        # python_code needs nothing but torch and no cache: run it as README's
+        # "Running an artifact without load()" does, with the patch hidden
+        # (autoload off) and with it installed (autoload on: no warning, and
+        # the artifact's errors are torch.compiler.PrecompileError).
         m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
         code, _ = _artifact("mlp_train", _train_step, m, x, y, backend=backend)
         with tempfile.TemporaryDirectory() as tmp:
@@ -460,11 +463,19 @@ class TestArtifact(TestCase):
                 exec(open({paths['artifact.py']!r}).read(), namespace)
                 loss = namespace["forward"](m, data["x"], data["y"])
                 assert "torch._precompile" not in sys.modules
+                if {autoload}:
+                    try:
+                        namespace["forward"](m, data["x"][:1], data["y"][:1])
+                    except torch.compiler.PrecompileError as error:
+                        assert "expected shape" in str(error), error
+                    else:
+                        raise AssertionError("a wrong shape was accepted")
                 torch.save({{"loss": loss, "grads": [p.grad for p in m.parameters()]}}, {paths['out.pt']!r})
                 """
             )
-            result = _run_python(script, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+            result = _run_python(script, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": str(int(autoload))})
             self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertNotIn("Warning", result.stderr)
             out = torch.load(paths["out.pt"])
         reference = copy.deepcopy(m)
         torch.testing.assert_close(out["loss"], _train_step(reference, x, y).detach())

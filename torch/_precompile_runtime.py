@@ -28,7 +28,16 @@ import torch.utils._pytree as pytree
 
 # sys.modules, not torch.compiler: the in-tree torch.compiler imports this module
 # while torch (and torch.compiler) are still initializing.
-_PrecompileError = getattr(sys.modules.get("torch.compiler"), "PrecompileError", None)
+_compiler = sys.modules.get("torch.compiler")
+if __name__ == "torch._precompile_runtime":
+    # The installed module defines the class unless the in-tree torch.compiler
+    # already did.  vars(), not getattr(): the installed shim's lazy
+    # torch.compiler.__getattr__ would import torch._precompile, which imports
+    # this half-initialized module (a circular import, reported as a warning).
+    _PrecompileError = vars(_compiler).get("PrecompileError") if _compiler is not None else None
+else:
+    # A copy embedded in an artifact: share the installed class if there is one.
+    _PrecompileError = getattr(_compiler, "PrecompileError", None)
 if _PrecompileError is None:
     # Running without the patch installed (a bare artifact in a plain torch
     # environment): define the class the installed patch would provide.
