@@ -24,6 +24,8 @@ Writes benchmarks/results/compare.md and compare.png (matplotlib optional).
 Usage:
     python benchmarks/compare.py            # full run (< 25 min on 2 cores)
     python benchmarks/compare.py --quick    # CI smoke: MLP forward, 1 repeat, fast peers only
+    # a real model (needs transformers), into results/compare_gpt2.md:
+    python benchmarks/compare.py --workloads gpt2_fwd,gpt2_train --peers eager,compile,precompile_eager,precompile --report compare_gpt2
 """
 
 import os
@@ -246,6 +248,7 @@ def main() -> None:
     parser.add_argument("--workloads", default=None, help="comma-separated subset of " + ",".join(WORKLOADS))
     parser.add_argument("--peers", default=None, help="comma-separated subset of " + ",".join(ORDER))
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument("--report", default="compare", help="results/REPORT.md (and .json, .png)")
     parser.add_argument("--from-json", default=None, help="re-render a previous run's results JSON; measures nothing")
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
@@ -264,10 +267,10 @@ def main() -> None:
             return C.Plan(None, METHODS, done_w, done_p + hidden), done_w, done_p
 
         def render_all(plan, done_w, done_p):
-            chart = None if args.no_chart else write_chart(plan, done_w, done_p)
+            chart = None if args.no_chart else write_chart(plan, done_w, done_p, args.report)
             return render(plan, done_w, done_p) + (f"\n![compare]({chart.name})\n" if chart else "")
 
-        C.rerender(args, "compare.md", factory, render_all)
+        C.rerender(args, f"{args.report}.md", factory, render_all)
         return
     load_before, mach = C.load_average(), C.machine()
     capped = []
@@ -311,11 +314,11 @@ def main() -> None:
     text += "\n"
     header = text
     text += render(plan, workloads, peers)
-    chart = None if args.no_chart else write_chart(plan, workloads, peers)
+    chart = None if args.no_chart else write_chart(plan, workloads, peers, args.report)
     if chart:
         text += f"\n![compare]({chart.name})\n"
     print(text)
-    path = C.write_report("compare.md", text, dict(plan.dump(), _header=header))
+    path = C.write_report(f"{args.report}.md", text, dict(plan.dump(), _header=header))
     print(f"wrote {path}" + (f" and {chart}" if chart else ""), file=sys.stderr)
 
 
@@ -428,7 +431,7 @@ def _best(plan, w, peers, value) -> str:
     return f"{METHODS[m].label} ({C.fmt_time(v)})"
 
 
-def write_chart(plan: C.Plan, workloads: list, peers: list):
+def write_chart(plan: C.Plan, workloads: list, peers: list, report: str):
     try:
         import matplotlib
 
@@ -469,7 +472,7 @@ def write_chart(plan: C.Plan, workloads: list, peers: list):
     fig.suptitle("torch.compiler.precompile vs alternatives (lower is better; starts on a log scale)", fontsize=10)
     fig.tight_layout()
     C.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = C.RESULTS_DIR / "compare.png"
+    path = C.RESULTS_DIR / f"{report}.png"
     fig.savefig(path, dpi=110)
     return path
 
