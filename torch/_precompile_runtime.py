@@ -523,6 +523,10 @@ def _structure_counter() -> list:
 
 _STRUCTURE = _structure_counter()
 
+# Read at every call: bound once, saving the attribute lookups.
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+_get_default_dtype = torch.get_default_dtype
+
 
 class _ModuleCache(NamedTuple):
     """What the driver checked about the module arguments, re-verified cheaply.
@@ -652,8 +656,8 @@ class PrecompiledFunction:
         grad_enabled = torch.is_grad_enabled()
         if (
             self._any_autocast  # captured under autocast: compared in full at every call
-            or torch._C._is_any_autocast_enabled()
-            or torch.get_default_dtype() is not self._default_dtype
+            or _is_any_autocast_enabled()
+            or _get_default_dtype() is not self._default_dtype
             or (self._needs_grad and not grad_enabled)
         ):
             self._check_global_state(grad_enabled)
@@ -766,6 +770,8 @@ class PrecompiledFunction:
             or list(map(dict.get, cached.module_vars, repeat("training"))) != self._training
         ):
             return False
+        if not cached.parent_vars:
+            return True
         children = list(map(dict.get, cached.parent_vars, repeat("_modules")))
         return children == cached.children and list(map(len, children)) == cached.sizes
 
