@@ -765,6 +765,113 @@ class TestFuzzCall(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.fc2\.weight"):
             runnable(*args)
 
+    @parametrize("backend", BACKENDS)
+    @parametrize("kind", ["pytree", "train"])
+    @settings(FUZZ, max_examples=12 * _SCALE)
+    @given(data=st.data())
+    def test_fuzzed_soundness_call(self, backend, kind, data):
+        """Module modes, aliasing, requires_grad, module edits and global state
+        changed after a first call: eager's result, or a PrecompileError that
+        leaves everything as it was (Note invariant 11)."""
+        fn, make_inputs = KINDS[kind]
+        runnable = precompile.load(*pair(kind, backend))
+        model, args = _model(), list(make_inputs())
+        runnable(model, *args)  # arms the driver's caches and fast path
+        model.zero_grad(set_to_none=True)
+        changes = sorted(SOUNDNESS_EDITS) + sorted(SOUNDNESS_CONTEXTS)
+        drawn = data.draw(st.lists(st.sampled_from(changes), min_size=1, max_size=2, unique=True), label="changes")
+        for change, edit in SOUNDNESS_EDITS.items():  # in the table's order
+            if change in drawn:
+                edit(model, args)
+        with contextlib.ExitStack() as stack:
+            for change in drawn:
+                if change in SOUNDNESS_CONTEXTS:
+                    stack.enter_context(SOUNDNESS_CONTEXTS[change]())
+            ref_model, ref_args = copy.deepcopy((model, args))
+            try:
+                expected, eager_error = fn(ref_model, *ref_args), None
+            except Exception as error:  # eager refuses too: the artifact must
+                expected, eager_error = None, error
+            before = _everything(model, args)
+            with deadline():
+                try:
+                    out = runnable(model, *args)
+                except PrecompileError:
+                    self.assertEqual(_everything(model, args), before, atol=0, rtol=0, msg="a refused call changed state")
+                    return
+        self.assertIsNone(eager_error, f"eager raised {eager_error!r}, the artifact computed")
+        torch.testing.assert_close(out, expected)
+        self.assertEqual(_everything(model, args), _everything(ref_model, ref_args))
+
+
+def _set_default_dtype(dtype):
+    @contextlib.contextmanager
+    def context():
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(default)
+
+    return context
+
+
+def _replace_bias(model, args):
+    model.fc2.bias = nn.Parameter(model.fc2.bias.detach().clone(), requires_grad=False)
+
+
+def _redefine_fc1(model, args):
+    del model.fc1
+    model.fc1 = nn.Linear(8, 16)
+
+
+def _alias_inputs(model, args):
+    # detach(): still x's memory, but a leaf (deepcopy, for the eager reference, needs one).
+    if isinstance(args[1], dict):  # pytree_fn: extra["a"] becomes a view of x
+        args[1]["a"] = args[0].detach().view(-1)[:3]
+    else:
+        args[1] = args[0].detach()[:, :4]
+
+
+# Edits of the model or the inputs between two calls.
+SOUNDNESS_EDITS = {
+    "eval": lambda model, args: model.eval(),
+    "eval_fc1": lambda model, args: model.fc1.eval(),
+    "training_attr": lambda model, args: setattr(model.fc2, "training", False),
+    "freeze_weight": lambda model, args: model.fc1.weight.requires_grad_(False),
+    "frozen_bias_swapped_in": _replace_bias,
+    "alias_inputs": _alias_inputs,
+    "neg_view": lambda model, args: args.__setitem__(0, torch._neg_view(args[0])),
+    "del_fc2": lambda model, args: delattr(model, "fc2"),
+    "del_bias": lambda model, args: delattr(model.fc1, "bias"),
+    "redefine_fc1": _redefine_fc1,
+    # Last: the views above need a leaf that does not require grad (deepcopy).
+    "input_requires_grad": lambda model, args: args[0].requires_grad_(),
+}
+# Global state the next call runs under.
+SOUNDNESS_CONTEXTS = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "default_dtype": _set_default_dtype(torch.float64),
+}
+
+
+def _everything(model: nn.Module, args: list) -> list:
+    """(name, value) of every tensor a call could write, and each .grad, bit-exactly comparable."""
+    tensors = [(n, t) for n, t in model.state_dict(keep_vars=True).items()]
+    tensors += [(f"args[{i + 1}]{path}", t) for i, arg in enumerate(args) for path, t in _tensor_leaves(arg)]
+    return [
+        (name, (t.detach().clone(), None if t.grad is None else t.grad.clone()))
+        for name, t in tensors
+    ]
+
+
+def _tensor_leaves(arg) -> list:
+    leaves, _ = torch.utils._pytree.tree_flatten_with_path(arg)
+    return [(torch.utils._pytree.keystr(path), t) for path, t in leaves if isinstance(t, torch.Tensor)]
+
 
 instantiate_parametrized_tests(TestFuzzCall)
 

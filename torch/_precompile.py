@@ -66,6 +66,56 @@ says who guarantees it and, where it is enforced, which tests (in
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
+11. Nothing baked goes unchecked.  A call either computes what eager fn
+   computes on it, or raises a PrecompileError naming the argument, what was
+   captured and what was passed, before any state changes (no buffer update,
+   no ``.grad``, no input written).  What the trace baked besides invariants
+   1 and 3, and what the driver does about it
+   (test_precompile_soundness.py TestSoundness; the fuzzer's
+   test_precompile_fuzz.py TestFuzzCall.test_fuzzed_soundness_call):
+
+   - Module mode: the ``training`` flag of every submodule of every module
+     argument (``named_modules()`` order) is recorded and checked at every
+     call, however it was set (test_module_mode_is_checked).
+   - Module tree: submodule names are checked like parameter names.  Edits
+     that bypass nn.Module's registration hooks are still seen: ``del
+     model.fc2``, ``del model.layers[1]``, ``del`` + ``insert`` reorders and
+     ``del model.lin.bias`` (a reorder with equal names and shapes is
+     honoured; a missing one is refused) (test_module_edits_bypassing_hooks_are_seen).
+     Caller's responsibility: writing ``_modules`` / ``_parameters`` dicts
+     directly without changing their length, and ``param.data = ...``.
+   - Aliasing: capture traces every tensor on its own clone, so the graph
+     assumes distinct memory.  Where the graph writes a tensor input in
+     place, example tensors sharing memory with it are refused at capture,
+     and at every call a user input sharing memory (``torch._C._is_alias_of``,
+     i.e. the same storage, overlapping or not) with a written tensor, or a
+     written user input sharing memory with any parameter/buffer or other
+     input, is refused; parameters/buffers among themselves are checked
+     whenever the module cache is rebuilt.  Graphs that write no input do not
+     care and are not checked (test_aliased_inputs_are_refused_when_written).
+   - requires_grad: recorded for every lifted and user-input tensor.  When
+     the graph runs autograd (it accumulates parameter gradients, or a user
+     input required grad at capture) it is checked at every call: a frozen
+     parameter, a swapped-in ``requires_grad=False`` Parameter or an input
+     that now requires grad is refused (test_frozen_parameter_is_refused,
+     test_input_requiring_grad_is_refused_by_a_training_step).  A forward
+     computes the same values either way: honoured, outputs carry no history
+     (invariant 4).
+   - Grad mode: an artifact that runs autograd is refused under ``no_grad()``
+     and ``inference_mode()``; a forward is honoured there (test_global_state).
+   - Autocast (per device type: enabled and dtype) and
+     ``torch.get_default_dtype()``: recorded, checked at every call
+     (test_global_state).
+   - Baked Python values compare by type and, for floats, sign: ``-0.0`` is
+     not ``0.0``, ``True`` is not ``1``, ``nan`` equals ``nan``
+     (test_baked_floats_compare_bitwise, test_same_value).
+   - Lazy conjugate / negative bits (``x.conj()``, ``torch._neg_view``):
+     refused by backend='inductor', whose kernels read raw memory; honoured
+     by backend='eager' (test_lazy_conj_and_neg_bits).
+   The fast path keeps this cheap: the global state is a few C calls, the
+   module checks are C-level list comparisons (``benchmarks/soundness_overhead.py``),
+   and ``TensorGuards`` (which compares requires_grad and dispatch keys,
+   so the conj/neg bits) is only armed by a call the slow path accepted.
 """
 
 if __name__ == "__main__":
@@ -86,6 +136,7 @@ import hashlib
 import inspect
 import io
 import logging
+import operator
 import os
 import platform
 import pprint
@@ -218,6 +269,7 @@ def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> Tensor
         device=str(t.device),
         free_dims=tuple(free_dims),
         contiguous=bool(free),
+        requires_grad=t.requires_grad,
     )
 
 
@@ -536,6 +588,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             _check_value_leaf(f"fn's output leaf {i}", leaf)
             outputs.append(LeafSpec(value=leaf))
 
+    mutated = _mutated_inputs(graph, len(args.lifted) + len(args.tensor_indices))
+    _refuse_aliased_examples(args, mutated)
     free_by_leaf: dict[int, list] = {}
     for leaf, dim, group, low, high in sizes:
         free_by_leaf.setdefault(leaf, []).append((dim, group, low, high))
@@ -548,6 +602,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 position=position,
                 parameters=tuple(n for n, _ in m.named_parameters(remove_duplicate=False)),
                 buffers=tuple(n for n, _ in m.named_buffers(remove_duplicate=False)),
+                submodules=tuple((name, sub.training) for name, sub in m.named_modules()),
             )
             for position, m in zip(args.module_positions, args.modules)
         ),
@@ -567,8 +622,68 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_state=tuple(recorded["grad_state"]),
         sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
         constants=tuple(_constant_spec(c) for c in constants),
+        # Any autograd in the graph makes grad mode and every requires_grad part
+        # of the contract; a pure forward computes the same values either way.
+        needs_grad=bool(recorded["grad_state"])
+        or any(args.input_leaves[i].requires_grad for i in args.tensor_indices),
+        mutated=tuple(sorted(mutated)),
+        default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
+        autocast=runtime.autocast_state(),
     )
     return _Capture(graph, convention, example)
+
+
+def _mutated_inputs(graph: torch.fx.GraphModule, count: int) -> set:
+    """Indices among the first ``count`` placeholders that the graph writes in place.
+
+    A write reaches a placeholder through any chain of views or in-place ops
+    (whose results alias their first argument).
+    """
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))[:count]
+    base = {node: index for index, node in enumerate(placeholders)}  # node -> placeholder it aliases
+    mutated = set()
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:  # an element of split() / unbind()
+            if node.args[0] in base:
+                base[node] = base[node.args[0]]
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        values = list(zip(schema.arguments, node.args)) + [
+            (a, node.kwargs[a.name]) for a in schema.arguments if a.name in node.kwargs
+        ]
+        for argument, value in values:
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                for arg in value if isinstance(value, (list, tuple)) else [value]:
+                    if arg in base:
+                        mutated.add(base[arg])
+        if any(r.alias_info is not None for r in schema.returns) and node.args and node.args[0] in base:
+            base[node] = base[node.args[0]]
+    return mutated
+
+
+def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
+    """Example tensors sharing memory where one is written: the clones traced do not.
+
+    Capture traces each example on its own clone, so the graph assumes
+    distinct memory; that is only what fn computes when nothing they share is
+    written.  The driver refuses such aliasing at every call (Note invariant 11).
+    """
+    tensors = [e.tensor for e in args.lifted] + [args.input_leaves[i] for i in args.tensor_indices]
+    names = [f"parameter/buffer '{e.names[0][1]}'" for e in args.lifted] + [
+        args.input_paths[i] for i in args.tensor_indices
+    ]
+    for i in sorted(mutated):
+        for j in range(len(tensors)):
+            if j != i and torch._C._is_alias_of(tensors[i], tensors[j]):
+                raise PrecompileError(
+                    f"{names[i]} and {names[j]} share memory and fn writes {names[i]} in place; "
+                    "precompile traces every example tensor separately and cannot reproduce "
+                    "that: pass distinct tensors (e.g. .clone()) at capture and at every call"
+                )
 
 
 def _check_state_not_rebound(modules: list, mappings: list) -> None:

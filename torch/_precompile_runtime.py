@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import weakref
+from itertools import repeat
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -66,6 +67,7 @@ class TensorSpec(NamedTuple):
     # Dims in one shape group must have equal sizes.
     free_dims: tuple[tuple[int, int, int, int | None], ...] = ()
     contiguous: bool = False  # layout pinned as contiguous (inputs with free dims)
+    requires_grad: bool = False  # checked when the convention's needs_grad is set
 
     def describe_shape(self) -> str:
         sizes = ["*" if s is None else str(s) for s in self.shape]
@@ -86,6 +88,9 @@ class ModuleSpec(NamedTuple):
     position: int  # positional index in fn's arguments
     parameters: tuple[str, ...]
     buffers: tuple[str, ...]
+    # (name, training flag) of every submodule in ``named_modules()`` order,
+    # the module itself ("") first: train and eval mode are different graphs.
+    submodules: tuple[tuple[str, bool], ...]
 
 
 class LeafSpec(NamedTuple):
@@ -119,7 +124,8 @@ class CallingConvention(NamedTuple):
 
     Graph inputs are ``state`` tensors, then the tensor leaves of the user
     inputs, then the free ``sizes`` (ints), then ``constants``.  Graph outputs are the tensor leaves of fn's
-    result, then one gradient per entry of ``grad_state``.
+    result, then one gradient per entry of ``grad_state``.  The last four
+    fields are the global state and aliasing the graph was captured under.
     """
 
     format_version: int
@@ -134,6 +140,13 @@ class CallingConvention(NamedTuple):
     grad_state: tuple[int, ...]  # indices into state receiving .grad
     sizes: tuple[tuple[int, int], ...]  # (input leaf, dim) of each free size graph input
     constants: tuple[ConstantSpec, ...]
+    # The graph runs autograd (a backward, or inputs that require grad): it
+    # needs grad mode, and every tensor's requires_grad is part of the contract.
+    needs_grad: bool
+    # Tensor graph inputs (state, then user tensors) the graph writes in place.
+    mutated: tuple[int, ...]
+    default_dtype: str  # torch.get_default_dtype() at capture, e.g. "float32"
+    autocast: tuple[tuple[str, str], ...]  # (device type, dtype) of each enabled autocast
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -204,6 +217,33 @@ def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
 # The Python values a pytree leaf of fn's inputs or outputs may be (baked at capture).
 LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
 
+# Device types whose autocast state is recorded at capture (torch.is_autocast_enabled).
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
+
+
+def autocast_state() -> tuple[tuple[str, str], ...]:
+    """(device type, dtype) of every enabled autocast, as recorded in a convention."""
+    return tuple(
+        (device, str(torch.get_autocast_dtype(device)).removeprefix("torch."))
+        for device in AUTOCAST_DEVICES
+        if torch.is_autocast_enabled(device)
+    )
+
+
+def same_value(got: Any, want: Any) -> bool:
+    """Whether a Python leaf equals the value baked at capture.
+
+    Stricter than ``==``: ``True`` is not ``1``, ``-0.0`` is not ``0.0``
+    (``x / s`` differs in sign), and ``nan`` equals ``nan``.
+    """
+    if type(got) is not type(want):
+        return False
+    if type(want) is not float:
+        return got == want
+    if math.isnan(want):
+        return math.isnan(got)
+    return got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
+
 
 def validate_convention(c: "CallingConvention") -> None:
     """Types and cross-references of a calling convention read from python_code.
@@ -218,6 +258,9 @@ def validate_convention(c: "CallingConvention") -> None:
     def is_int(v: Any, low: int = 0) -> bool:
         return type(v) is int and v >= low
 
+    def is_dtype(name: Any) -> bool:
+        return type(name) is str and isinstance(getattr(torch, name, None), torch.dtype)
+
     def check_tensor_spec(where: str, t: Any) -> None:
         if not isinstance(t, TensorSpec):
             fail(f"{where} is not a tensor spec")
@@ -229,7 +272,7 @@ def validate_convention(c: "CallingConvention") -> None:
             or not all(type(s) is int for s in t.stride)
         ):
             fail(f"{where}.stride {t.stride!r}")
-        if type(t.dtype) is not str or not isinstance(getattr(torch, t.dtype, None), torch.dtype):
+        if not is_dtype(t.dtype):
             fail(f"{where}.dtype {t.dtype!r}")
         if type(t.device) is not str:
             fail(f"{where}.device {t.device!r}")
@@ -253,6 +296,8 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"{where}: free dims and shape disagree")
         if type(t.contiguous) is not bool:
             fail(f"{where}.contiguous {t.contiguous!r}")
+        if type(t.requires_grad) is not bool:
+            fail(f"{where}.requires_grad {t.requires_grad!r}")
 
     def load_spec(where: str, dumped: Any, leaves: int, children: int | None = None) -> None:
         if type(dumped) is not str:
@@ -274,6 +319,10 @@ def validate_convention(c: "CallingConvention") -> None:
         if not isinstance(m, ModuleSpec) or not is_int(m.position) or m.position >= c.arity:
             fail(f"modules[{index}]")
         positions.append(m.position)
+        if not isinstance(m.submodules, tuple) or not m.submodules or not all(
+            isinstance(e, tuple) and len(e) == 2 and type(e[0]) is str and type(e[1]) is bool for e in m.submodules
+        ):
+            fail(f"modules[{index}].submodules")
         for kind, fqns in (("parameter", m.parameters), ("buffer", m.buffers)):
             if not isinstance(fqns, tuple) or not all(type(n) is str and n for n in fqns):
                 fail(f"modules[{index}] {kind} names")
@@ -341,6 +390,19 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"constants[{index}].data")
         if len(raw) != math.prod(k.shape) * _dtype(k.dtype).itemsize:
             fail(f"constants[{index}].data has {len(raw)} bytes")
+    if type(c.needs_grad) is not bool:
+        fail(f"needs_grad {c.needs_grad!r}")
+    num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
+    if not isinstance(c.mutated, tuple) or list(c.mutated) != sorted(set(c.mutated)) or not all(
+        is_int(i) and i < num_tensors for i in c.mutated
+    ):
+        fail(f"mutated {c.mutated!r}")
+    if not is_dtype(c.default_dtype):
+        fail(f"default_dtype {c.default_dtype!r}")
+    if not isinstance(c.autocast, tuple) or not all(
+        isinstance(a, tuple) and len(a) == 2 and a[0] in AUTOCAST_DEVICES and is_dtype(a[1]) for a in c.autocast
+    ):
+        fail(f"autocast {c.autocast!r}")
 
 
 def _tuples(value: Any) -> Any:
@@ -379,7 +441,7 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
     ]
 
 
-def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
+def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_requires_grad: bool = False) -> None:
     """Raise a PrecompileError naming ``what`` if ``value`` does not fit ``spec``."""
     if not isinstance(value, torch.Tensor):
         raise PrecompileError(
@@ -413,6 +475,20 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str) -> None:
     if str(value.device) != spec.device:
         raise PrecompileError(
             f"{what}: expected device {spec.device}, got {value.device}; move it with .to('{spec.device}')"
+        )
+    if backend == "inductor" and (value.is_conj() or value.is_neg()):
+        bit, fix = ("conjugate", "resolve_conj") if value.is_conj() else ("negative", "resolve_neg")
+        raise PrecompileError(
+            f"{what}: the tensor has a lazy {bit} bit (a view such as x.conj() or torch._neg_view), "
+            f"which backend 'inductor' kernels do not apply: pass x.{fix}(), or precompile with "
+            "backend='eager'"
+        )
+    if check_requires_grad and value.requires_grad != spec.requires_grad:
+        raise PrecompileError(
+            f"{what}: requires_grad was {spec.requires_grad} at capture, got {value.requires_grad}; "
+            "this artifact runs autograd and which tensors get gradients was fixed at capture, so "
+            f"eager would compute different gradients: set requires_grad_({spec.requires_grad}), or "
+            "precompile again with the tensors as they are now"
         )
     if spec.contiguous and not value.is_contiguous():
         raise PrecompileError(
@@ -455,6 +531,32 @@ def _structure_counter() -> list:
 
 
 _STRUCTURE = _structure_counter()
+
+# Read at every call: bound once, saving the attribute lookups.
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+_get_default_dtype = torch.get_default_dtype
+
+
+class _ModuleCache(NamedTuple):
+    """What the driver checked about the module arguments, re-verified cheaply.
+
+    Edits through the nn.Module API bump ``_STRUCTURE``; edits that bypass
+    the registration hooks are caught by the C-level comparisons in
+    ``PrecompiledFunction._cache_valid``: ``del model.fc2`` and
+    ``ModuleDict.pop`` change a ``_modules`` dict's length, ``del
+    model.layers[1]`` (and so ``del`` + ``insert`` reorders) replaces it, and
+    ``del model.lin.bias`` makes the state lookup miss.
+    """
+
+    refs: tuple  # weakrefs to the module arguments
+    tables: list  # per lifted tensor: the owning module's _parameters / _buffers dict
+    names: list  # ... and its key there
+    aliases: list  # (state index, table, name, module index, fqn) of each tied name
+    generation: int  # _STRUCTURE[0] when walked
+    module_vars: list  # vars() of every submodule, for their ``training`` flags
+    parent_vars: list  # vars() of every submodule that has children
+    children: list  # ... and its _modules dict
+    sizes: list  # ... and that dict's length
 
 
 def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
@@ -519,9 +621,28 @@ class PrecompiledFunction:
         )
         self._single_output = self._plain_outputs and self._output_spec.is_leaf()
         self._state_slots, self._alias_slots = self._locate_state()
-        # tuple(id(module)) -> (weakrefs, accessors); stale entries are pruned.
-        self._state_cache: dict[tuple, tuple[tuple, list]] = {}
+        # tuple(id(module)) -> _ModuleCache; stale entries are pruned.
+        self._state_cache: dict[tuple, _ModuleCache] = {}
         self._guard = None  # TensorGuards armed by the last fully checked call
+        self._training = [flag for m in convention.modules for _, flag in m.submodules]
+        # Global state, compared at every call with a few C calls.
+        self._needs_grad = convention.needs_grad
+        self._default_dtype = _dtype(convention.default_dtype)
+        self._any_autocast = bool(convention.autocast)
+        # Memory shared with a tensor the graph writes changes what it computes.
+        # Pairs of tensor graph inputs that must not share memory: those with
+        # a user input are checked at every call, state-only ones whenever
+        # the module cache is rebuilt.
+        num_state = len(convention.state)
+        num_tensors = num_state + len(self._tensor_inputs)
+        pairs = [
+            (i, j)
+            for i in range(num_tensors)
+            for j in range(i + 1, num_tensors)
+            if i in convention.mutated or j in convention.mutated
+        ]
+        self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
+        self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -541,6 +662,14 @@ class PrecompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._arity:
             self._raise_call_shape(args, kwargs)
+        grad_enabled = torch.is_grad_enabled()
+        if (
+            self._any_autocast  # captured under autocast: compared in full at every call
+            or _is_any_autocast_enabled()
+            or _get_default_dtype() is not self._default_dtype
+            or (self._needs_grad and not grad_enabled)
+        ):
+            self._check_global_state(grad_enabled)
         modules = [args[i] for i in self._module_positions]
         state = self._state_tensors(modules)
         user_args = [args[i] for i in self._user_positions]
@@ -551,11 +680,12 @@ class PrecompiledFunction:
             self._guard = self._build_guard(tensors)
         if self._value_inputs:
             self._check_values(user_args, leaves)
+        if self._input_alias_pairs:
+            self._check_aliasing(tensors, self._input_alias_pairs)
         if self._free_inputs:
             tensors += self._free_sizes(leaves)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad).
-        grad_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
             outputs = self._run_graph(tensors + self._constants)
@@ -599,37 +729,90 @@ class PrecompiledFunction:
             f"expected {self._arity} positional arguments (as captured), got {len(args)}"
         )
 
+    # -- global state ----------------------------------------------------------
+
+    def _check_global_state(self, grad_enabled: bool) -> None:
+        """Grad mode, autocast and default dtype as captured, or a PrecompileError."""
+        if self._needs_grad and not grad_enabled:
+            where = "torch.inference_mode()" if torch.is_inference_mode_enabled() else "torch.no_grad()"
+            raise PrecompileError(
+                f"called under {where}, but this artifact runs autograd (fn calls .backward() or "
+                "uses input gradients), which eager cannot do there: call it with grad mode "
+                "enabled, outside no_grad() / inference_mode()"
+            )
+        captured, now = self.convention.autocast, autocast_state()
+        if now != captured:
+            raise PrecompileError(
+                f"autocast state differs from capture: captured {list(captured) or 'no autocast'}, "
+                f"now {list(now) or 'no autocast'}; the casts are baked into the graph: call it "
+                "under the same torch.autocast(...) as at capture, or precompile again under this one"
+            )
+        dtype = torch.get_default_dtype()
+        if dtype is not self._default_dtype:
+            raise PrecompileError(
+                f"torch.get_default_dtype() is {dtype}, but it was {self._default_dtype} at capture "
+                "(tensors fn creates take that dtype): call "
+                f"torch.set_default_dtype({self._default_dtype}) first, or precompile again"
+            )
+
     # -- module state --------------------------------------------------------
 
     def _state_tensors(self, modules: list) -> list:
-        key = tuple(map(id, modules))
-        cached = self._state_cache.get(key)
-        if (
-            cached is None
-            or cached[3] != _STRUCTURE[0]
-            or [ref() for ref in cached[0]] != modules  # list == compares by identity first
-        ):
-            cached = self._cache_state_accessors(key, modules)
-        state = [table[name] for table, name in cached[1]]
-        for state_index, table, name, module_index, fqn in cached[2]:
+        cached = self._state_cache.get(tuple(map(id, modules)))
+        if cached is None or not self._cache_valid(cached, modules):
+            cached = self._cache_modules(modules)
+        try:
+            state = list(map(dict.__getitem__, cached.tables, cached.names))
+        except KeyError:  # deleted with `del`, which bypasses the registration hooks
+            cached = self._cache_modules(modules)  # names what is missing
+            state = list(map(dict.__getitem__, cached.tables, cached.names))
+        for state_index, table, name, module_index, fqn in cached.aliases:
             if table[name] is not state[state_index]:
                 self._raise_untied(state_index, module_index, fqn)
         return state
 
-    def _cache_state_accessors(self, key: tuple, modules: list) -> tuple:
+    def _cache_valid(self, cached: _ModuleCache, modules: list) -> bool:
+        # Each comparison is one C-level pass; list == compares by identity first.
+        if (
+            cached.generation != _STRUCTURE[0]
+            or [ref() for ref in cached.refs] != modules
+            or list(map(dict.get, cached.module_vars, repeat("training"))) != self._training
+        ):
+            return False
+        if not cached.parent_vars:
+            return True
+        children = list(map(dict.get, cached.parent_vars, repeat("_modules")))
+        return children == cached.children and list(map(len, children)) == cached.sizes
+
+    def _cache_modules(self, modules: list) -> _ModuleCache:
+        """Walk the module arguments, check them against the convention, cache the result."""
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
-        per_module = [self._module_accessors(index, module) for index, module in enumerate(modules)]
-        accessors = [per_module[m][slot] for m, slot in self._state_slots]
-        aliases = [(i, *per_module[m][slot], m, fqn) for i, m, slot, fqn in self._alias_slots]
+        walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
+        accessors = [walked[m][0][slot] for m, slot in self._state_slots]
+        submodules = [sub for _, subs in walked for sub in subs]
+        parents = [sub for sub in submodules if sub._modules]
+        cached = _ModuleCache(
+            refs=tuple(weakref.ref(m) for m in modules),
+            tables=[table for table, _ in accessors],
+            names=[name for _, name in accessors],
+            aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
+            generation=generation,
+            module_vars=[vars(sub) for sub in submodules],
+            parent_vars=[vars(parent) for parent in parents],
+            children=[parent._modules for parent in parents],
+            sizes=[len(parent._modules) for parent in parents],
+        )
+        if self._state_alias_pairs:
+            self._check_aliasing(list(map(dict.__getitem__, cached.tables, cached.names)), self._state_alias_pairs)
         if len(self._state_cache) > 64:  # drop entries whose modules died
             self._state_cache = {
-                k: v for k, v in self._state_cache.items() if all(ref() is not None for ref in v[0])
+                k: v for k, v in self._state_cache.items() if all(ref() is not None for ref in v.refs)
             }
-        cached = (tuple(weakref.ref(m) for m in modules), accessors, aliases, generation)
-        self._state_cache[key] = cached
+        self._state_cache[tuple(map(id, modules))] = cached
         return cached
 
-    def _module_accessors(self, index: int, module: Any) -> list:
+    def _walk_module(self, index: int, module: Any) -> tuple[list, list]:
+        """(owner dict, name) of each parameter and buffer, and the submodules."""
         spec = self.convention.modules[index]
         where = f"args[{spec.position}]"
         if not isinstance(module, torch.nn.Module):
@@ -637,11 +820,13 @@ class PrecompiledFunction:
                 f"{where}: expected an nn.Module (one was captured at this position), "
                 f"got {type(module).__name__}"
             )
+        named = list(module.named_modules())
         params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
         buffers = [n for n, _ in module.named_buffers(remove_duplicate=False)]
         for kind, want, got in (
             ("parameters", list(spec.parameters), params),
             ("buffers", list(spec.buffers), buffers),
+            ("submodules", [n for n, _ in spec.submodules], [n for n, _ in named]),
         ):
             if want != got:
                 missing = [n for n in want if n not in got]
@@ -652,9 +837,19 @@ class PrecompiledFunction:
                     f"unexpected {extra[:5]}"
                     + ("; order differs" if not missing and not extra else "")
                 )
-        return [_owner_dict(module, n, "parameter") for n in params] + [
+        for (name, want), (_, sub) in zip(spec.submodules, named):
+            if sub.training != want:
+                path = f"{where}.{name}" if name else where
+                raise PrecompileError(
+                    f"{path} ({type(sub).__name__}) is in {'train' if sub.training else 'eval'} "
+                    f"mode, but was in {'train' if want else 'eval'} mode at capture (BatchNorm, "
+                    f"Dropout & co. compute differently): call .{'train' if want else 'eval'}() "
+                    "on it, or precompile again in this mode"
+                )
+        accessors = [_owner_dict(module, n, "parameter") for n in params] + [
             _owner_dict(module, n, "buffer") for n in buffers
         ]
+        return accessors, [sub for _, sub in named]
 
     def _raise_untied(self, state_index: int, module_index: int, fqn: str) -> None:
         first_module, first_name = self.convention.state[state_index].names[0]
@@ -686,10 +881,7 @@ class PrecompiledFunction:
     def _check_values(self, user_args: list, leaves: list) -> None:
         for index, want in self._value_inputs:
             got = leaves[index]
-            same = type(got) is type(want) and (
-                got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
-            )
-            if not same:
+            if not same_value(got, want):
                 if self._flat_inputs:
                     self._flatten(user_args)  # a container passed for a value: say so
                 raise PrecompileError(
@@ -730,13 +922,29 @@ class PrecompiledFunction:
         """Full check with precise errors; returns when the call is valid."""
         if self._flat_inputs:
             self._flatten(user_args)  # the fast path skipped the structure check
-        backend = self.convention.backend
-        for spec, value in zip(self.convention.state, state):
-            module_index, name = spec.names[0]
-            what = f"args[{self._module_positions[module_index]}].{name} ({spec.kind})"
-            check_tensor(what, value, spec.tensor, backend)
+        backend, grads = self.convention.backend, self._needs_grad
+        for index, (spec, value) in enumerate(zip(self.convention.state, state)):
+            check_tensor(self._tensor_path(index), value, spec.tensor, backend, grads)
         for index in self._tensor_inputs:
-            check_tensor(self._input_path(index), leaves[index], self.convention.inputs[index].tensor, backend)
+            check_tensor(self._input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, grads)
+
+    def _tensor_path(self, index: int) -> str:
+        """Names tensor graph input ``index``: a parameter/buffer, then the user tensors."""
+        if index >= len(self.convention.state):
+            return self._input_path(self._tensor_inputs[index - len(self.convention.state)])
+        spec = self.convention.state[index]
+        module_index, name = spec.names[0]
+        return f"args[{self._module_positions[module_index]}].{name} ({spec.kind})"
+
+    def _check_aliasing(self, tensors: list, pairs: list) -> None:
+        for i, j in pairs:
+            if torch._C._is_alias_of(tensors[i], tensors[j]):
+                written = self._tensor_path(i if i in self.convention.mutated else j)
+                raise PrecompileError(
+                    f"{self._tensor_path(i)} and {self._tensor_path(j)} share memory, but they were "
+                    f"distinct tensors at capture and the graph writes {written} in place, so it "
+                    "would compute something else than eager: pass distinct tensors (e.g. .clone())"
+                )
 
     def _build_guard(self, tensors: list):
         specs = [s.tensor for s in self.convention.state] + [

@@ -1,0 +1,112 @@
+"""Per-call cost of the precompile driver's checks (issue 12, soundness).
+
+Two models, each captured with ``backend="eager"`` and a trivial graph
+(``fn(model, x) = x * 2``: every parameter and buffer is still lifted and
+checked at every call, the graph itself costs almost nothing):
+
+  * ``tiny``: one ``nn.Linear(16, 16)`` (1 module, 2 parameters);
+  * ``deep``: ``Sequential`` of 50 ``Linear(4, 4)`` + ``ReLU`` (101 modules,
+    100 parameters).
+
+For each it prints the median per-call time of the precompiled runnable, of
+the raw generated graph on the same flat inputs, and their paired difference
+(the driver's own cost).  One thread, gc disabled while timing.
+
+Before/after a driver change, on a busy machine: ``--save DIR`` (run on the
+old checkout) writes the artifacts, whose python_code embeds that driver;
+``--baseline DIR`` (on the new one) loads them next to fresh ones and adds
+the paired per-call difference new - old, measured in one process.
+
+Usage:  python benchmarks/soundness_overhead.py [--pairs N] [--save DIR | --baseline DIR]
+"""
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402  (imports no torch)
+
+
+def _models():
+    import torch.nn as nn
+
+    deep = nn.Sequential(*[layer for _ in range(50) for layer in (nn.Linear(4, 4), nn.ReLU())])
+    return {"tiny": (nn.Linear(16, 16), 16), "deep": (deep, 4)}
+
+
+def _double(model, x):
+    return x * 2
+
+
+def _per_call(step, seconds: float = 0.2, repeats: int = 15) -> float:
+    """Median over repeats of the mean per-call time of a ~seconds/repeats block."""
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.05:
+        step()
+        n += 1
+    k = max(1, int(seconds / repeats / ((time.perf_counter() - t0) / n)))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(k):
+            step()
+        times.append((time.perf_counter() - t) / k)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=200, help="adjacent block pairs for the difference")
+    parser.add_argument("--save", help="write each model's artifact to this directory")
+    parser.add_argument("--baseline", help="compare with the artifacts --save wrote here")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("torch._precompile").setLevel(logging.ERROR)  # load() warns by design
+    rows = []
+    for name, (model, features) in _models().items():
+        x = torch.randn(2, features)
+        pair = torch.compiler.precompile(_double, model, x, backend="eager")
+        if args.save:
+            os.makedirs(args.save, exist_ok=True)
+            torch.save(pair, os.path.join(args.save, f"{name}.pt"))
+        f = torch.compiler.precompile.load(*pair)
+        raw, flat = C.raw_graph_call(f), C.flat_graph_inputs(f, model, [x])
+        precompiled = lambda: f(model, x)  # noqa: E731
+        graph = lambda: raw(flat)  # noqa: E731
+        row = [
+            name,
+            str(sum(1 for _ in model.modules())),
+            str(sum(1 for _ in model.parameters())),
+            C.fmt_us(_per_call(precompiled)),
+            C.fmt_us(_per_call(graph)),
+            _fmt_paired(precompiled, graph, args.pairs),
+        ]
+        if args.baseline:
+            # Run alone, as an artifact can be: this load() may not read an older convention.
+            namespace: dict = {}
+            exec(torch.load(os.path.join(args.baseline, f"{name}.pt"))[0], namespace)
+            old = namespace["forward"]
+            row.append(_fmt_paired(precompiled, lambda: old(model, x), args.pairs))  # noqa: B023
+        rows.append(row)
+    headers = ["model", "modules", "params", "precompiled call", "raw graph", "driver overhead"]
+    print(C.markdown_table(headers + (["new - baseline"] if args.baseline else []), rows))
+
+
+def _fmt_paired(a, b, pairs: int) -> str:
+    import contextlib
+
+    paired = C._paired_overhead(a, b, contextlib.nullcontext, contextlib.nullcontext, pairs, 0.002)
+    return f"{paired['median_s'] * 1e6:.2f} us ± {paired['ci95_s'] * 1e6:.2f}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+# Owner(s): ["module: dynamo"]
+"""Soundness of a precompiled call (issue 12, the driver's half).
+
+Nothing the trace baked goes unchecked: every call either computes exactly
+what eager ``fn`` computes (results, ``.grad``, buffer and input updates) or
+raises a ``PrecompileError`` naming the argument before any state changes.
+One test per way a call can differ from the capture, on both backends; see
+Note [precompile programming model], invariant 11.  Artifacts are compiled
+once per process and models stay tiny.
+"""
+
+import copy
+import logging
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+from torch._precompile import runtime
+from torch.compiler import PrecompileError
+
+
+precompile = torch.compiler.precompile
+BACKENDS = ("eager", "inductor")
+logging.getLogger("torch._precompile").setLevel(logging.ERROR)  # load() warns by design
+
+_RUNNABLES: dict = {}
+
+
+def _runnable(key, fn, *example_inputs, backend):
+    """Capture and load each (fn, backend) once per test process."""
+    if (key, backend) not in _RUNNABLES:
+        _RUNNABLES[key, backend] = precompile.load(*precompile(fn, *example_inputs, backend=backend))
+    return _RUNNABLES[key, backend]
+
+
+def _forward(model, x):
+    return model(x)
+
+
+def _train_step(model, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+
+
+def _scale_first(a, b):
+    a.mul_(2)
+    return a + b
+
+
+def _divide(x, s):
+    return x / s
+
+
+def _double(x):
+    return x * 2
+
+
+class _Accumulator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return x * self.total
+
+
+class _Layers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.lin = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 2)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.fc2(self.lin(x))
+
+
+def _bn_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+
+
+def _linear():
+    torch.manual_seed(0)
+    return nn.Linear(4, 2)
+
+
+def _layers():
+    torch.manual_seed(0)
+    return _Layers()
+
+
+def _train_runnable(backend):
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    return _runnable("train", _train_step, _linear(), x, y, backend=backend)
+
+
+def _state(*objects):
+    """Bit-exact copies of everything a call could write: tensors, parameters,
+    buffers and .grad of modules, in order."""
+    copies = []
+    for obj in objects:
+        if isinstance(obj, nn.Module):
+            copies += [(n, t.detach().clone()) for n, t in obj.state_dict(keep_vars=True).items()]
+            copies += [(n + ".grad", None if p.grad is None else p.grad.clone()) for n, p in obj.named_parameters()]
+        else:
+            copies.append(("input", obj.detach().clone()))
+            copies.append(("input.grad", None if obj.grad is None else obj.grad.clone()))
+    return copies
+
+
+class TestSoundness(TestCase):
+    def assertRefused(self, regex, call, *touched):
+        """``call()`` raises a PrecompileError matching ``regex`` and writes nothing."""
+        before = _state(*touched)
+        with self.assertRaisesRegex(PrecompileError, regex):
+            call()
+        after = _state(*touched)
+        self.assertEqual([n for n, _ in before], [n for n, _ in after])
+        for (name, old), (_, new) in zip(before, after):
+            if old is None or new is None:
+                self.assertIs(old, new, f"a refused call wrote {name}")
+            else:
+                self.assertTrue(old.equal(new) and old.stride() == new.stride(), f"a refused call changed {name}")
+
+    @parametrize("backend", BACKENDS)
+    def test_module_mode_is_checked(self, backend):
+        """Row 1: train/eval mode of every submodule is part of the contract."""
+        x = torch.randn(3, 4)
+        f = _runnable("bn", _forward, _bn_net(), x, backend=backend)
+        model, ref = _bn_net(), _bn_net()
+        torch.manual_seed(1)
+        out = f(model, x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(out, ref(x))
+        torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+        model.eval()
+        self.assertRefused(r"args\[0\] \(Sequential\) is in eval mode, but was in train mode.*\.train\(\)", lambda: f(model, x), model, x)
+        model.train()
+        model[1].eval()
+        self.assertRefused(r"args\[0\]\.1 \(BatchNorm1d\) is in eval mode", lambda: f(model, x), model, x)
+        model[1].training = True  # set directly, not through .train(): still seen
+        torch.manual_seed(1)
+        out = f(model, x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(out, ref(x))
+
+    @parametrize("backend", BACKENDS)
+    def test_aliased_inputs_are_refused_when_written(self, backend):
+        """Row 2: memory shared with a tensor the graph writes is refused."""
+        a, b = torch.randn(3), torch.randn(3)
+        f = _runnable("scale_first", _scale_first, a.clone(), b.clone(), backend=backend)
+        ref_a = a.clone()
+        torch.testing.assert_close(f(a, b), _scale_first(ref_a, b))
+        torch.testing.assert_close(a, ref_a)
+        self.assertRefused(r"args\[0\] and args\[1\] share memory.*writes args\[0\] in place.*\.clone\(\)", lambda: f(a, a), a)
+        self.assertRefused(r"args\[0\] and args\[1\] share memory", lambda: f(a, a[:]), a)
+        # Capture itself: it traces each example on its own clone.
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\] and args\[1\] share memory and fn writes args\[0\]"):
+            precompile(_scale_first, a, a, backend=backend)
+        # A user input sharing memory with a buffer the graph writes.
+        m, x = _Accumulator(), torch.ones(3)
+        g = _runnable("accumulator", _forward, _Accumulator(), x, backend=backend)
+        ref = _Accumulator()
+        torch.testing.assert_close(g(m, x), ref(x))
+        self.assertRefused(
+            r"args\[0\]\.total \(buffer\) and args\[1\] share memory", lambda: g(m, m.total), m
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_frozen_parameter_is_refused(self, backend):
+        """Row 3: requires_grad of every parameter of a training step is checked."""
+        f = _train_runnable(backend)
+        model, ref = _linear(), _linear()
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+        torch.testing.assert_close(f(model, x, y), _train_step(ref, x, y))
+        torch.testing.assert_close(model.weight.grad, ref.weight.grad)
+        model.weight.requires_grad_(False)
+        self.assertRefused(
+            r"args\[0\]\.weight \(parameter\): requires_grad was True at capture, got False.*requires_grad_\(True\)",
+            lambda: f(model, x, y),
+            model,
+        )
+        model.weight.requires_grad_(True)
+        model.bias = nn.Parameter(model.bias.detach().clone(), requires_grad=False)
+        self.assertRefused(r"args\[0\]\.bias \(parameter\): requires_grad was True", lambda: f(model, x, y), model)
+
+    @parametrize("backend", BACKENDS)
+    def test_input_requiring_grad_is_refused_by_a_training_step(self, backend):
+        """Row 4: eager would write x.grad; the artifact was captured without it."""
+        f = _train_runnable(backend)
+        model, x, y = _linear(), torch.randn(3, 4), torch.randn(3, 2)
+        f(model, x, y)  # arms the fast path with x not requiring grad
+        x.requires_grad_()
+        self.assertRefused(r"args\[1\]: requires_grad was False at capture, got True", lambda: f(model, x, y), model, x)
+        self.assertIsNone(x.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_module_edits_bypassing_hooks_are_seen(self, backend):
+        """Row 5: `del`, ModuleList reorders and deleted parameters after a call."""
+        x = torch.randn(2, 4)
+        f = _runnable("layers", _forward, _layers(), x, backend=backend)
+        model = _layers()
+        torch.testing.assert_close(f(model, x), model(x))
+        # Reorder with del + insert: same names and shapes, new order: honoured.
+        first = model.layers[0]
+        del model.layers[0]
+        model.layers.insert(2, first)
+        torch.testing.assert_close(f(model, x), model(x))
+        del model.layers[1]
+        self.assertRefused(r"args\[0\]: the module's parameters differ.*missing \['layers\.2\.weight', 'layers\.2\.bias'\]", lambda: f(model, x), model)
+        model = _layers()
+        f(model, x)
+        del model.fc2
+        self.assertRefused(r"args\[0\]: the module's parameters differ.*missing \['fc2\.weight', 'fc2\.bias'\]", lambda: f(model, x), model)
+        model = _layers()
+        f(model, x)
+        del model.lin.bias
+        self.assertRefused(r"args\[0\]: the module's parameters differ.*missing \['lin\.bias'\]", lambda: f(model, x), model)
+
+    @parametrize("backend", BACKENDS)
+    def test_baked_floats_compare_bitwise(self, backend):
+        """Row 9: -0.0 is not 0.0 (x / s flips the infinity's sign)."""
+        x = torch.randn(3)
+        f = _runnable("divide", _divide, x, 0.0, backend=backend)
+        torch.testing.assert_close(f(x, 0.0), x / 0.0)
+        self.assertRefused(r"args\[1\]: expected 0\.0 \(baked into the artifact at capture\), got -0\.0", lambda: f(x, -0.0), x)
+        self.assertRefused(r"args\[1\]: expected 0\.0 .*got nan", lambda: f(x, math.nan), x)
+        self.assertRefused(r"args\[1\]: expected 0\.0 .*got 0;", lambda: f(x, 0), x)
+
+    def test_same_value(self):
+        self.assertTrue(runtime.same_value(math.nan, float("nan")))
+        self.assertTrue(runtime.same_value(-0.0, -0.0))
+        self.assertFalse(runtime.same_value(-0.0, 0.0))
+        self.assertFalse(runtime.same_value(True, 1))
+        self.assertFalse(runtime.same_value(1, 1.0))
+        self.assertTrue(runtime.same_value("a", "a"))
+        self.assertTrue(runtime.same_value(None, None))
+
+    @parametrize("backend", BACKENDS)
+    def test_lazy_conj_and_neg_bits(self, backend):
+        """Row 10: inductor kernels read raw memory; eager honours the bits."""
+        x = torch.randn(3, dtype=torch.complex64)
+        f = _runnable("double", _double, x, backend=backend)
+        torch.testing.assert_close(f(x), x * 2)  # arms the fast path on a plain tensor
+        for view, bit in ((x.conj(), "conjugate"), (torch._neg_view(x), "negative")):
+            if backend == "inductor":
+                self.assertRefused(rf"args\[0\]: the tensor has a lazy {bit} bit.*resolve_", lambda: f(view), x)
+            else:
+                torch.testing.assert_close(f(view), view * 2)
+
+    @parametrize("backend", BACKENDS)
+    def test_global_state(self, backend):
+        """Row 11: grad mode (training steps), autocast and the default dtype."""
+        f = _train_runnable(backend)
+        model, x, y = _linear(), torch.randn(3, 4), torch.randn(3, 2)
+        f(model, x, y)
+        for context, where in ((torch.inference_mode, r"torch\.inference_mode\(\)"), (torch.no_grad, r"torch\.no_grad\(\)")):
+            with context():
+                self.assertRefused(rf"called under {where}, but this artifact runs autograd", lambda: f(model, x, y), model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            self.assertRefused(r"autocast state differs from capture: captured no autocast, now \[\('cpu', 'bfloat16'\)\]", lambda: f(model, x, y), model)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            self.assertRefused(r"torch\.get_default_dtype\(\) is torch\.float64, but it was torch\.float32", lambda: f(model, x, y), model)
+        finally:
+            torch.set_default_dtype(default)
+        # A forward computes the same values with grad mode off: honoured.
+        g = _runnable("bn", _forward, _bn_net(), x, backend=backend)
+        model, ref = _bn_net(), _bn_net()
+        with torch.inference_mode():
+            torch.manual_seed(1)
+            out = g(model, x)
+            torch.manual_seed(1)
+            torch.testing.assert_close(out, ref(x))
+
+
+instantiate_parametrized_tests(TestSoundness)
+
+
+if __name__ == "__main__":
+    run_tests()
