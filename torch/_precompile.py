@@ -760,6 +760,10 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
             f"outputs, got {signature}); this happens with metadata mutations such as x.t_() or "
             "x.resize_(): avoid them in fn, or use backend='eager'"
         )
+    if not hasattr(compiled[0][0], "source_code"):
+        # Inductor generates no module for a graph without compute (fn returns an
+        # input, detached or viewed): the captured graph itself is the program.
+        return _lower_eager(capture)
     source = _strip_stand_in_imports(compiled[0][0].source_code)
     extern_table = _extern_kernel_table(source)
     graph_code = (
@@ -972,7 +976,8 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
     namespace: dict[str, Any] = {}
     exec(compile(python_code, "<precompile artifact>", "exec"), namespace)
     kernels = {}
-    for key, path in namespace["_kernel_loader"].compiled.items():
+    loader = namespace.get("_kernel_loader")  # none when Inductor generated no module
+    for key, path in (loader.compiled if loader else {}).items():
         with open(path, "rb") as f:
             kernels[key] = f.read()
     return kernels
@@ -1163,15 +1168,16 @@ class _Precompile:
             raise PrecompileError(f"precompile: fn must be callable, got {type(fn).__name__}")
 
         timer = _StageTimer("precompile")
-        with timer("capture+enforce"):
-            capture = _capture(fn, example_inputs, backend, decompositions)
-        with timer("lower"):
-            lowered = _lower_eager(capture) if backend == "eager" else _lower_inductor(capture)
-        with timer("render"):
-            python_code = _render(capture.convention, lowered)
-        with timer("package"):
-            kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
-            cache = _package(python_code, backend, kernels)
+        with _caller_rng_kept():
+            with timer("capture+enforce"):
+                capture = _capture(fn, example_inputs, backend, decompositions)
+            with timer("lower"):
+                lowered = _lower_eager(capture) if backend == "eager" else _lower_inductor(capture)
+            with timer("render"):
+                python_code = _render(capture.convention, lowered)
+            with timer("package"):
+                kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
+                cache = _package(python_code, backend, kernels)
         timer.done(
             f"backend={backend} graph_inputs={len(capture.example_inputs)} kernels={len(kernels)} "
             f"python_code={len(python_code)}B cache={len(cache)}B"
@@ -1209,6 +1215,13 @@ class _Precompile:
                 raise PrecompileError("python_code does not define a callable `forward`")
         timer.done(f"backend={convention.backend} kernels={len(kernel_files)}")
         return forward
+
+
+def _caller_rng_kept():
+    """Invariant 8: tracing dropout & co. and lowering draw random numbers; the caller's
+    generators are restored, so seeding before precompile() seeds the first call."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=cuda)
 
 
 class _StageTimer:

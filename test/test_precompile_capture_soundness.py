@@ -1,0 +1,129 @@
+# Owner(s): ["module: dynamo"]
+"""Capture soundness of torch.compiler.precompile (torch/_precompile.py).
+
+Nothing the trace runs may go unchecked: what the graph cannot repeat (an
+optimizer holding the caller's tensors, writes through closures, data-dependent
+Python) is refused at capture before anything changes, what depends on state
+the trace did not see (.grad read after backward) is checked at every call,
+and capture leaves the caller's RNG as it found it.  Note [precompile
+programming model] invariants 8 and 11-13.
+"""
+
+import copy
+import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+import torch._precompile as precompile_module
+from torch.compiler import PrecompileError
+
+
+precompile = torch.compiler.precompile
+BACKENDS = ("eager", "inductor")
+THIS_FILE = re.escape(__file__)
+
+_ARTIFACTS: dict = {}
+
+
+def _artifact(key, fn, *example_inputs, backend="inductor"):
+    """Build each (python_code, cache) pair once per test process."""
+    full_key = (key, backend)
+    if full_key not in _ARTIFACTS:
+        _ARTIFACTS[full_key] = precompile(fn, *example_inputs, backend=backend)
+    return _ARTIFACTS[full_key]
+
+
+def _load(pair):
+    return precompile.load(*pair)
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _snapshot(module, optimizer=None):
+    """Bit-exact copy of everything precompile must leave alone."""
+    return {
+        "state": {k: v.clone() for k, v in module.state_dict(keep_vars=True).items()},
+        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in module.named_parameters()},
+        "grad_ids": {k: id(p.grad) for k, p in module.named_parameters()},
+        "optimizer": None if optimizer is None else copy.deepcopy(optimizer.state_dict()),
+    }
+
+
+def _clip_step(m, x, y):
+    loss = F.mse_loss(m(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+    return loss
+
+
+class TestCaptureSoundness(TestCase):
+    def assertUnchanged(self, before, after):
+        self.assertEqual(before["grad_ids"], after["grad_ids"])
+        for kind in ("state", "grads"):
+            for key in before[kind]:
+                self.assertEqual(before[kind][key], after[kind][key], atol=0, rtol=0)
+        self.assertEqual(before["optimizer"], after["optimizer"], atol=0, rtol=0)
+
+    def _trained(self):
+        """A model and an Adam optimizer that both hold state, and a batch."""
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        optimizer = torch.optim.Adam(m.parameters(), lr=0.1)
+        F.mse_loss(m(x), y).backward()
+        optimizer.step()
+        F.mse_loss(m(x), y).backward()  # leave .grad set
+        return m, optimizer, x, y
+
+    # -- the caller's RNG (invariant 8) ---------------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_rng_untouched_and_seeded_dropout_matches_eager(self, backend):
+        m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+        x = torch.randn(16, 8)
+        torch.manual_seed(7)
+        state = torch.get_rng_state()
+        f = _load(precompile(lambda m, x: m(x), m, x, backend=backend))
+        self.assertEqual(torch.get_rng_state(), state, atol=0, rtol=0)
+        ours = f(m, x)
+        torch.manual_seed(7)
+        eager = m(x)
+        torch.testing.assert_close(ours, eager)
+        self.assertTrue((ours == 0).any())
+
+    # -- graphs without compute ------------------------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_graphs_without_compute_match_eager(self, backend):
+        x = torch.randn(2, 3)
+        for fn, same_tensor in (
+            (lambda x: x, True),
+            (lambda x: x.detach(), False),
+            (lambda x: x.view(-1), False),
+            (lambda x: (x, x.t()), False),
+        ):
+            f = _load(precompile(fn, x, backend=backend))
+            x_run = torch.randn(2, 3)
+            ours, eager = f(x_run), fn(x_run)
+            torch.testing.assert_close(ours, eager)
+            for a, b in zip(*(t if isinstance(t, tuple) else (t,) for t in (ours, eager))):
+                self.assertEqual(a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
+                self.assertEqual(a.stride(), b.stride())
+            if same_tensor:
+                self.assertIs(ours, x_run)
+
+
+instantiate_parametrized_tests(TestCaptureSoundness)
+
+
+if __name__ == "__main__":
+    run_tests()
