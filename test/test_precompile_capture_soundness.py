@@ -100,6 +100,44 @@ class TestCaptureSoundness(TestCase):
         torch.testing.assert_close(ours, eager)
         self.assertTrue((ours == 0).any())
 
+    # -- data-dependent Python (invariant 11) ---------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_data_dependent_python_names_the_line(self, backend):
+        def branch(x):
+            if x.sum() > 0:
+                return x + 1
+            return x - 1
+
+        def item(x):
+            return x * x.max().item()
+
+        def all_positive(x):
+            return x.abs() if bool((x > 0).all()) else x
+
+        for fn, code in (
+            (branch, r"if x\.sum\(\) > 0:"),
+            (item, r"return x \* x\.max\(\)\.item\(\)"),
+            (all_positive, r"return x\.abs\(\) if bool\(\(x > 0\)\.all\(\)\) else x"),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \({code}\).*torch\.where"
+            ):
+                precompile(fn, torch.randn(4, 3), backend=backend)
+
+    def test_data_dependent_python_under_free_dims(self):
+        def branch(x):
+            if x.sum() > 0:
+                return x + 1
+            return x - 1
+
+        x = torch.randn(4, 3)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with self.assertRaisesRegex(
+            PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \(if x\.sum\(\) > 0:\)"
+        ):
+            precompile(branch, x, backend="inductor")
+
     # -- graphs without compute ------------------------------------------------
 
     @parametrize("backend", BACKENDS)

@@ -326,7 +326,15 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
     inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
         _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
     ]
-    graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
+    try:
+        graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
+    except PrecompileError:
+        raise
+    except RuntimeError as error:
+        # make_fx's "value out of a tracing tensor with aten._local_scalar_dense"
+        if "_local_scalar_dense" not in str(error):
+            raise
+        raise _data_dependent_error(error) from None
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
     return graph, example, (), constants
@@ -348,12 +356,24 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decomp
         try:
             return attempt.trace(flat_fn, decompositions)
         except GuardOnDataDependentSymNode as error:
+            if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
+                raise _data_dependent_error(error) from None
             merged = attempt.mergeable(error.cond)
             if merged is None:
                 raise attempt.guard_error(error) from None
             keep, drop = merged
             groups = {i: groups[keep] if g == groups[drop] else g for i, g in groups.items()}
     raise AssertionError("unreachable: each retry merges two shape groups")
+
+
+def _data_dependent_error(error: Exception) -> PrecompileError:
+    """fn turned a traced tensor into a Python value: control flow on tensor data."""
+    return PrecompileError(
+        f"fn uses the value of a tensor as a Python value{_user_line(traceback.extract_tb(error.__traceback__))} "
+        "(`if tensor:`, .item(), bool(), .tolist()): the artifact would bake the example's "
+        "outcome. Write the branch with torch.where(cond, a, b), or compute the value outside fn "
+        "and pass it as a Python input (baked and checked at every call)"
+    )
 
 
 class _SymbolicAttempt:
@@ -466,6 +486,10 @@ class _SymbolicAttempt:
             result.append((free.leaf, free.dim, group, free.low, free.high))
         return tuple(result)
 
+    def involves_free_dim(self, cond) -> bool:
+        marked = {str(symbol) for symbol in self.symbols}
+        return any(str(symbol) in marked for symbol in getattr(cond, "free_symbols", ()))
+
     def mergeable(self, cond) -> tuple | None:
         import sympy
 
@@ -486,10 +510,7 @@ class _SymbolicAttempt:
             for symbol, i in self.symbols.items()
         }
         involved = [names[str(s)] for s in getattr(error.cond, "free_symbols", ()) if str(s) in names]
-        frames = [
-            f for f in traceback.extract_tb(error.__traceback__) if os.path.dirname(torch.__file__) not in f.filename
-        ]
-        where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+        where = _user_line(traceback.extract_tb(error.__traceback__))
         return PrecompileError(
             f"fn needs the size of {' and '.join(involved) or 'a marked dim'} (marked with "
             f"mark_unbacked) to decide {error.cond}{where}: a free dim cannot be guarded on. "
@@ -609,16 +630,33 @@ def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tenso
 # ---------------------------------------------------------------------------
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__)
+# This module and the driver sit outside torch's directory in an editable install.
+_PRECOMPILE_FILES = (os.path.abspath(__file__), os.path.abspath(runtime.__file__))
+
+
+def _is_user_file(filename: str) -> bool:
+    """fn's own code: not torch's, not precompile's, not FX-generated."""
+    return not (
+        filename.startswith(_TORCH_DIR) or filename in _PRECOMPILE_FILES or filename.startswith("<eval_with_key")
+    )
+
+
+def _user_line(frames: list) -> str:
+    """' at file:line (code)' for the innermost frame of fn's own code, or ''."""
+    user = [f for f in frames if _is_user_file(f.filename)]
+    return f" at {user[-1].filename}:{user[-1].lineno} ({user[-1].line})" if user else ""
+
+
 def _source_of(node: torch.fx.Node) -> str:
     trace = node.meta.get("stack_trace")
     if not trace:
         return ""
     # The innermost frame of user code: skip torch's own files and FX's generated code.
-    torch_dir = os.path.dirname(torch.__file__)
     frames = [
         line.strip()
         for line in trace.strip().splitlines()
-        if line.strip().startswith("File ") and torch_dir not in line and "<eval_with_key" not in line
+        if line.strip().startswith("File ") and _is_user_file(line.strip().split('"')[1])
     ]
     return f" (at {frames[-1]})" if frames else ""
 
