@@ -84,6 +84,112 @@ class TestCaptureSoundness(TestCase):
         F.mse_loss(m(x), y).backward()  # leave .grad set
         return m, optimizer, x, y
 
+    # -- writes the graph does not see (invariant 13) --------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_optimizer_in_fn_refused_before_it_changes_anything(self, backend):
+        m, optimizer, x, y = self._trained()
+
+        def step(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            optimizer.step()
+
+        def zero_then_step(m, x, y):
+            optimizer.zero_grad()
+            F.mse_loss(m(x), y).backward()
+
+        for fn, call in ((step, r"Adam\.step\(\)"), (zero_then_step, r"Adam\.zero_grad\(\)")):
+            before = _snapshot(m, optimizer)
+            with self.assertRaisesRegex(
+                PrecompileError, rf"fn calls {call} at {THIS_FILE}:\d+ \(optimizer\..*outside fn"
+            ):
+                precompile(fn, m, x, y, backend=backend)
+            self.assertUnchanged(before, _snapshot(m, optimizer))
+
+    @parametrize("backend", BACKENDS)
+    def test_write_through_closure_refused_before_writing(self, backend):
+        m, optimizer, x, y = self._trained()
+        weight, counter = m[0].weight, torch.zeros(())
+
+        def decay(m, x):  # a hand-written update on the caller's own tensors
+            with torch.no_grad():
+                weight.grad.mul_(0.5)
+            return m(x)
+
+        def count(m, x):
+            counter.add_(1)
+            return m(x)
+
+        untraced = r"a tensor of shape \(\) that is neither an argument of fn nor created inside it"
+        for fn, what in ((decay, r"args\[0\]\.0\.weight\.grad"), (count, untraced)):
+            before = _snapshot(m, optimizer)
+            with self.assertRaisesRegex(
+                PrecompileError, rf"fn writes in place \(aten\.[\w.]+\) to {what} at {THIS_FILE}:\d+"
+            ):
+                precompile(fn, m, x, backend=backend)
+            self.assertUnchanged(before, _snapshot(m, optimizer))
+        self.assertEqual(counter.item(), 0)
+
+    def test_rebinding_caller_grad_refused_and_restored(self):
+        m, optimizer, x, y = self._trained()
+        bias = m[2].bias
+
+        def fn(m, x):
+            bias.grad = None
+            return m(x)
+
+        before = _snapshot(m, optimizer)
+        with self.assertRaisesRegex(PrecompileError, r"rebinds args\[0\]\.2\.bias\.grad.*restored"):
+            precompile(fn, m, x, backend="eager")
+        self.assertUnchanged(before, _snapshot(m, optimizer))
+
+    # -- .grad read after backward (invariant 12) ------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_clip_grad_norm_matches_eager_after_zero_grad(self, backend):
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        reference = copy.deepcopy(m)
+        f = _load(_artifact("clip", _clip_step, m, x, y, backend=backend))
+        for _ in range(2):  # the usual loop: zero_grad(set_to_none=True), step, update
+            for model in (m, reference):
+                model.zero_grad(set_to_none=True)
+            torch.testing.assert_close(f(m, x, y), _clip_step(reference, x, y))
+            for ours, theirs in zip(m.parameters(), reference.parameters()):
+                torch.testing.assert_close(ours.grad, theirs.grad)
+                with torch.no_grad():
+                    ours.sub_(ours.grad)
+                    theirs.sub_(theirs.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_clip_grad_norm_with_accumulation_refused_at_call(self, backend):
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        f = _load(_artifact("clip", _clip_step, m, x, y, backend=backend))
+        f(m, x, y)
+        before = _snapshot(m)
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[0\]\.0\.weight already has a \.grad.*zero_grad\(set_to_none=True\)"
+        ):
+            f(m, x, y)  # no zero_grad: eager would clip the accumulated gradient
+        self.assertUnchanged(before, _snapshot(m))
+
+    def test_reads_grad_recorded_only_for_reads(self):
+        def train(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            F.mse_loss(m(x), y).backward()  # the engine accumulating is no read
+
+        def log_norm(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            return m[2].weight.grad.norm()
+
+        def return_grad(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            return m[0].bias.grad
+
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        for fn, reads in ((train, ()), (log_norm, (2,)), (return_grad, (1,)), (_clip_step, (0, 1, 2, 3))):
+            code, _ = precompile(fn, m, x, y, backend="eager")
+            self.assertEqual(precompile_module._read_convention(code).reads_grad, reads, msg=fn.__name__)
+
     # -- the caller's RNG (invariant 8) ---------------------------------------
 
     @parametrize("backend", BACKENDS)

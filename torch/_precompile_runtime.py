@@ -125,6 +125,9 @@ class CallingConvention(NamedTuple):
     grad_state: tuple[int, ...]  # indices into state receiving .grad
     sizes: tuple[tuple[int, int], ...]  # (input leaf, dim) of each free size graph input
     constants: tuple[ConstantSpec, ...]
+    # grad_state entries whose gradient fn reads after backward() (clip_grad_norm_):
+    # captured with .grad None, so a call finding .grad set is refused.
+    reads_grad: tuple[int, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -257,7 +260,10 @@ def validate_convention(c: "CallingConvention") -> None:
 
     if not is_int(c.format_version, 1) or c.backend not in ("eager", "inductor") or not is_int(c.arity):
         fail("format_version / backend / arity")
-    if not all(isinstance(x, tuple) for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants)):
+    if not all(
+        isinstance(x, tuple)
+        for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants, c.reads_grad)
+    ):
         fail("a list field is not a list")
     names: dict = {}  # (module index, name) -> kind
     positions = []
@@ -310,6 +316,8 @@ def validate_convention(c: "CallingConvention") -> None:
         is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in c.grad_state
     ):
         fail(f"grad_state {c.grad_state!r}")
+    if not all(is_int(i) for i in c.reads_grad) or not set(c.reads_grad) <= set(c.grad_state):
+        fail(f"reads_grad {c.reads_grad!r}")
     for index, size in enumerate(c.sizes):
         if not (
             isinstance(size, tuple)
@@ -544,6 +552,8 @@ class PrecompiledFunction:
             self._check_values(user_args, leaves)
         if self._free_inputs:
             tensors += self._free_sizes(leaves)
+        if self.convention.reads_grad:
+            self._refuse_accumulated_grads(state)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad).
         grad_enabled = torch.is_grad_enabled()
@@ -740,6 +750,17 @@ class PrecompiledFunction:
         )
 
     # -- results -------------------------------------------------------------
+
+    def _refuse_accumulated_grads(self, state: list) -> None:
+        for index in self.convention.reads_grad:
+            if state[index].grad is not None:
+                module_index, name = self.convention.state[index].names[0]
+                raise PrecompileError(
+                    f"args[{self._module_positions[module_index]}].{name} already has a .grad, but fn "
+                    "reads its gradient after backward() (e.g. clip_grad_norm_) and was captured with "
+                    ".grad None: eager would read the accumulated gradient, the artifact only this "
+                    "call's. Call optimizer.zero_grad(set_to_none=True) before the call"
+                )
 
     def _accumulate_grads(self, state: list, grads: Any) -> None:
         # Like eager .backward(): assign when None, else accumulate in place.
