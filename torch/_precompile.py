@@ -55,9 +55,13 @@ says who guarantees it and, where it is enforced, which tests (in
    pair is the caller's responsibility.
 8. Capture has no side effects on the caller.  ``precompile`` traces on
    clones, so the caller's parameters, buffers, ``.grad`` and inputs are
-   bit-identical afterwards, also when fn raises (TestCaptureContract).
-   Caller's responsibility: fn must not write tensors other than its
-   arguments (an optimizer holding the original parameters).
+   bit-identical afterwards, also when fn raises (TestCaptureContract); fn
+   rebinding the caller's ``.grad`` through a closure is undone and refused.
+   The global RNG (CPU, and CUDA when initialized) that tracing and lowering
+   draw from is restored, so ``torch.manual_seed(s); precompile(...)`` and a
+   call reproduce eager's ``torch.manual_seed(s); fn(...)``
+   (test_precompile_capture_soundness.py test_rng_untouched_*,
+   test_rebinding_caller_grad_refused_and_restored).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
    environment (torch, Python, platform, CPU capability) equals this
    process's; otherwise ``load`` warns once and compiles from python_code.
@@ -116,6 +120,31 @@ says who guarantees it and, where it is enforced, which tests (in
    module checks are C-level list comparisons (``benchmarks/soundness_overhead.py``),
    and ``TensorGuards`` (which compares requires_grad and dispatch keys,
    so the conj/neg bits) is only armed by a call the slow path accepted.
+12. Data-dependent Python.  Python that needs a traced tensor's value
+   (``if x.sum() > 0:``, ``.item()``, ``bool(mask.all())``) would bake the
+   example's outcome: refused at capture, naming fn's file:line and code and
+   suggesting ``torch.where`` or a Python input.  With marked dims (a
+   symbolic trace) ``.item()`` becomes an unbacked value computed at every
+   call, and a branch on it is refused the same way
+   (test_precompile_capture_soundness.py test_data_dependent_python_*).
+13. Gradients read inside fn.  Gradients are traced from ``.grad`` None
+   (invariant 4).  When fn reads a parameter's gradient after backward
+   produced it (``clip_grad_norm_``, logging or returning ``p.grad``), eager
+   would read the accumulated ``.grad``: those parameters are recorded
+   (``reads_grad``) and checked at every call, which is refused before
+   anything changes when one of them has a ``.grad`` -- call
+   ``zero_grad(set_to_none=True)`` first (test_clip_grad_norm_*,
+   test_reads_grad_recorded_only_for_reads).  Caller's responsibility: fn
+   reading ``.grad`` before its backward (it is None while tracing).
+14. Writes the graph does not see.  fn may only write tensors the trace
+   tracks (its arguments' tensors and tensors it creates).  An optimizer's
+   ``step()`` / ``zero_grad()`` inside fn (it holds the caller's tensors, not
+   the traced copies) and in-place writes through any other reference (the
+   caller's parameters or ``.grad`` reached through a closure, a global) are
+   refused at capture before they happen, naming the optimizer or tensor and
+   fn's source line: call the optimizer outside fn
+   (test_optimizer_in_fn_refused_before_it_changes_anything,
+   test_write_through_closure_refused_before_writing).
 """
 
 if __name__ == "__main__":
@@ -161,6 +190,7 @@ from torch._precompile_runtime import (
     StateSpec,
     TensorSpec,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 __all__ = ["precompile", "PrecompileError"]
@@ -332,11 +362,139 @@ def _read_marks(args: _Arguments, backend: str) -> list:
     return free_dims
 
 
+class _CaptureGuard(TorchDispatchMode):
+    """Sees every op fn runs while it is traced, before make_fx records it.
+
+    It refuses, before anything is written, what the graph would not repeat
+    (Note invariants 8 and 13): an optimizer's step() / zero_grad() (the
+    optimizer holds the caller's tensors, not the traced copies) and in-place
+    writes to tensors the trace does not track (the caller's parameters, .grad
+    or inputs reached through a closure, a global).  It also notes which
+    parameters' gradients fn reads after backward() produced them (invariant
+    12): eager would read the .grad accumulated before the call.
+    """
+
+    # torch.cond & co. pass through to make_fx; the contract refuses them after the trace.
+    supports_higher_order_operators = True
+
+    def __init__(self, caller_tensors: dict):
+        super().__init__()
+        self.caller_tensors = caller_tensors  # storage address -> "args[0].weight (parameter)"
+        self.produced_grads: dict[int, tuple] = {}  # id(grad) -> (grad, state index)
+        self.reads_grad: set = set()
+
+    def grad_produced(self, index: int, leaf: torch.Tensor) -> None:
+        """post_accumulate_grad hook of the traced parameter ``index``."""
+        self.produced_grads[id(leaf.grad)] = (leaf.grad, index)
+
+    def note_grad_reads(self, values: Any) -> None:
+        for value in pytree.tree_leaves(values):
+            produced = self.produced_grads.get(id(value))
+            if produced is not None and produced[0] is value:
+                self.reads_grad.add(produced[1])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        if func is torch.ops.profiler._record_function_enter_new.default:
+            _refuse_optimizer_call(args[0])
+        self._refuse_untracked_writes(func, args, kwargs)
+        # The autograd engine's own accumulation (a second backward) is no read.
+        if self.produced_grads and torch._C._current_autograd_node() is None:
+            self.note_grad_reads((args, kwargs))
+        return func(*args, **kwargs)
+
+    def _refuse_untracked_writes(self, func, args: tuple, kwargs: dict) -> None:
+        from torch._subclasses.fake_tensor import is_fake
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
+
+        written = _written_arguments(func)
+        if not written:
+            return
+        tracer = get_proxy_mode().tracer
+        values = [args[i] if i < len(args) else kwargs.get(name) for i, name in written]
+        for tensor in pytree.tree_leaves(values):
+            if not isinstance(tensor, torch.Tensor) or is_fake(tensor) or has_proxy_slot(tensor, tracer):
+                continue
+            what = self.caller_tensors.get(_storage_address(tensor)) or (
+                f"a tensor of shape {tuple(tensor.shape)} that is neither an argument of fn nor created inside it"
+            )
+            raise PrecompileError(
+                f"fn writes in place ({func}) to {what}{_user_line(traceback.extract_stack())}, through a "
+                "reference precompile does not trace: the artifact would not repeat the write. "
+                "Update state through fn's module arguments (or its inputs), or do it outside fn"
+            )
+
+
+@functools.lru_cache(maxsize=None)
+def _written_arguments(func) -> tuple:
+    """(position, name) of the arguments an operator writes in place (`Tensor(a!)`)."""
+    return tuple(
+        (i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def _refuse_optimizer_call(record_name: str) -> None:
+    # torch.optim announces step() / zero_grad() as e.g. "Optimizer.step#SGD.step".
+    kind, _, method = record_name.partition("#")
+    if kind in ("Optimizer.step", "Optimizer.zero_grad"):
+        raise PrecompileError(
+            f"fn calls {method}(){_user_line(traceback.extract_stack())}: the optimizer holds the "
+            "caller's parameters, not the copies precompile traces, so the artifact would silently "
+            "leave the call out. Call optimizer.zero_grad() and optimizer.step() outside fn, around the "
+            "precompiled call (the artifact accumulates .grad like loss.backward())"
+        )
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+        return 0
+
+
+def _caller_tensors(args: _Arguments) -> dict:
+    """Storage address -> how the caller passed it, for every tensor fn must not write."""
+    described = []
+    for entry in args.lifted:
+        module_index, fqn = entry.names[0]
+        path = f"args[{args.module_positions[module_index]}].{fqn}"
+        described.append((entry.tensor, f"{path} ({entry.kind})"))
+        if entry.tensor.grad is not None:
+            described.append((entry.tensor.grad, f"{path}.grad"))
+    described += [(args.input_leaves[i], args.input_paths[i]) for i in args.tensor_indices]
+    addresses = {_storage_address(t): what for t, what in described}
+    addresses.pop(0, None)  # empty tensors share no storage
+    return addresses
+
+
+@contextlib.contextmanager
+def _caller_grads_kept(args: _Arguments):
+    """Invariant 8: fn rebinding the caller's .grad (through a closure) is undone and refused."""
+    params = [entry for entry in args.lifted if entry.kind == "parameter"]
+    grads = [entry.tensor.grad for entry in params]
+    try:
+        yield
+    finally:
+        rebound = [(entry, grad) for entry, grad in zip(params, grads) if entry.tensor.grad is not grad]
+        for entry, grad in rebound:
+            entry.tensor.grad = grad
+    if rebound:
+        module_index, fqn = rebound[0][0].names[0]
+        raise PrecompileError(
+            f"fn rebinds args[{args.module_positions[module_index]}].{fqn}.grad through a reference "
+            "precompile does not trace (restored): the artifact would not repeat it; set .grad "
+            "outside fn"
+        )
+
+
 def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     """fn over flat tensors: (*state, *user tensors, *free sizes) -> (*outputs, *grads)."""
     from torch.nn.utils.stateless import _reparametrize_module
 
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
+    caller_tensors = _caller_tensors(args)
 
     def flat_fn(*flat):
         state = flat[:num_state]
@@ -351,13 +509,20 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for entry, leaf in zip(args.lifted, state):
             for index, fqn in entry.names:
                 mappings[index][fqn] = leaf
+        guard = _CaptureGuard(caller_tensors)
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(_reparametrize_module(module, mapping))
-            with torch.enable_grad():
+            for index, (entry, leaf) in enumerate(zip(args.lifted, state)):
+                if entry.kind == "parameter" and leaf.requires_grad:
+                    hook = leaf.register_post_accumulate_grad_hook(functools.partial(guard.grad_produced, index))
+                    stack.callback(hook.remove)
+            with torch.enable_grad(), guard:
                 result = fn(*call_args)
             _check_state_not_rebound(args.modules, mappings)
         out_leaves, out_spec = pytree.tree_flatten(result)
+        guard.note_grad_reads(out_leaves)  # fn returning p.grad reads it too
+        recorded["reads_grad"] = sorted(guard.reads_grad)
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [
@@ -378,7 +543,15 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
     inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
         _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
     ]
-    graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
+    try:
+        graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
+    except PrecompileError:
+        raise
+    except RuntimeError as error:
+        # make_fx's "value out of a tracing tensor with aten._local_scalar_dense"
+        if "_local_scalar_dense" not in str(error):
+            raise
+        raise _data_dependent_error(error) from None
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
     return graph, example, (), constants
@@ -400,12 +573,24 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decomp
         try:
             return attempt.trace(flat_fn, decompositions)
         except GuardOnDataDependentSymNode as error:
+            if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
+                raise _data_dependent_error(error) from None
             merged = attempt.mergeable(error.cond)
             if merged is None:
                 raise attempt.guard_error(error) from None
             keep, drop = merged
             groups = {i: groups[keep] if g == groups[drop] else g for i, g in groups.items()}
     raise AssertionError("unreachable: each retry merges two shape groups")
+
+
+def _data_dependent_error(error: Exception) -> PrecompileError:
+    """fn turned a traced tensor into a Python value: control flow on tensor data."""
+    return PrecompileError(
+        f"fn uses the value of a tensor as a Python value{_user_line(traceback.extract_tb(error.__traceback__))} "
+        "(`if tensor:`, .item(), bool(), .tolist()): the artifact would bake the example's "
+        "outcome. Write the branch with torch.where(cond, a, b), or compute the value outside fn "
+        "and pass it as a Python input (baked and checked at every call)"
+    )
 
 
 class _SymbolicAttempt:
@@ -518,6 +703,10 @@ class _SymbolicAttempt:
             result.append((free.leaf, free.dim, group, free.low, free.high))
         return tuple(result)
 
+    def involves_free_dim(self, cond) -> bool:
+        marked = {str(symbol) for symbol in self.symbols}
+        return any(str(symbol) in marked for symbol in getattr(cond, "free_symbols", ()))
+
     def mergeable(self, cond) -> tuple | None:
         import sympy
 
@@ -538,10 +727,7 @@ class _SymbolicAttempt:
             for symbol, i in self.symbols.items()
         }
         involved = [names[str(s)] for s in getattr(error.cond, "free_symbols", ()) if str(s) in names]
-        frames = [
-            f for f in traceback.extract_tb(error.__traceback__) if os.path.dirname(torch.__file__) not in f.filename
-        ]
-        where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+        where = _user_line(traceback.extract_tb(error.__traceback__))
         return PrecompileError(
             f"fn needs the size of {' and '.join(involved) or 'a marked dim'} (marked with "
             f"mark_unbacked) to decide {error.cond}{where}: a free dim cannot be guarded on. "
@@ -573,7 +759,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     free_dims = _read_marks(args, backend)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    with _without_mkldnn():
+    with _without_mkldnn(), _caller_grads_kept(args):
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
@@ -629,6 +815,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
         autocast=runtime.autocast_state(),
+        reads_grad=tuple(recorded["reads_grad"]),
     )
     return _Capture(graph, convention, example)
 
@@ -724,16 +911,33 @@ def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tenso
 # ---------------------------------------------------------------------------
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__)
+# This module and the driver sit outside torch's directory in an editable install.
+_PRECOMPILE_FILES = (os.path.abspath(__file__), os.path.abspath(runtime.__file__))
+
+
+def _is_user_file(filename: str) -> bool:
+    """fn's own code: not torch's, not precompile's, not FX-generated."""
+    return not (
+        filename.startswith(_TORCH_DIR) or filename in _PRECOMPILE_FILES or filename.startswith("<eval_with_key")
+    )
+
+
+def _user_line(frames: list) -> str:
+    """' at file:line (code)' for the innermost frame of fn's own code, or ''."""
+    user = [f for f in frames if _is_user_file(f.filename)]
+    return f" at {user[-1].filename}:{user[-1].lineno} ({user[-1].line})" if user else ""
+
+
 def _source_of(node: torch.fx.Node) -> str:
     trace = node.meta.get("stack_trace")
     if not trace:
         return ""
     # The innermost frame of user code: skip torch's own files and FX's generated code.
-    torch_dir = os.path.dirname(torch.__file__)
     frames = [
         line.strip()
         for line in trace.strip().splitlines()
-        if line.strip().startswith("File ") and torch_dir not in line and "<eval_with_key" not in line
+        if line.strip().startswith("File ") and _is_user_file(line.strip().split('"')[1])
     ]
     return f" (at {frames[-1]})" if frames else ""
 
@@ -875,6 +1079,10 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
             f"outputs, got {signature}); this happens with metadata mutations such as x.t_() or "
             "x.resize_(): avoid them in fn, or use backend='eager'"
         )
+    if not hasattr(compiled[0][0], "source_code"):
+        # Inductor generates no module for a graph without compute (fn returns an
+        # input, detached or viewed): the captured graph itself is the program.
+        return _lower_eager(capture)
     source = _strip_stand_in_imports(compiled[0][0].source_code)
     extern_table = _extern_kernel_table(source)
     graph_code = (
@@ -1087,7 +1295,8 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
     namespace: dict[str, Any] = {}
     exec(compile(python_code, "<precompile artifact>", "exec"), namespace)
     kernels = {}
-    for key, path in namespace["_kernel_loader"].compiled.items():
+    loader = namespace.get("_kernel_loader")  # none when Inductor generated no module
+    for key, path in (loader.compiled if loader else {}).items():
         with open(path, "rb") as f:
             kernels[key] = f.read()
     return kernels
@@ -1278,15 +1487,16 @@ class _Precompile:
             raise PrecompileError(f"precompile: fn must be callable, got {type(fn).__name__}")
 
         timer = _StageTimer("precompile")
-        with timer("capture+enforce"):
-            capture = _capture(fn, example_inputs, backend, decompositions)
-        with timer("lower"):
-            lowered = _lower_eager(capture) if backend == "eager" else _lower_inductor(capture)
-        with timer("render"):
-            python_code = _render(capture.convention, lowered)
-        with timer("package"):
-            kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
-            cache = _package(python_code, backend, kernels)
+        with _caller_rng_kept():
+            with timer("capture+enforce"):
+                capture = _capture(fn, example_inputs, backend, decompositions)
+            with timer("lower"):
+                lowered = _lower_eager(capture) if backend == "eager" else _lower_inductor(capture)
+            with timer("render"):
+                python_code = _render(capture.convention, lowered)
+            with timer("package"):
+                kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
+                cache = _package(python_code, backend, kernels)
         timer.done(
             f"backend={backend} graph_inputs={len(capture.example_inputs)} kernels={len(kernels)} "
             f"python_code={len(python_code)}B cache={len(cache)}B"
@@ -1324,6 +1534,13 @@ class _Precompile:
                 raise PrecompileError("python_code does not define a callable `forward`")
         timer.done(f"backend={convention.backend} kernels={len(kernel_files)}")
         return forward
+
+
+def _caller_rng_kept():
+    """Invariant 8: tracing dropout & co. and lowering draw random numbers; the caller's
+    generators are restored, so seeding before precompile() seeds the first call."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=cuda)
 
 
 class _StageTimer:

@@ -147,6 +147,9 @@ class CallingConvention(NamedTuple):
     mutated: tuple[int, ...]
     default_dtype: str  # torch.get_default_dtype() at capture, e.g. "float32"
     autocast: tuple[tuple[str, str], ...]  # (device type, dtype) of each enabled autocast
+    # grad_state entries whose gradient fn reads after backward() (clip_grad_norm_):
+    # captured with .grad None, so a call finding .grad set is refused.
+    reads_grad: tuple[int, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -311,7 +314,10 @@ def validate_convention(c: "CallingConvention") -> None:
 
     if not is_int(c.format_version, 1) or c.backend not in ("eager", "inductor") or not is_int(c.arity):
         fail("format_version / backend / arity")
-    if not all(isinstance(x, tuple) for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants)):
+    if not all(
+        isinstance(x, tuple)
+        for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants, c.reads_grad)
+    ):
         fail("a list field is not a list")
     names: dict = {}  # (module index, name) -> kind
     positions = []
@@ -368,6 +374,8 @@ def validate_convention(c: "CallingConvention") -> None:
         is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in c.grad_state
     ):
         fail(f"grad_state {c.grad_state!r}")
+    if not all(is_int(i) for i in c.reads_grad) or not set(c.reads_grad) <= set(c.grad_state):
+        fail(f"reads_grad {c.reads_grad!r}")
     for index, size in enumerate(c.sizes):
         if not (
             isinstance(size, tuple)
@@ -684,6 +692,8 @@ class PrecompiledFunction:
             self._check_aliasing(tensors, self._input_alias_pairs)
         if self._free_inputs:
             tensors += self._free_sizes(leaves)
+        if self.convention.reads_grad:
+            self._refuse_accumulated_grads(state)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad).
         torch._C._set_grad_enabled(False)
@@ -957,6 +967,17 @@ class PrecompiledFunction:
         )
 
     # -- results -------------------------------------------------------------
+
+    def _refuse_accumulated_grads(self, state: list) -> None:
+        for index in self.convention.reads_grad:
+            if state[index].grad is not None:
+                module_index, name = self.convention.state[index].names[0]
+                raise PrecompileError(
+                    f"args[{self._module_positions[module_index]}].{name} already has a .grad, but fn "
+                    "reads its gradient after backward() (e.g. clip_grad_norm_) and was captured with "
+                    ".grad None: eager would read the accumulated gradient, the artifact only this "
+                    "call's. Call optimizer.zero_grad(set_to_none=True) before the call"
+                )
 
     def _accumulate_grads(self, state: list, grads: Any) -> None:
         # Like eager .backward(): assign when None, else accumulate in place.

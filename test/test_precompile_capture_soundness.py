@@ -1,0 +1,273 @@
+# Owner(s): ["module: dynamo"]
+"""Capture soundness of torch.compiler.precompile (torch/_precompile.py).
+
+Nothing the trace runs may go unchecked: what the graph cannot repeat (an
+optimizer holding the caller's tensors, writes through closures, data-dependent
+Python) is refused at capture before anything changes, what depends on state
+the trace did not see (.grad read after backward) is checked at every call,
+and capture leaves the caller's RNG as it found it.  Note [precompile
+programming model] invariants 8 and 11-13.
+"""
+
+import copy
+import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+import torch._precompile as precompile_module
+from torch.compiler import PrecompileError
+
+
+precompile = torch.compiler.precompile
+BACKENDS = ("eager", "inductor")
+THIS_FILE = re.escape(__file__)
+
+_ARTIFACTS: dict = {}
+
+
+def _artifact(key, fn, *example_inputs, backend="inductor"):
+    """Build each (python_code, cache) pair once per test process."""
+    full_key = (key, backend)
+    if full_key not in _ARTIFACTS:
+        _ARTIFACTS[full_key] = precompile(fn, *example_inputs, backend=backend)
+    return _ARTIFACTS[full_key]
+
+
+def _load(pair):
+    return precompile.load(*pair)
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _snapshot(module, optimizer=None):
+    """Bit-exact copy of everything precompile must leave alone."""
+    return {
+        "state": {k: v.clone() for k, v in module.state_dict(keep_vars=True).items()},
+        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in module.named_parameters()},
+        "grad_ids": {k: id(p.grad) for k, p in module.named_parameters()},
+        "optimizer": None if optimizer is None else copy.deepcopy(optimizer.state_dict()),
+    }
+
+
+def _clip_step(m, x, y):
+    loss = F.mse_loss(m(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+    return loss
+
+
+class TestCaptureSoundness(TestCase):
+    def assertUnchanged(self, before, after):
+        self.assertEqual(before["grad_ids"], after["grad_ids"])
+        for kind in ("state", "grads"):
+            for key in before[kind]:
+                self.assertEqual(before[kind][key], after[kind][key], atol=0, rtol=0)
+        self.assertEqual(before["optimizer"], after["optimizer"], atol=0, rtol=0)
+
+    def _trained(self):
+        """A model and an Adam optimizer that both hold state, and a batch."""
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        optimizer = torch.optim.Adam(m.parameters(), lr=0.1)
+        F.mse_loss(m(x), y).backward()
+        optimizer.step()
+        F.mse_loss(m(x), y).backward()  # leave .grad set
+        return m, optimizer, x, y
+
+    # -- writes the graph does not see (invariant 13) --------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_optimizer_in_fn_refused_before_it_changes_anything(self, backend):
+        m, optimizer, x, y = self._trained()
+
+        def step(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            optimizer.step()
+
+        def zero_then_step(m, x, y):
+            optimizer.zero_grad()
+            F.mse_loss(m(x), y).backward()
+
+        for fn, call in ((step, r"Adam\.step\(\)"), (zero_then_step, r"Adam\.zero_grad\(\)")):
+            before = _snapshot(m, optimizer)
+            with self.assertRaisesRegex(
+                PrecompileError, rf"fn calls {call} at {THIS_FILE}:\d+ \(optimizer\..*outside fn"
+            ):
+                precompile(fn, m, x, y, backend=backend)
+            self.assertUnchanged(before, _snapshot(m, optimizer))
+
+    @parametrize("backend", BACKENDS)
+    def test_write_through_closure_refused_before_writing(self, backend):
+        m, optimizer, x, y = self._trained()
+        weight, counter = m[0].weight, torch.zeros(())
+
+        def decay(m, x):  # a hand-written update on the caller's own tensors
+            with torch.no_grad():
+                weight.grad.mul_(0.5)
+            return m(x)
+
+        def count(m, x):
+            counter.add_(1)
+            return m(x)
+
+        untraced = r"a tensor of shape \(\) that is neither an argument of fn nor created inside it"
+        for fn, what in ((decay, r"args\[0\]\.0\.weight\.grad"), (count, untraced)):
+            before = _snapshot(m, optimizer)
+            with self.assertRaisesRegex(
+                PrecompileError, rf"fn writes in place \(aten\.[\w.]+\) to {what} at {THIS_FILE}:\d+"
+            ):
+                precompile(fn, m, x, backend=backend)
+            self.assertUnchanged(before, _snapshot(m, optimizer))
+        self.assertEqual(counter.item(), 0)
+
+    def test_rebinding_caller_grad_refused_and_restored(self):
+        m, optimizer, x, y = self._trained()
+        bias = m[2].bias
+
+        def fn(m, x):
+            bias.grad = None
+            return m(x)
+
+        before = _snapshot(m, optimizer)
+        with self.assertRaisesRegex(PrecompileError, r"rebinds args\[0\]\.2\.bias\.grad.*restored"):
+            precompile(fn, m, x, backend="eager")
+        self.assertUnchanged(before, _snapshot(m, optimizer))
+
+    # -- .grad read after backward (invariant 12) ------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_clip_grad_norm_matches_eager_after_zero_grad(self, backend):
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        reference = copy.deepcopy(m)
+        f = _load(_artifact("clip", _clip_step, m, x, y, backend=backend))
+        for _ in range(2):  # the usual loop: zero_grad(set_to_none=True), step, update
+            for model in (m, reference):
+                model.zero_grad(set_to_none=True)
+            torch.testing.assert_close(f(m, x, y), _clip_step(reference, x, y))
+            for ours, theirs in zip(m.parameters(), reference.parameters()):
+                torch.testing.assert_close(ours.grad, theirs.grad)
+                with torch.no_grad():
+                    ours.sub_(ours.grad)
+                    theirs.sub_(theirs.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_clip_grad_norm_with_accumulation_refused_at_call(self, backend):
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        f = _load(_artifact("clip", _clip_step, m, x, y, backend=backend))
+        f(m, x, y)
+        before = _snapshot(m)
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[0\]\.0\.weight already has a \.grad.*zero_grad\(set_to_none=True\)"
+        ):
+            f(m, x, y)  # no zero_grad: eager would clip the accumulated gradient
+        self.assertUnchanged(before, _snapshot(m))
+
+    def test_reads_grad_recorded_only_for_reads(self):
+        def train(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            F.mse_loss(m(x), y).backward()  # the engine accumulating is no read
+
+        def log_norm(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            return m[2].weight.grad.norm()
+
+        def return_grad(m, x, y):
+            F.mse_loss(m(x), y).backward()
+            return m[0].bias.grad
+
+        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        for fn, reads in ((train, ()), (log_norm, (2,)), (return_grad, (1,)), (_clip_step, (0, 1, 2, 3))):
+            code, _ = precompile(fn, m, x, y, backend="eager")
+            self.assertEqual(precompile_module._read_convention(code).reads_grad, reads, msg=fn.__name__)
+
+    # -- the caller's RNG (invariant 8) ---------------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_rng_untouched_and_seeded_dropout_matches_eager(self, backend):
+        m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+        x = torch.randn(16, 8)
+        torch.manual_seed(7)
+        state = torch.get_rng_state()
+        f = _load(precompile(lambda m, x: m(x), m, x, backend=backend))
+        self.assertEqual(torch.get_rng_state(), state, atol=0, rtol=0)
+        ours = f(m, x)
+        torch.manual_seed(7)
+        eager = m(x)
+        torch.testing.assert_close(ours, eager)
+        self.assertTrue((ours == 0).any())
+
+    # -- data-dependent Python (invariant 11) ---------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_data_dependent_python_names_the_line(self, backend):
+        def branch(x):
+            if x.sum() > 0:
+                return x + 1
+            return x - 1
+
+        def item(x):
+            return x * x.max().item()
+
+        def all_positive(x):
+            return x.abs() if bool((x > 0).all()) else x
+
+        for fn, code in (
+            (branch, r"if x\.sum\(\) > 0:"),
+            (item, r"return x \* x\.max\(\)\.item\(\)"),
+            (all_positive, r"return x\.abs\(\) if bool\(\(x > 0\)\.all\(\)\) else x"),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \({code}\).*torch\.where"
+            ):
+                precompile(fn, torch.randn(4, 3), backend=backend)
+
+    def test_data_dependent_python_under_free_dims(self):
+        def branch(x):
+            if x.sum() > 0:
+                return x + 1
+            return x - 1
+
+        x = torch.randn(4, 3)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with self.assertRaisesRegex(
+            PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \(if x\.sum\(\) > 0:\)"
+        ):
+            precompile(branch, x, backend="inductor")
+
+    # -- graphs without compute ------------------------------------------------
+
+    @parametrize("backend", BACKENDS)
+    def test_graphs_without_compute_match_eager(self, backend):
+        x = torch.randn(2, 3)
+        for fn, same_tensor in (
+            (lambda x: x, True),
+            (lambda x: x.detach(), False),
+            (lambda x: x.view(-1), False),
+            (lambda x: (x, x.t()), False),
+        ):
+            f = _load(precompile(fn, x, backend=backend))
+            x_run = torch.randn(2, 3)
+            ours, eager = f(x_run), fn(x_run)
+            torch.testing.assert_close(ours, eager)
+            for a, b in zip(*(t if isinstance(t, tuple) else (t,) for t in (ours, eager))):
+                self.assertEqual(a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
+                self.assertEqual(a.stride(), b.stride())
+            if same_tensor:
+                self.assertIs(ours, x_run)
+
+
+instantiate_parametrized_tests(TestCaptureSoundness)
+
+
+if __name__ == "__main__":
+    run_tests()
