@@ -704,7 +704,7 @@ class _ModeReads:
     """
 
     _probes: dict = {}  # original class -> its probe subclass
-    _reads: set = set()  # ids of the modules read during the capture in progress
+    _tracing = threading.local()  # .reads: ids of the modules read by this thread's capture
 
     def __init__(self, args: _Arguments):
         self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
@@ -718,19 +718,20 @@ class _ModeReads:
         return id(module) in self.reads
 
     def __enter__(self) -> "_ModeReads":
-        _ModeReads._reads = self.reads
+        self._tracing.reads = self.reads
         for _, sub, cls, _ in self.modules.values():
             try:
                 sub.__class__ = self._probe(cls)
-            except TypeError:  # __slots__, script modules, ...: assume it is read
+            except TypeError:  # __slots__, script modules, a class's own `training`: assume read
                 self.reads.add(id(sub))
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._tracing.reads = None
         changed = []
         for path, sub, cls, mode in self.modules.values():
             sub.__class__ = cls
-            if sub.__dict__["training"] != mode:
+            if sub.training != mode:
                 changed.append(path)
                 sub.training = mode  # capture leaves the caller's model as it was
         if changed and exc_info[0] is None:
@@ -741,11 +742,15 @@ class _ModeReads:
 
     @classmethod
     def _probe(cls, module_class: type) -> type:
+        if any("training" in vars(k) for k in module_class.__mro__):
+            raise TypeError(f"{module_class.__name__} defines its own `training`")
         probe = cls._probes.get(module_class)
         if probe is None:
 
             def get(module):
-                _ModeReads._reads.add(id(module))
+                reads = getattr(cls._tracing, "reads", None)
+                if reads is not None:  # None: read by another thread, not by fn's trace
+                    reads.add(id(module))
                 return module.__dict__["training"]
 
             def set_(module, value):
