@@ -769,7 +769,7 @@ class PrecompiledFunction:
         if (
             cached.generation != _STRUCTURE[0]
             or [ref() for ref in cached.refs] != modules
-            or list(map(dict.get, cached.module_vars, repeat("training"))) != self._training
+            or (self._training and list(map(dict.get, cached.module_vars, repeat("training"))) != self._training)
         ):
             return False
         if not cached.parent_vars:
