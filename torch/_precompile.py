@@ -80,6 +80,8 @@ says who guarantees it and, where it is enforced, which tests (in
      read cannot have shaped the graph: a Linear in eval mode is honoured.
      fn changing a mode (``model.eval()`` inside fn) is refused at capture
      (test_module_mode_is_checked, test_capture_refuses_fn_that_changes_a_mode).
+     Caller's responsibility: fn reading a flag around attribute access
+     (``vars(m)["training"]``) or branching on ``type(m) is ...``.
    - Module tree: submodule names are checked like parameter names.  Edits
      that bypass nn.Module's registration hooks are still seen: ``del
      model.fc2``, ``del model.layers[1]``, ``del`` + ``insert`` reorders and
@@ -698,9 +700,10 @@ class _ModeReads:
     specialized, and every other value eager reads is checked), so only those
     are checked at every call (Note invariant 11).  Each submodule's class is
     swapped, for the trace only, for a subclass whose ``training`` property
-    logs reads; a module whose class cannot be swapped counts as read.  fn
-    changing a mode (``model.eval()`` inside fn) is refused: the artifact
-    would not reproduce that side effect.
+    logs reads; a module whose class cannot be swapped counts as read.  During
+    the trace ``type(module)`` is that subclass (``isinstance`` still holds,
+    names are kept).  fn changing a mode (``model.eval()`` inside fn) is
+    refused: the artifact would not reproduce that side effect.
     """
 
     _probes: dict = {}  # original class -> its probe subclass
