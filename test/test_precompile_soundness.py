@@ -137,25 +137,47 @@ class TestSoundness(TestCase):
 
     @parametrize("backend", BACKENDS)
     def test_module_mode_is_checked(self, backend):
-        """Row 1: train/eval mode of every submodule is part of the contract."""
+        """Row 1: the train/eval mode of every submodule fn reads is part of the contract."""
         x = torch.randn(3, 4)
         f = _runnable("bn", _forward, _bn_net(), x, backend=backend)
+        self.assertEqual(
+            [flag for _, flag in f.convention.modules[0].submodules], [None, None, True, True]
+        )  # Sequential and Linear never read their flag: not checked
         model, ref = _bn_net(), _bn_net()
-        torch.manual_seed(1)
-        out = f(model, x)
-        torch.manual_seed(1)
-        torch.testing.assert_close(out, ref(x))
-        torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+
+        def assert_eager():
+            torch.manual_seed(1)
+            out = f(model, x)
+            torch.manual_seed(1)
+            torch.testing.assert_close(out, ref(x))
+            torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+
+        assert_eager()
         model.eval()
-        self.assertRefused(r"args\[0\] \(Sequential\) is in eval mode, but was in train mode.*\.train\(\)", lambda: f(model, x), model, x)
+        self.assertRefused(
+            r"args\[0\]\.1 \(BatchNorm1d\) is in eval mode, but was in train mode at capture.*\.train\(\)",
+            lambda: f(model, x),
+            model,
+            x,
+        )
         model.train()
-        model[1].eval()
-        self.assertRefused(r"args\[0\]\.1 \(BatchNorm1d\) is in eval mode", lambda: f(model, x), model, x)
-        model[1].training = True  # set directly, not through .train(): still seen
-        torch.manual_seed(1)
-        out = f(model, x)
-        torch.manual_seed(1)
-        torch.testing.assert_close(out, ref(x))
+        model[2].eval()
+        self.assertRefused(r"args\[0\]\.2 \(Dropout\) is in eval mode", lambda: f(model, x), model, x)
+        model[2].training = True  # set directly, not through .train(): still seen
+        model[0].eval()  # a Linear computes the same in either mode: honoured
+        ref[0].eval()
+        assert_eager()
+
+    def test_capture_refuses_fn_that_changes_a_mode(self):
+        def evaluate(model, x):
+            model.eval()
+            return model(x)
+
+        model = _bn_net()
+        with self.assertRaisesRegex(PrecompileError, r"fn changes the train/eval mode of args\[0\], args\[0\]\.0"):
+            precompile(evaluate, model, torch.randn(3, 4), backend="eager")
+        self.assertTrue(all(m.training for m in model.modules()))
+        self.assertIs(type(model[1]), nn.BatchNorm1d)  # the read probes are gone
 
     @parametrize("backend", BACKENDS)
     def test_aliased_inputs_are_refused_when_written(self, backend):

@@ -78,9 +78,14 @@ says who guarantees it and, where it is enforced, which tests (in
    (test_precompile_soundness.py TestSoundness; the fuzzer's
    test_precompile_fuzz.py TestFuzzCall.test_fuzzed_soundness_call):
 
-   - Module mode: the ``training`` flag of every submodule of every module
-     argument (``named_modules()`` order) is recorded and checked at every
-     call, however it was set (test_module_mode_is_checked).
+   - Module mode: capture records which submodules' ``training`` flag fn
+     reads (BatchNorm, Dropout, user code; ``named_modules()`` order); those
+     flags are checked at every call, however they were set.  A flag never
+     read cannot have shaped the graph: a Linear in eval mode is honoured.
+     fn changing a mode (``model.eval()`` inside fn) is refused at capture
+     (test_module_mode_is_checked, test_capture_refuses_fn_that_changes_a_mode).
+     Caller's responsibility: fn reading a flag around attribute access
+     (``vars(m)["training"]``) or branching on ``type(m) is ...``.
    - Module tree: submodule names are checked like parameter names.  Edits
      that bypass nn.Module's registration hooks are still seen: ``del
      model.fc2``, ``del model.layers[1]``, ``del`` + ``insert`` reorders and
@@ -759,7 +764,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     free_dims = _read_marks(args, backend)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    with _without_mkldnn(), _caller_grads_kept(args):
+    with _without_mkldnn(), _caller_grads_kept(args), _ModeReads(args) as mode_reads:
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
@@ -788,7 +793,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 position=position,
                 parameters=tuple(n for n, _ in m.named_parameters(remove_duplicate=False)),
                 buffers=tuple(n for n, _ in m.named_buffers(remove_duplicate=False)),
-                submodules=tuple((name, sub.training) for name, sub in m.named_modules()),
+                submodules=tuple(
+                    (name, sub.training if mode_reads.read(sub) else None) for name, sub in m.named_modules()
+                ),
             )
             for position, m in zip(args.module_positions, args.modules)
         ),
@@ -871,6 +878,78 @@ def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
                     "precompile traces every example tensor separately and cannot reproduce "
                     "that: pass distinct tensors (e.g. .clone()) at capture and at every call"
                 )
+
+
+class _ModeReads:
+    """Records which submodules' ``training`` flag fn reads while it is traced.
+
+    Only a flag that was read can have shaped the graph (control flow is
+    specialized, and every other value eager reads is checked), so only those
+    are checked at every call (Note invariant 11).  Each submodule's class is
+    swapped, for the trace only, for a subclass whose ``training`` property
+    logs reads; a module whose class cannot be swapped counts as read.  During
+    the trace ``type(module)`` is that subclass (``isinstance`` still holds,
+    names are kept).  fn changing a mode (``model.eval()`` inside fn) is
+    refused: the artifact would not reproduce that side effect.
+    """
+
+    _probes: dict = {}  # original class -> its probe subclass
+    _tracing = threading.local()  # .reads: ids of the modules read by this thread's capture
+
+    def __init__(self, args: _Arguments):
+        self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
+        for position, module in zip(args.module_positions, args.modules):
+            for name, sub in module.named_modules():
+                path = f"args[{position}]" + (f".{name}" if name else "")
+                self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
+        self.reads: set = set()
+
+    def read(self, module: torch.nn.Module) -> bool:
+        return id(module) in self.reads
+
+    def __enter__(self) -> "_ModeReads":
+        self._tracing.reads = self.reads
+        for _, sub, cls, _ in self.modules.values():
+            try:
+                sub.__class__ = self._probe(cls)
+            except TypeError:  # __slots__, script modules, a class's own `training`: assume read
+                self.reads.add(id(sub))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._tracing.reads = None
+        changed = []
+        for path, sub, cls, mode in self.modules.values():
+            sub.__class__ = cls
+            if sub.training != mode:
+                changed.append(path)
+                sub.training = mode  # capture leaves the caller's model as it was
+        if changed and exc_info[0] is None:
+            raise PrecompileError(
+                f"fn changes the train/eval mode of {', '.join(changed[:5])} (it calls .eval() or "
+                ".train()); the artifact would not reproduce that: set the mode before calling fn"
+            )
+
+    @classmethod
+    def _probe(cls, module_class: type) -> type:
+        if any("training" in vars(k) for k in module_class.__mro__):
+            raise TypeError(f"{module_class.__name__} defines its own `training`")
+        probe = cls._probes.get(module_class)
+        if probe is None:
+
+            def get(module):
+                reads = getattr(cls._tracing, "reads", None)
+                if reads is not None:  # None: read by another thread, not by fn's trace
+                    reads.add(id(module))
+                return module.__dict__["training"]
+
+            def set_(module, value):
+                module.__dict__["training"] = value
+
+            probe = type(module_class.__name__, (module_class,), {"training": property(get, set_)})
+            probe.__module__, probe.__qualname__ = module_class.__module__, module_class.__qualname__
+            cls._probes[module_class] = probe
+        return probe
 
 
 def _check_state_not_rebound(modules: list, mappings: list) -> None:

@@ -89,8 +89,9 @@ class ModuleSpec(NamedTuple):
     parameters: tuple[str, ...]
     buffers: tuple[str, ...]
     # (name, training flag) of every submodule in ``named_modules()`` order,
-    # the module itself ("") first: train and eval mode are different graphs.
-    submodules: tuple[tuple[str, bool], ...]
+    # the module itself ("") first.  The flag is None where fn never read it
+    # at capture (it cannot have shaped the graph): only read flags are checked.
+    submodules: tuple[tuple[str, bool | None], ...]
 
 
 class LeafSpec(NamedTuple):
@@ -326,7 +327,8 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"modules[{index}]")
         positions.append(m.position)
         if not isinstance(m.submodules, tuple) or not m.submodules or not all(
-            isinstance(e, tuple) and len(e) == 2 and type(e[0]) is str and type(e[1]) is bool for e in m.submodules
+            isinstance(e, tuple) and len(e) == 2 and type(e[0]) is str and (e[1] is None or type(e[1]) is bool)
+            for e in m.submodules
         ):
             fail(f"modules[{index}].submodules")
         for kind, fqns in (("parameter", m.parameters), ("buffer", m.buffers)):
@@ -561,7 +563,7 @@ class _ModuleCache(NamedTuple):
     names: list  # ... and its key there
     aliases: list  # (state index, table, name, module index, fqn) of each tied name
     generation: int  # _STRUCTURE[0] when walked
-    module_vars: list  # vars() of every submodule, for their ``training`` flags
+    module_vars: list  # vars() of every submodule whose ``training`` flag is checked
     parent_vars: list  # vars() of every submodule that has children
     children: list  # ... and its _modules dict
     sizes: list  # ... and that dict's length
@@ -632,7 +634,7 @@ class PrecompiledFunction:
         # tuple(id(module)) -> _ModuleCache; stale entries are pruned.
         self._state_cache: dict[tuple, _ModuleCache] = {}
         self._guard = None  # TensorGuards armed by the last fully checked call
-        self._training = [flag for m in convention.modules for _, flag in m.submodules]
+        self._training = [flag for m in convention.modules for _, flag in m.submodules if flag is not None]
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
         self._default_dtype = _dtype(convention.default_dtype)
@@ -786,7 +788,7 @@ class PrecompiledFunction:
         if (
             cached.generation != _STRUCTURE[0]
             or [ref() for ref in cached.refs] != modules
-            or list(map(dict.get, cached.module_vars, repeat("training"))) != self._training
+            or (self._training and list(map(dict.get, cached.module_vars, repeat("training"))) != self._training)
         ):
             return False
         if not cached.parent_vars:
@@ -800,6 +802,7 @@ class PrecompiledFunction:
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
         accessors = [walked[m][0][slot] for m, slot in self._state_slots]
         submodules = [sub for _, subs in walked for sub in subs]
+        flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
         parents = [sub for sub in submodules if sub._modules]
         cached = _ModuleCache(
             refs=tuple(weakref.ref(m) for m in modules),
@@ -807,7 +810,7 @@ class PrecompiledFunction:
             names=[name for _, name in accessors],
             aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
             generation=generation,
-            module_vars=[vars(sub) for sub in submodules],
+            module_vars=[vars(sub) for sub, flag in zip(submodules, flags) if flag is not None],
             parent_vars=[vars(parent) for parent in parents],
             children=[parent._modules for parent in parents],
             sizes=[len(parent._modules) for parent in parents],
@@ -848,7 +851,7 @@ class PrecompiledFunction:
                     + ("; order differs" if not missing and not extra else "")
                 )
         for (name, want), (_, sub) in zip(spec.submodules, named):
-            if sub.training != want:
+            if want is not None and sub.training != want:
                 path = f"{where}.{name}" if name else where
                 raise PrecompileError(
                     f"{path} ({type(sub).__name__}) is in {'train' if sub.training else 'eval'} "
