@@ -46,8 +46,12 @@ says who guarantees it and, where it is enforced, which tests (in
 6. The code is the contract.  ``python_code`` is self-contained (it runs with
    only torch installed, compiling kernels on first use) and is the single
    source of truth for the calling convention; ``cache`` only accelerates and
-   is bound to the code by its sha256, its payload by another.  Enforced
-   (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad).
+   is bound to the code by its sha256, its payload by another, each kernel
+   by the sha256 python_code records for it.  A damaged, foreign or
+   other-version cache is ignored with a warning; one bound to other code
+   raises.  Kernels run only from verified files in a private store.
+   Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
+   test_precompile_kernel_store.py).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
    ``ast`` and the cache with ``torch.load(weights_only=True)`` before
