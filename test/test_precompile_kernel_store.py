@@ -205,6 +205,27 @@ class TestUntrustedStore(_StoreTestCase):
         os.chmod(self.store, 0o777)
         self.assert_not_used("writable by group or others")
 
+    def test_group_writable_store_not_used(self):
+        if not _is_root():
+            self.skipTest("needs root to give a directory to another group")
+        os.makedirs(self.store)
+        os.chown(self.store, -1, NOBODY)
+        os.chmod(self.store, 0o770)
+        self.assert_not_used("writable by group or others")
+
+    def test_group_writable_directories_of_a_private_group_are_used(self):
+        # umask 0002 with user private groups: Inductor's directories are 0775.
+        gid = os.getegid()
+        if not precompile_module._is_private_group(gid):
+            self.skipTest("this user's group is not a user private group")
+        os.makedirs(self.store)
+        for directory in (self.root, self.store):
+            os.chmod(directory, 0o775)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            files = precompile_module._prime_kernels(self.kernels())
+        self.assert_store_holds_exactly_the_kernels(files)
+
     def test_store_that_is_a_symlink_not_used(self):
         os.makedirs(self.root)
         os.symlink(tempfile.mkdtemp(dir=self.tmp), self.store)

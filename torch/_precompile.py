@@ -1316,18 +1316,42 @@ def _untrusted_reason(path: str) -> str | None:
         return "is not a directory"
     if info.st_uid != uid:
         return f"is owned by uid {info.st_uid}, not this user ({uid})"
-    if info.st_mode & 0o022:
+    if _writable_by_others(info):
         return f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
     parent = os.path.dirname(path)
     while True:
         info = os.stat(parent)
         if info.st_uid not in (uid, 0):
             return f"lies in {parent}, owned by uid {info.st_uid}"
-        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        if _writable_by_others(info) and not info.st_mode & stat.S_ISVTX:
             return f"lies in {parent}, which group or others can write"
         if parent == os.path.dirname(parent):
             return None
         parent = os.path.dirname(parent)
+
+
+def _writable_by_others(info: os.stat_result) -> bool:
+    if info.st_mode & stat.S_IWOTH:
+        return True
+    return bool(info.st_mode & stat.S_IWGRP) and not _is_private_group(info.st_gid)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_private_group(gid: int) -> bool:
+    """Whether ``gid`` is this user's private group (named after the user, no other members).
+
+    With user private groups (the Debian/Fedora default, umask 0002), the
+    directories Inductor creates are group-writable by this user alone.
+    """
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}
 
 
 @functools.lru_cache(maxsize=None)
