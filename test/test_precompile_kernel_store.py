@@ -93,7 +93,8 @@ class _StoreTestCase(TestCase):
         """key -> (sha256, bytes) as load() would place them."""
         constants = precompile_module._read_constants(self.code)
         convention = precompile_module._convention_from(constants)
-        return precompile_module._usable_kernels(self.code, constants, convention, cache or self.cache)
+        hashes = precompile_module._kernel_hashes(constants)
+        return precompile_module._usable_kernels(self.code, convention, hashes, cache or self.cache)
 
     def some_kernel(self):
         digest, blob = next(iter(self.kernels().values()))
@@ -419,9 +420,8 @@ class TestPythonCodeHeader(TestCase):
             with self.subTest(value=value):
                 start = code.index("KERNEL_SHA256 = ")
                 edited = code[:start] + f"KERNEL_SHA256 = {value}\n" + code[code.index("\n\n# ---", start) + 1 :]
-                constants = precompile_module._read_constants(edited)
                 with self.assertRaisesRegex(PrecompileError, "KERNEL_SHA256 is malformed"):
-                    precompile_module._kernel_hashes(constants)
+                    precompile.load(edited, b"")
 
 
 if __name__ == "__main__":

@@ -1195,7 +1195,9 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, stacklevel=4)
 
 
-def _usable_kernels(python_code: str, constants: dict, convention: CallingConvention, cache: bytes) -> dict:
+def _usable_kernels(
+    python_code: str, convention: CallingConvention, hashes: dict[str, str] | None, cache: bytes
+) -> dict:
     """Key -> (sha256, bytes) of the cached kernels this load may use; warns about the rest."""
     try:
         envelope = _read_envelope(cache)
@@ -1216,7 +1218,7 @@ def _usable_kernels(python_code: str, constants: dict, convention: CallingConven
             f"this process runs {here!r}; compiling the kernels from python_code instead (slower first call)"
         )
         return {}
-    return _bound_kernels(kernels, _kernel_hashes(constants))
+    return _bound_kernels(kernels, hashes)
 
 
 def _bound_kernels(kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
@@ -1493,7 +1495,7 @@ class _Precompile:
         with timer("verify"):
             constants = _read_constants(python_code)
             convention = _convention_from(constants)
-            kernels = _usable_kernels(python_code, constants, convention, cache)
+            kernels = _usable_kernels(python_code, convention, _kernel_hashes(constants), cache)
         with timer("prime"):
             kernel_files = _prime_kernels(kernels)
         log.warning(
