@@ -117,13 +117,22 @@ class _StoreTestCase(TestCase):
                 self.assertEqual(f.read(), blob)
         self.assertEqual([n for n in os.listdir(self.store) if n.endswith(".tmp")], [])
 
-    def prime_warning(self):
-        """Prime the kernels; return (files, the one warning message)."""
+    def assert_uses_fallback(self, cause):
+        """The store is not used: one warning says why, a private directory serves instead."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             files = precompile_module._prime_kernels(self.kernels())
         self.assertEqual(len(caught), 1, [str(w.message) for w in caught])
-        return files, str(caught[0].message)
+        self.assertRegex(
+            str(caught[0].message),
+            f"not using the kernel store {re.escape(self.store)} \\(.*({cause}).*\\); using the private directory",
+        )
+        fallback = precompile_module._fallback_directory()
+        self.assertTrue(all(os.path.dirname(path) == fallback for path in files.values()), files)
+        self.assertEqual(stat.S_IMODE(os.stat(fallback).st_mode), 0o700)
+        self.assert_loads_correctly()
+        if os.path.isdir(self.store):
+            self.assertEqual([n for n in os.listdir(self.store) if n.endswith(".tmp")], [])
 
 
 class TestPlantedFiles(_StoreTestCase):
@@ -193,18 +202,10 @@ class TestPlantedFiles(_StoreTestCase):
 
 
 class TestUntrustedStore(_StoreTestCase):
-    def assert_not_used(self, why):
-        files, message = self.prime_warning()
-        self.assertRegex(message, f"not using the kernel store {re.escape(self.store)} .*{why}.*using the private directory")
-        fallback = precompile_module._fallback_directory()
-        self.assertTrue(all(os.path.dirname(path) == fallback for path in files.values()), files)
-        self.assertEqual(stat.S_IMODE(os.stat(fallback).st_mode), 0o700)
-        self.assert_loads_correctly()
-
     def test_world_writable_store_not_used(self):
         os.makedirs(self.store)
         os.chmod(self.store, 0o777)
-        self.assert_not_used("writable by group or others")
+        self.assert_uses_fallback("writable by group or others")
 
     def test_group_writable_store_not_used(self):
         if not _is_root():
@@ -212,7 +213,7 @@ class TestUntrustedStore(_StoreTestCase):
         os.makedirs(self.store)
         os.chown(self.store, -1, NOBODY)
         os.chmod(self.store, 0o770)
-        self.assert_not_used("writable by group or others")
+        self.assert_uses_fallback("writable by group or others")
 
     def test_group_writable_directories_of_a_private_group_are_used(self):
         # umask 0002 with user private groups: Inductor's directories are 0775.
@@ -230,14 +231,14 @@ class TestUntrustedStore(_StoreTestCase):
     def test_store_that_is_a_symlink_not_used(self):
         os.makedirs(self.root)
         os.symlink(tempfile.mkdtemp(dir=self.tmp), self.store)
-        self.assert_not_used("is a symlink")
+        self.assert_uses_fallback("is a symlink")
 
     def test_store_of_another_user_not_used(self):
         if not _is_root():
             self.skipTest("needs root to give a directory to another user")
         os.makedirs(self.store, mode=0o700)
         os.chown(self.store, NOBODY, NOBODY)
-        self.assert_not_used(f"owned by uid {NOBODY}")
+        self.assert_uses_fallback(f"owned by uid {NOBODY}")
 
     def test_store_inside_another_users_writable_directory_not_used(self):
         # The default root lives in the shared temp dir: another user who made
@@ -247,24 +248,14 @@ class TestUntrustedStore(_StoreTestCase):
         os.makedirs(self.store, mode=0o700)
         os.chown(self.root, NOBODY, NOBODY)
         os.chmod(self.root, 0o777)
-        self.assert_not_used(f"lies in {self.root}, owned by uid {NOBODY}")
+        self.assert_uses_fallback(f"lies in {self.root}, owned by uid {NOBODY}")
 
 
 class TestUnwritableStore(_StoreTestCase):
-    def assert_falls_back(self, cause):
-        files, message = self.prime_warning()
-        self.assertIn(f"not using the kernel store {self.store}", message)
-        self.assertRegex(message, cause)
-        fallback = precompile_module._fallback_directory()
-        self.assertTrue(all(os.path.dirname(path) == fallback for path in files.values()), files)
-        self.assert_loads_correctly()
-        if os.path.isdir(self.store):
-            self.assertEqual([n for n in os.listdir(self.store) if n.endswith(".tmp")], [])
-
     def test_directory_in_the_way(self):
         path, _ = self.some_kernel()
         os.makedirs(os.path.join(path, "something"), mode=0o700)
-        self.assert_falls_back("Is a directory|Directory not empty")
+        self.assert_uses_fallback("Is a directory|Directory not empty")
 
     def test_failed_write_removes_its_temp_file(self):
         real_replace = os.replace
@@ -275,7 +266,7 @@ class TestUnwritableStore(_StoreTestCase):
             return real_replace(src, dst)
 
         with mock.patch.object(precompile_module.os, "replace", replace):
-            self.assert_falls_back("No space left on device")
+            self.assert_uses_fallback("No space left on device")
 
     @contextlib.contextmanager
     def tmpfs(self, options):
@@ -292,12 +283,12 @@ class TestUnwritableStore(_StoreTestCase):
 
     def test_full_file_system(self):
         with self.tmpfs("size=4k,mode=0700"):  # one page: smaller than any kernel
-            self.assert_falls_back("No space left on device")
+            self.assert_uses_fallback("No space left on device")
             self.assertEqual(os.listdir(self.store), [])
 
     def test_read_only_file_system(self):
         with self.tmpfs("size=1m,mode=0700,ro"):
-            self.assert_falls_back("Read-only file system")
+            self.assert_uses_fallback("Read-only file system")
 
     def test_no_writable_location_is_a_precompile_error(self):
         with self.tmpfs("size=1m,mode=0700,ro"):
