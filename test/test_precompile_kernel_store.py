@@ -386,6 +386,21 @@ class TestCacheEnvelope(_StoreTestCase):
         self.assertIsNotNone(f)
 
 
+class TestDriver(TestCase):
+    def test_kernel_that_fails_to_import_is_compiled(self):
+        # Verified bytes that still do not import here (a missing shared library).
+        from torch import _precompile_runtime as runtime
+
+        with tempfile.NamedTemporaryFile(suffix=".so") as garbage:
+            garbage.write(b"not a shared object")
+            garbage.flush()
+            loader = runtime.KernelLoader({runtime.kernel_key(["int"], "source"): garbage.name})
+            compiled = mock.Mock(__self__=mock.Mock(__file__="compiled.so"))
+            with mock.patch.object(runtime, "jit_compile_kernel", return_value=compiled):
+                with self.assertWarnsRegex(UserWarning, r"a cached kernel failed to load \(ImportError"):
+                    self.assertIs(loader.cpp_pybinding(["int"], "source"), compiled)
+
+
 class TestPythonCodeHeader(TestCase):
     def assert_refused(self, code, message):
         with self.assertRaisesRegex(PrecompileError, message):
