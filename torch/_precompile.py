@@ -1272,15 +1272,20 @@ def _prime_kernels(kernels: dict) -> dict[str, str]:
     try:
         return _place_kernels(_private_directory(preferred), kernels)
     except _StoreUnusable as problem:
-        fallback = _fallback_directory()
-        _warn_once(
-            f"torch.compiler.precompile: not using the kernel store {preferred} ({problem}); "
-            f"using the private directory {fallback} for this process"
-        )
+        store_problem = str(problem)
     try:
-        return _place_kernels(fallback, kernels)
+        fallback = _fallback_directory()
+        files = _place_kernels(fallback, kernels)
     except _StoreUnusable as problem:
-        raise PrecompileError(f"cannot write the cache's compiled kernels ({problem})") from None
+        raise PrecompileError(
+            f"cannot write the cache's compiled kernels, neither to the kernel store ({store_problem}) nor to "
+            f"a private temporary directory ({problem}); set TORCHINDUCTOR_CACHE_DIR to a writable directory"
+        ) from None
+    _warn_once(
+        f"torch.compiler.precompile: not using the kernel store {preferred} ({store_problem}); "
+        f"using the private directory {fallback} for this process"
+    )
+    return files
 
 
 def _private_directory(path: str) -> str:
@@ -1362,11 +1367,7 @@ def _fallback_directory() -> str:
     try:
         directory = tempfile.mkdtemp(prefix="torch_precompile_kernels_")
     except OSError as error:
-        raise PrecompileError(
-            f"cannot create a private directory for the cache's compiled kernels in "
-            f"{tempfile.gettempdir()} ({error.strerror or error}); set TORCHINDUCTOR_CACHE_DIR to a "
-            "writable directory"
-        ) from None
+        raise _StoreUnusable(f"{error.filename or tempfile.gettempdir()}: {error.strerror or error}") from None
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     return directory
 
