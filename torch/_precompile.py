@@ -46,8 +46,12 @@ says who guarantees it and, where it is enforced, which tests (in
 6. The code is the contract.  ``python_code`` is self-contained (it runs with
    only torch installed, compiling kernels on first use) and is the single
    source of truth for the calling convention; ``cache`` only accelerates and
-   is bound to the code by its sha256, its payload by another.  Enforced
-   (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad).
+   is bound to the code by its sha256, its payload by another, each kernel
+   by the sha256 python_code records for it.  A damaged, foreign or
+   other-version cache is ignored with a warning; one bound to other code
+   raises.  Kernels run only from verified files in a private store.
+   Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
+   test_precompile_kernel_store.py).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
    ``ast`` and the cache with ``torch.load(weights_only=True)`` before
@@ -163,6 +167,7 @@ if __name__ == "__main__":
 
 
 import ast
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -175,12 +180,15 @@ import os
 import platform
 import pprint
 import re
+import shutil
+import stat
 import sys
 import tempfile
 import threading
 import time
 import traceback
 import warnings
+import zipfile
 from typing import Any, Callable
 
 import torch
@@ -1369,6 +1377,17 @@ def _package(python_code: str, backend: str, kernels: dict[str, bytes]) -> bytes
     return buffer.getvalue()
 
 
+def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
+    """python_code with KERNEL_SHA256 (kernel key -> sha256 of its compiled bytes) in its header.
+
+    The cache is bound to python_code by code_hash, so this binds each cache
+    key to its bytes: load() never runs a kernel under another kernel's key.
+    """
+    hashes = {key: hashlib.sha256(blob).hexdigest() for key, blob in sorted(kernels.items())}
+    header_end = python_code.index(_GRAPH_MARKER)
+    return f"{python_code[:header_end]}KERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n{python_code[header_end:]}"
+
+
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
     """Run the artifact once (JIT, Inductor's cache is warm) and keep its kernels."""
     namespace: dict[str, Any] = {}
@@ -1386,10 +1405,26 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------
 
 
+class _CacheUnusable(PrecompileError):
+    """The cache cannot accelerate this load: damaged, foreign, or another version.
+
+    The cache only accelerates (Note invariant 6): load() warns and compiles
+    from python_code instead.  A cache bound to other code still raises.
+    """
+
+
+class _StoreUnusable(Exception):
+    """A kernel store directory cannot be used; the message names the path and cause."""
+
+
 # CPython 3.11 (seen on 3.11.7) keeps ast.parse's recursion-depth counter in shared
 # state: parses racing in two threads raise "SystemError: AST constructor
 # recursion depth mismatch" (gh-106905).  load() is called from threads.
 _AST_LOCK = threading.Lock()
+
+_REQUIRED_CONSTANTS = ("FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION")
+# Recorded after the kernels are harvested; absent in artifacts of older versions.
+_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256")
 
 
 def _parse(source: str) -> ast.Module:
@@ -1405,15 +1440,19 @@ def _read_constants(python_code: str) -> dict[str, Any]:
     header_end = python_code.find(_GRAPH_MARKER)
     try:
         module = _parse(python_code if header_end < 0 else python_code[:header_end])
-    except SyntaxError as error:
-        raise PrecompileError(f"python_code is not valid Python ({error}); it is not a precompile artifact") from error
+    except (SyntaxError, ValueError) as error:
+        raise PrecompileError(f"python_code is not valid Python ({error}); it is not a precompile artifact") from None
+    except (MemoryError, RecursionError) as error:
+        raise PrecompileError(
+            f"python_code is nested too deeply to parse ({type(error).__name__}); it is not a precompile artifact"
+        ) from None
     constants = {}
     for node in module.body:
         if (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id in ("FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION")
+            and node.targets[0].id in _HEADER_CONSTANTS
         ):
             if node.targets[0].id in constants:
                 raise PrecompileError(f"python_code assigns {node.targets[0].id} twice; it was edited")
@@ -1423,7 +1462,7 @@ def _read_constants(python_code: str) -> dict[str, Any]:
                 raise PrecompileError(
                     f"python_code: {node.targets[0].id} is not a plain literal ({error})"
                 ) from error
-    missing = {"FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION"} - set(constants)
+    missing = set(_REQUIRED_CONSTANTS) - set(constants)
     if missing:
         raise PrecompileError(
             f"python_code is missing the calling-convention metadata {sorted(missing)}; "
@@ -1433,9 +1472,16 @@ def _read_constants(python_code: str) -> dict[str, Any]:
 
 
 def _read_convention(python_code: str) -> CallingConvention:
-    constants = _read_constants(python_code)
+    return _convention_from(_read_constants(python_code))
+
+
+def _convention_from(constants: dict[str, Any]) -> CallingConvention:
     version = constants["FORMAT_VERSION"]
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if type(version) is not int or version < 1:  # bool is an int subclass: refuse it too
+        raise PrecompileError(
+            f"python_code: FORMAT_VERSION {version!r} is malformed (expected a positive int); it was edited"
+        )
+    if version > FORMAT_VERSION:
         raise PrecompileError(
             f"python_code has artifact format version {version!r}, newer than this "
             f"torch.compiler.precompile understands ({FORMAT_VERSION}); load it with the torch "
@@ -1455,38 +1501,86 @@ def _read_convention(python_code: str) -> CallingConvention:
     return convention
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _kernel_hashes(constants: dict[str, Any]) -> dict[str, str] | None:
+    """Kernel key -> sha256 of its compiled bytes, as python_code records it (None: not recorded)."""
+    hashes = constants.get("KERNEL_SHA256")
+    if hashes is None:
+        return None
+    if not isinstance(hashes, dict) or not all(
+        isinstance(key, str) and isinstance(digest, str) and _SHA256_HEX.fullmatch(digest)
+        for key, digest in hashes.items()
+    ):
+        raise PrecompileError("python_code: KERNEL_SHA256 is malformed (expected {key: sha256 hex}); it was edited")
+    return hashes
+
+
+def _check_container(data: bytes) -> None:
+    """Refuse a cache that would inflate inside torch.load, before it does.
+
+    torch.save writes a zip of stored (uncompressed) entries, so a genuine
+    cache never declares more bytes than it has.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except Exception as error:  # any parser failure means damaged bytes
+        raise _CacheUnusable(
+            f"cache is damaged or not a precompile cache (not a zip archive: {str(error)[:200]})"
+        ) from None
+    declared = sum(entry.file_size for entry in entries)
+    compressed = sum(entry.compress_type != zipfile.ZIP_STORED for entry in entries)
+    if compressed or declared > len(data):
+        raise _CacheUnusable(
+            f"cache is damaged or not a precompile cache: it declares {declared} bytes in {len(data)} "
+            f"({compressed} compressed entries); refused before inflating it"
+        )
+
+
 def _read_envelope(cache: bytes) -> dict:
     if not isinstance(cache, (bytes, bytearray, memoryview)):
         raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
+    data = bytes(cache)
+    _check_container(data)
     try:
-        envelope = torch.load(io.BytesIO(bytes(cache)), weights_only=True)
+        envelope = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as error:  # any decoder failure means damaged bytes
-        raise PrecompileError(
-            f"cache is damaged or not a precompile cache ({type(error).__name__}: {str(error)[:200]}); "
-            "use the cache produced together with this python_code"
+        raise _CacheUnusable(
+            f"cache is damaged or not a precompile cache ({type(error).__name__}: {str(error)[:200]})"
         ) from None
-    expected = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
-    if not isinstance(envelope, dict) or set(envelope) != expected or envelope["format"] != CACHE_FORMAT:
-        raise PrecompileError("cache is damaged or not a precompile cache (unexpected envelope)")
+    if not isinstance(envelope, dict) or envelope.get("format") != CACHE_FORMAT:
+        raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     return envelope
 
 
+_ENVELOPE_KEYS = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
+
+
 def _verify(python_code: str, convention: CallingConvention, envelope: dict) -> dict[str, bytes]:
-    if envelope["version"] != FORMAT_VERSION:
+    """The cache's kernels.  PrecompileError if the cache belongs to other code;
+    _CacheUnusable if it cannot accelerate this load (another version, damage)."""
+    backend, code_hash = envelope.get("backend"), envelope.get("code_hash")
+    if not isinstance(backend, str) or not isinstance(code_hash, str):
+        raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
+    if backend != convention.backend:
         raise PrecompileError(
-            f"cache has format version {envelope['version']!r}, this torch.compiler.precompile "
-            f"understands {FORMAT_VERSION}; precompile again"
-        )
-    if envelope["backend"] != convention.backend:
-        raise PrecompileError(
-            f"cache was built for backend {envelope['backend']!r} but python_code is for "
+            f"cache was built for backend {backend!r} but python_code is for "
             f"{convention.backend!r}: the pair does not belong together"
         )
-    if envelope["code_hash"] != _code_hash(python_code):
+    if code_hash != _code_hash(python_code):
         raise PrecompileError(
             "cache belongs to a different python_code (code_hash mismatch): pass the cache "
             "returned together with this python_code"
         )
+    version = envelope.get("version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise _CacheUnusable(
+            f"cache has format version {version!r}, this torch.compiler.precompile understands {FORMAT_VERSION}"
+        )
+    if set(envelope) != _ENVELOPE_KEYS:
+        raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     artifact = envelope["artifact"]
     kernels = artifact.get("kernels") if isinstance(artifact, dict) else None
     if (
@@ -1494,17 +1588,69 @@ def _verify(python_code: str, convention: CallingConvention, envelope: dict) -> 
         or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in kernels.items())
         or _payload_hash(kernels) != envelope["payload_sha256"]
     ):
-        raise PrecompileError("cache is damaged: its payload does not match its recorded sha256")
+        raise _CacheUnusable("cache is damaged: its payload does not match its recorded sha256")
     return kernels
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_environment_mismatch_once(built: str, here: str) -> None:
-    warnings.warn(
-        f"torch.compiler.precompile: the cache's kernels were built for {built}, this process "
-        f"runs {here}; compiling the kernels from python_code instead (slower first call)",
-        stacklevel=4,
-    )
+def _warn_once(message: str) -> None:
+    # Called by load()'s helpers: the warning points at load()'s caller.
+    warnings.warn(message, stacklevel=4)
+
+
+def _usable_kernels(
+    python_code: str, convention: CallingConvention, hashes: dict[str, str] | None, cache: bytes
+) -> dict:
+    """Key -> (sha256, bytes) of the cached kernels this load may use; warns about the rest."""
+    try:
+        envelope = _read_envelope(cache)
+        kernels = _verify(python_code, convention, envelope)
+    except _CacheUnusable as problem:
+        warnings.warn(
+            f"torch.compiler.precompile: ignoring the cache: {problem}; compiling from python_code "
+            "instead (slower first call)",
+            stacklevel=3,
+        )
+        return {}
+    if not kernels:
+        return {}
+    here = _build_environment()
+    if envelope["build_env"] != here:
+        _warn_once(
+            f"torch.compiler.precompile: the cache's kernels were built for {envelope['build_env']!r}, "
+            f"this process runs {here!r}; compiling the kernels from python_code instead (slower first call)"
+        )
+        return {}
+    return _bound_kernels(kernels, hashes)
+
+
+def _bound_kernels(kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
+    """The kernels whose bytes hash to what python_code records for their key.
+
+    A cache's own hashes can be recomputed by whoever edits it; python_code's
+    are bound to the cache by code_hash, so rotated or swapped kernels are
+    compiled instead of being run with the wrong arguments.
+    """
+    if hashes is None:
+        warnings.warn(
+            "torch.compiler.precompile: python_code records no hashes of its compiled kernels (made by an "
+            "older version); compiling them from python_code instead of loading the cache's",
+            stacklevel=4,
+        )
+        return {}
+    bound = {}
+    for key, blob in kernels.items():
+        digest = hashlib.sha256(blob).hexdigest()
+        if hashes.get(key) == digest:
+            bound[key] = (digest, blob)
+    if len(bound) < len(kernels):
+        warnings.warn(
+            f"torch.compiler.precompile: {len(kernels) - len(bound)} of the cache's {len(kernels)} kernels "
+            "do not match the sha256 python_code records for them (a forged or mixed-up cache); "
+            "compiling those from python_code instead",
+            stacklevel=4,
+        )
+    return bound
 
 
 def _kernel_directory() -> str:
@@ -1518,30 +1664,195 @@ def _kernel_directory() -> str:
         except (KeyError, ModuleNotFoundError, OSError):
             user = f"uid_{os.getuid()}"
         root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-    return os.path.join(root, "precompile_kernels")
+    return os.path.abspath(os.path.join(root, "precompile_kernels"))
 
 
-def _prime_kernels(envelope: dict, kernels: dict[str, bytes]) -> dict[str, str]:
-    """Write the cached kernels to a content-addressed directory; key -> path."""
+def _prime_kernels(kernels: dict) -> dict[str, str]:
+    """Place the verified kernels in a private store; key -> path of a file holding exactly its bytes."""
     if not kernels:
         return {}
-    here = _build_environment()
-    if envelope["build_env"] != here:
-        _warn_environment_mismatch_once(repr(envelope["build_env"]), repr(here))
-        return {}
-    directory = _kernel_directory()
-    os.makedirs(directory, exist_ok=True)
-    files = {}
-    for key, blob in kernels.items():
-        path = os.path.join(directory, hashlib.sha256(blob).hexdigest() + ".so")
-        if not (os.path.exists(path) and os.path.getsize(path) == len(blob)):
-            # Atomic: concurrent loaders never see a half-written file.
-            fd, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(temporary, path)
+    preferred = _kernel_directory()
+    try:
+        return _place_kernels(_private_directory(preferred), kernels)
+    except _StoreUnusable as problem:
+        store_problem = str(problem)
+    try:
+        fallback = _fallback_directory()
+        files = _place_kernels(fallback, kernels)
+    except _StoreUnusable as problem:
+        raise PrecompileError(
+            f"cannot write the cache's compiled kernels, neither to the kernel store ({store_problem}) nor to "
+            f"a private temporary directory ({problem}); set TORCHINDUCTOR_CACHE_DIR to a writable directory"
+        ) from None
+    _warn_once(
+        f"torch.compiler.precompile: not using the kernel store {preferred} ({store_problem}); "
+        f"using the private directory {fallback} for this process"
+    )
+    return files
+
+
+def _private_directory(path: str) -> str:
+    """``path`` as a directory no other user can change, created (0700) if missing."""
+    try:
+        _make_private_dirs(path)
+        problem = _untrusted_reason(path)
+    except OSError as error:
+        raise _StoreUnusable(f"{error.filename or path}: {error.strerror or error}") from None
+    if problem is not None:
+        raise _StoreUnusable(f"{path} {problem}")
+    return path
+
+
+def _make_private_dirs(path: str) -> None:
+    if os.path.lexists(path):
+        return
+    _make_private_dirs(os.path.dirname(path))
+    with contextlib.suppress(FileExistsError):  # a concurrent loader made it
+        os.mkdir(path, 0o700)
+
+
+def _untrusted_reason(path: str) -> str | None:
+    """Why another local user could change what ``path`` holds; None if nobody can.
+
+    The store must be ours and writable only by us, and every directory above
+    it ours or root's and, if others can write it, sticky (like /tmp): else
+    someone could swap a verified file, or the whole store, before it loads.
+    """
+    uid = os.geteuid()
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_uid != uid:
+        return f"is owned by uid {info.st_uid}, not this user ({uid})"
+    if _writable_by_others(info):
+        return f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    parent = os.path.dirname(path)
+    while True:
+        info = os.stat(parent)
+        if info.st_uid not in (uid, 0):
+            return f"lies in {parent}, owned by uid {info.st_uid}"
+        if _writable_by_others(info) and not info.st_mode & stat.S_ISVTX:
+            return f"lies in {parent}, which group or others can write"
+        if parent == os.path.dirname(parent):
+            return None
+        parent = os.path.dirname(parent)
+
+
+def _writable_by_others(info: os.stat_result) -> bool:
+    if info.st_mode & stat.S_IWOTH:
+        return True
+    return bool(info.st_mode & stat.S_IWGRP) and not _is_private_group(info.st_gid)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_private_group(gid: int) -> bool:
+    """Whether ``gid`` is this user's private group (named after the user, no other members).
+
+    With user private groups (the Debian/Fedora default, umask 0002), the
+    directories Inductor creates are group-writable by this user alone.
+    """
+    try:
+        import grp
+        import pwd
+
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+@functools.lru_cache(maxsize=None)
+def _fallback_directory() -> str:
+    """A private directory for this process, removed at exit."""
+    try:
+        directory = tempfile.mkdtemp(prefix="torch_precompile_kernels_")
+    except OSError as error:
+        raise _StoreUnusable(f"{error.filename or tempfile.gettempdir()}: {error.strerror or error}") from None
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
+
+
+def _place_kernels(directory: str, kernels: dict) -> dict[str, str]:
+    files, cleaned = {}, False
+    for key, (digest, blob) in kernels.items():
+        path = os.path.join(directory, digest + ".so")
+        if not _holds(path, blob):  # missing, planted, damaged, a symlink: (re)write it
+            try:
+                if not cleaned:
+                    _remove_stale_temporaries(directory)
+                    cleaned = True
+                _write_atomically(directory, path, blob)
+            except OSError as error:
+                raise _StoreUnusable(f"{path}: {error.strerror or error}") from None
         files[key] = path
     return files
+
+
+def _holds(path: str, blob: bytes) -> bool:
+    """Whether ``path`` is a regular file, not a symlink, holding exactly ``blob``."""
+    try:
+        # O_NONBLOCK: a FIFO planted at the path must not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != len(blob):
+            return False
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(len(blob) + 1) == blob
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+# mkstemp names, with the writer's pid (older versions wrote tmpXXXXXXXX.tmp without one).
+_TEMPORARY = re.compile(r"tmp(?:-(\d+)-)?\w+\.tmp")
+_STALE_AFTER_S = 600
+
+
+def _write_atomically(directory: str, path: str, blob: bytes) -> None:
+    # Atomic: concurrent loaders never see a half-written file; the pid in the
+    # temp name lets a later loader remove it if this process dies mid-write.
+    fd, temporary = tempfile.mkstemp(prefix=f"tmp-{os.getpid()}-", suffix=".tmp", dir=directory)
+    try:
+        with open(fd, "wb") as f:
+            f.write(blob)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _remove_stale_temporaries(directory: str) -> None:
+    """Remove temp files of loaders that died mid-write: their pid is gone, or they are old."""
+    now = time.time()
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _TEMPORARY.fullmatch(entry.name)
+            if match is None:
+                continue
+            try:
+                dead = match.group(1) is not None and not _pid_alive(int(match.group(1)))
+                if dead or now - entry.stat(follow_symlinks=False).st_mtime > _STALE_AFTER_S:
+                    os.unlink(entry.path)
+            except OSError:
+                pass  # its writer finished it, or another loader removed it
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 class _Precompile:
@@ -1575,6 +1886,7 @@ class _Precompile:
                 python_code = _render(capture.convention, lowered)
             with timer("package"):
                 kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
+                python_code = _record_kernel_hashes(python_code, kernels)
                 cache = _package(python_code, backend, kernels)
         timer.done(
             f"backend={backend} graph_inputs={len(capture.example_inputs)} kernels={len(kernels)} "
@@ -1586,11 +1898,11 @@ class _Precompile:
         """Rebuild the runnable from ``(python_code, cache)``; executes python_code."""
         timer = _StageTimer("load")
         with timer("verify"):
-            convention = _read_convention(python_code)
-            envelope = _read_envelope(cache)
-            kernels = _verify(python_code, convention, envelope)
+            constants = _read_constants(python_code)
+            convention = _convention_from(constants)
+            kernels = _usable_kernels(python_code, convention, _kernel_hashes(constants), cache)
         with timer("prime"):
-            kernel_files = _prime_kernels(envelope, kernels)
+            kernel_files = _prime_kernels(kernels)
         log.warning(
             "torch.compiler.precompile.load executes python_code (backend %r) and loads %d "
             "compiled kernels: only load artifacts you trust",

@@ -19,6 +19,7 @@ import importlib.util
 import math
 import os
 import sys
+import warnings
 import weakref
 from itertools import repeat
 from typing import Any, Callable, NamedTuple
@@ -1062,7 +1063,15 @@ class KernelLoader:
         key = kernel_key(argtypes, source)
         path = self.kernel_files.get(key)
         if path is not None:
-            return load_kernel_library(key, path)
+            try:
+                return load_kernel_library(key, path)
+            except (ImportError, OSError) as error:
+                # load() verified these bytes, yet they do not load here (a missing
+                # shared library): the cache only accelerates, so compile instead.
+                warnings.warn(
+                    f"torch.compiler.precompile: a cached kernel failed to load ({type(error).__name__}: "
+                    f"{error}); compiling it from python_code instead"
+                )
         try:
             kernel = jit_compile_kernel(argtypes, source)
         except Exception as error:
