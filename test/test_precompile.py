@@ -525,10 +525,12 @@ class TestLoad(TestCase):
         with self.assertRaisesRegex(PrecompileError, "CALLING_CONVENTION is not a plain literal"):
             precompile.load(code, self.cache)
 
-    def test_newer_format_refused(self):
-        code = self.code.replace("FORMAT_VERSION = 1\n", "FORMAT_VERSION = 99\n", 1)
-        with self.assertRaisesRegex(PrecompileError, r"format version 99, newer than .* understands \(1\)"):
-            precompile.load(code, self.cache)
+    def test_newer_and_older_format_refused(self):
+        version = precompile_module.FORMAT_VERSION
+        for other, word in ((99, "newer"), (version - 1, "older")):
+            code = self.code.replace(f"FORMAT_VERSION = {version}\n", f"FORMAT_VERSION = {other}\n", 1)
+            with self.assertRaisesRegex(PrecompileError, rf"format version {other}, {word} than .* understands \({version}\)"):
+                precompile.load(code, self.cache)
 
     def test_code_hash_mismatch(self):
         with self.assertRaisesRegex(PrecompileError, "code_hash mismatch"):

@@ -421,7 +421,9 @@ class TestPythonCodeHeader(TestCase):
         code, _ = _artifact()
         for value in ("'1'", "True", "1.0", "0"):
             with self.subTest(value=value):
-                edited = code.replace("FORMAT_VERSION = 1\n", f"FORMAT_VERSION = {value}\n", 1)
+                edited = code.replace(
+                    f"FORMAT_VERSION = {precompile_module.FORMAT_VERSION}\n", f"FORMAT_VERSION = {value}\n", 1
+                )
                 self.assert_refused(edited, f"FORMAT_VERSION {value} is malformed")
 
     def test_malformed_kernel_hashes(self):

@@ -211,8 +211,10 @@ __all__ = ["precompile", "PrecompileError"]
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "torch.compiler.precompile"
-# Version of the artifact layout and of its CallingConvention record.
-FORMAT_VERSION = 1
+# Version of the artifact layout and of its CallingConvention record.  2: the
+# convention records module modes read, aliasing, requires_grad, global state
+# and .grad reads (Note invariant 11 on); version-1 artifacts lack them.
+FORMAT_VERSION = 2
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 
@@ -1486,6 +1488,12 @@ def _convention_from(constants: dict[str, Any]) -> CallingConvention:
             f"python_code has artifact format version {version!r}, newer than this "
             f"torch.compiler.precompile understands ({FORMAT_VERSION}); load it with the torch "
             "version that produced it, or precompile again"
+        )
+    if version < FORMAT_VERSION:
+        raise PrecompileError(
+            f"python_code has artifact format version {version!r}, older than this "
+            f"torch.compiler.precompile understands ({FORMAT_VERSION}): it does not record "
+            "everything the calling convention now checks; precompile again"
         )
     if constants["BACKEND"] not in BACKENDS:
         raise PrecompileError(f"python_code: unknown backend {constants['BACKEND']!r}; expected one of {BACKENDS}")
