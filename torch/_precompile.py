@@ -516,12 +516,27 @@ def _without_mkldnn():
         torch._C._set_mkldnn_enabled(enabled)
 
 
+@contextlib.contextmanager
+def _seen_as_export():
+    """Present the trace to model libraries as torch.export's non-strict capture does.
+
+    Libraries skip data-dependent shortcuts (``if mask.all(): mask = None``) when
+    ``torch.compiler.is_compiling()`` / ``is_exporting()`` is true; without
+    them a padding mask would be read as data and fail the trace, or be baked.
+    Same flags, set by the same helper torch.export uses; restored on exit.
+    """
+    from torch._export.utils import _compiling_state_context
+
+    with _compiling_state_context():
+        yield
+
+
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
     free_dims = _read_marks(args, backend)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    with _without_mkldnn():
+    with _without_mkldnn(), _seen_as_export():
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
