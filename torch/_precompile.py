@@ -747,11 +747,75 @@ _INDUCTOR_CONFIG = {
 _INDUCTOR_STAND_INS = {"AsyncCompile", "extern_kernels", "align", "maybe_profile", "run_intermediate_hooks"}
 
 
+def _inductor_config(capture: _Capture) -> dict:
+    config = dict(_INDUCTOR_CONFIG)
+    if capture.convention.sizes:
+        # Free (unbacked) dims.  Layout optimization makes convolutions
+        # channels_last, and the stride Inductor predicts for their output is
+        # then contiguous while the kernel returns channels_last: every call
+        # failed its stride assert.  Constant folding of uniform values
+        # (`ones_like(loss)` in backward) asks `numel == 0`, which a mark
+        # without min=1 cannot decide.
+        config["layout_optimization"] = False
+        config["joint_graph_constant_folding"] = False
+    return config
+
+
+def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:
+    """Turn each ``aten.view`` whose aliasing nothing observes into ``aten.reshape``.
+
+    The real-mode trace records ``view`` where the real kernels happened to
+    return compatible strides; Inductor's decompositions may not (its ``cat``
+    drops an empty input and keeps the other's strides), and AOTAutograd's
+    re-trace then fails with "Cannot view a tensor ...".  ``reshape`` computes
+    the same values and is a view whenever one is possible; only a view in an
+    alias set that something writes to must stay a view.
+    """
+    root, written = _alias_sets(graph)
+    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        if root(node) not in written:
+            node.target = torch.ops.aten.reshape.default
+    graph.recompile()
+
+
+def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
+    """Union the nodes that share storage (per op schemas): (root of a node, written roots)."""
+    import operator
+
+    parent: dict = {}
+
+    def root(node):
+        while parent.get(node, node) is not node:
+            node = parent[node]
+        return node
+
+    written = []
+    for node in (n for n in graph.graph.nodes if n.op == "call_function"):
+        if node.target is operator.getitem:  # an element of a multi-output op aliases it
+            parent[root(node)] = root(node.args[0])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        bound = dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)
+        returned = set().union(*(r.alias_info.before_set for r in schema.returns if r.alias_info))
+        for argument in schema.arguments:
+            value = bound.get(argument.name)
+            if argument.alias_info is None or not isinstance(value, torch.fx.Node):
+                continue
+            if argument.alias_info.before_set & returned:
+                parent[root(node)] = root(value)
+            if argument.alias_info.is_write:
+                written.append(value)
+    return root, {root(node) for node in written}
+
+
 def _lower_inductor(capture: _Capture) -> _Lowered:
     # torch 2.13 has no compile_to_python: keep the module Inductor generates
     # for the single inner graph through an inner_compile hook.
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     compiled = []
 
@@ -765,8 +829,16 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
         capture.convention.grad_state
     )
-    with inductor_config.patch(_INDUCTOR_CONFIG), torch.no_grad():
-        compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
+    _views_as_reshapes(capture.graph)
+    with inductor_config.patch(_inductor_config(capture)), torch.no_grad():
+        try:
+            compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
+        except GuardOnDataDependentSymNode as error:
+            raise PrecompileError(
+                f"backend='inductor' needs to decide {error.cond} about a dim marked with "
+                "mark_unbacked while optimizing the graph; give the mark bounds that decide it "
+                "(e.g. mark_unbacked(x, 0, min=1)), remove the mark, or use backend='eager'"
+            ) from error
     if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs):
         signature = [(inputs, outputs) for _, inputs, outputs in compiled]
         raise PrecompileError(
