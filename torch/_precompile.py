@@ -187,6 +187,8 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     modules = [example_inputs[i] for i in module_positions]
     user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
     user_args = tuple(example_inputs[i] for i in user_positions)
+    for position, arg in zip(user_positions, user_args):
+        _check_recordable_structure(f"args[{position}]", arg)
     input_leaves, input_spec = pytree.tree_flatten(user_args)
     input_paths = [
         f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
@@ -206,6 +208,35 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         input_paths=input_paths,
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
     )
+
+
+# How to make a pytree node type recordable in the artifact's calling convention.
+_PYTREE_FIX = (
+    "pass plain tuples, lists and dicts instead, or register the type with "
+    "torch.utils._pytree.register_pytree_node(cls, flatten_fn, unflatten_fn, "
+    "serialized_type_name='pkg.Name', flatten_with_keys_fn=...) (a namedtuple: "
+    "torch.utils._pytree._register_namedtuple(cls, serialized_type_name='pkg.Name')), adding "
+    "to_dumpable_context/from_dumpable_context if its context is not JSON; the process that "
+    "loads the artifact must make the same registration"
+)
+
+
+def _dump_structure(what: str, spec: pytree.TreeSpec) -> str:
+    """The artifact records fn's input/output structure as JSON (treespec_dumps)."""
+    try:
+        return pytree.treespec_dumps(spec)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise PrecompileError(
+            f"{what}: its pytree structure cannot be recorded ({str(error).rstrip('.')}); {_PYTREE_FIX}"
+        ) from None
+
+
+def _check_recordable_structure(what: str, value: Any) -> None:
+    try:  # the driver names leaves by key path in its errors
+        pytree.tree_flatten_with_path(value)
+    except ValueError as error:
+        raise PrecompileError(f"{what}: {str(error).rstrip('.')}; {_PYTREE_FIX}") from None
+    _dump_structure(what, pytree.tree_structure(value))
 
 
 def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
@@ -577,7 +608,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             else LeafSpec(value=leaf)
             for i, leaf in enumerate(args.input_leaves)
         ),
-        output_spec=pytree.treespec_dumps(recorded["out_spec"]),
+        output_spec=_dump_structure("fn's output", recorded["out_spec"]),
         outputs=tuple(outputs),
         grad_state=tuple(recorded["grad_state"]),
         sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
