@@ -308,6 +308,27 @@ def _read_marks(args: _Arguments, backend: str) -> list:
         for dim in sorted(marked):
             low, high = bounds.get(dim, (None, None))
             free_dims.append(_FreeDim(index, dim, 0 if low is None else low, high, shape_ids.get(dim)))
+    return _combine_shape_id_bounds(free_dims, args)
+
+
+def _combine_shape_id_bounds(free_dims: list, args: _Arguments) -> list:
+    """Dims sharing a shape_id are one size: each gets the tightest bounds of all their marks."""
+    groups: dict[str, list] = {}
+    for free in free_dims:
+        if free.shape_id is not None:
+            groups.setdefault(free.shape_id, []).append(free)
+    for shape_id, members in groups.items():
+        low = max(f.low for f in members)
+        highs = [f.high for f in members if f.high is not None]
+        high = min(highs) if highs else None
+        if high is not None and low > high:
+            dims = ", ".join(f"{args.input_paths[f.leaf]} dim {f.dim}" for f in members)
+            raise PrecompileError(
+                f"the marks of shape_id {shape_id!r} ({dims}) have no size in common: min={low} "
+                f"> max={high}; fix the bounds given to mark_unbacked"
+            )
+        for free in members:
+            free.low, free.high = low, high
     return free_dims
 
 
