@@ -862,6 +862,22 @@ def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
     return root, {root(node) for node in written}
 
 
+def _refuse_tensor_subclasses(capture: _Capture) -> None:
+    # AOTAutograd would unwrap them into their inner tensors, a calling
+    # convention the driver does not speak.
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    state = capture.convention.state
+    for i, tensor in enumerate(capture.example_inputs):
+        if isinstance(tensor, torch.Tensor) and is_traceable_wrapper_subclass(tensor):
+            what = f"{state[i].kind} '{state[i].names[0][1]}'" if i < len(state) else "an input of fn"
+            raise PrecompileError(
+                f"{what} is a {type(tensor).__name__}: backend='inductor' does not support tensor "
+                "subclasses (DTensor, as from fully_shard or tensor parallelism) yet; use "
+                "backend='eager', or pass plain tensors (e.g. DTensor.to_local())"
+            )
+
+
 def _lower_inductor(capture: _Capture) -> _Lowered:
     # torch 2.13 has no compile_to_python: keep the module Inductor generates
     # for the single inner graph through an inner_compile hook.
@@ -881,6 +897,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
         capture.convention.grad_state
     )
+    _refuse_tensor_subclasses(capture)
     _views_as_reshapes(capture.graph)
     with inductor_config.patch(_inductor_config(capture)), torch.no_grad():
         try:
