@@ -24,13 +24,22 @@ says who guarantees it and, where it is enforced, which tests (in
    (TestCaptureContract).
 3. Specialization.  Capture is a non-strict make_fx trace: Python control
    flow follows the example inputs, and every size, dtype and device is baked
-   and checked at every call; Inductor also specializes on strides (except
+   and checked at every call.  During the trace (only),
+   ``torch.compiler.is_compiling()`` and ``is_exporting()`` are true, as in
+   torch.export's non-strict capture, so model libraries take their
+   trace-friendly paths (a padding mask stays a runtime input instead of a
+   data-dependent shortcut) (test_precompile_real_models.py); Inductor also specializes on strides (except
    size-1 dims and empty tensors).  Non-tensor input leaves are baked and a
    different value is refused.  The one exception: a user-input dim marked
    with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
    and the equalities the graph needs between marked dims are checked at
    every call, and a graph that guards on it is refused at capture.
-   Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py).
+   Marks sharing a ``shape_id`` are one size with the tightest of their
+   bounds.  Input and output pytree structures must be recordable
+   (registered types with a serialized_type_name, keys and a JSON context),
+   else capture refuses them by argument.
+   Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py,
+   test_precompile_real_models.py TestFreeDims, TestStructures).
 4. The whole step.  If fn calls ``.backward()``, forward and backward are one
    graph; the runnable accumulates parameter gradients onto the runtime
    model's ``.grad`` exactly like eager (assign when None, else add).  Which
@@ -545,7 +554,9 @@ class _SymbolicAttempt:
         return PrecompileError(
             f"fn needs the size of {' and '.join(involved) or 'a marked dim'} (marked with "
             f"mark_unbacked) to decide {error.cond}{where}: a free dim cannot be guarded on. "
-            "Remove the mark to specialize it, or avoid branching on / reshaping with that size"
+            "Give the mark bounds that decide it (min=1 rules out empty sizes, which .view(n, -1) "
+            "and .flatten() must exclude), remove the mark to specialize it, or avoid branching "
+            "on / reshaping with that size"
         )
 
 
@@ -830,6 +841,50 @@ def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:
     graph.recompile()
 
 
+def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
+    """Make random fills draw into memory laid out as eager laid it out.
+
+    ``bernoulli_`` & co. draw numbers in memory order, so a dropout mask
+    ``empty_like(x).bernoulli_(p)`` depends on x's strides.  Inductor clones
+    the fill's target contiguous, which gave other masks than eager under the
+    same seed wherever x was not contiguous (nn.MultiheadAttention's output).
+    Fill a contiguous tensor in eager's memory order, then permute it to x's
+    strides: the same numbers land in the same elements on both backends.
+    """
+    aten = torch.ops.aten
+    fills = {
+        aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default, aten.normal_.default,
+        aten.exponential_.default, aten.random_.default, aten.geometric_.default,
+        aten.log_normal_.default, aten.cauchy_.default,
+    }
+    for node in graph.graph.find_nodes(op="call_function", target=aten.empty_like.default):
+        value = node.meta.get("val")
+        (fill,) = node.users if len(node.users) == 1 else (None,)
+        if (
+            fill is None
+            or fill.target not in fills
+            or value is None
+            or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
+            or value.is_contiguous()
+            or not torch._prims_common.is_non_overlapping_and_dense_or_false(value)
+        ):
+            continue
+        order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # outermost first
+        inverse = sorted(range(value.dim()), key=order.__getitem__)
+        with graph.graph.inserting_before(node):
+            base = graph.graph.call_function(
+                aten.empty.memory_format,
+                ([value.shape[d] for d in order],),
+                {"dtype": value.dtype, "device": value.device},
+            )
+        fill.args = (base, *fill.args[1:])
+        with graph.graph.inserting_after(fill):
+            permuted = graph.graph.call_function(aten.permute.default, (fill, inverse))
+        fill.replace_all_uses_with(permuted, delete_user_cb=lambda user: user is not permuted)
+        graph.graph.erase_node(node)
+    graph.recompile()
+
+
 def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
     """Union the nodes that share storage (per op schemas): (root of a node, written roots)."""
     import operator
@@ -850,15 +905,16 @@ def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
             continue
         schema = node.target._schema
         bound = dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)
-        returned = set().union(*(r.alias_info.before_set for r in schema.returns if r.alias_info))
         for argument in schema.arguments:
-            value = bound.get(argument.name)
-            if argument.alias_info is None or not isinstance(value, torch.fx.Node):
+            if argument.alias_info is None:
                 continue
-            if argument.alias_info.before_set & returned:
-                parent[root(node)] = root(value)
-            if argument.alias_info.is_write:
-                written.append(value)
+            # Conservatively, the outputs alias every argument with alias info
+            # (view ops, in-place and out= ops; `Tensor(a)[]` returns of split).
+            for value in pytree.tree_leaves(bound.get(argument.name)):
+                if isinstance(value, torch.fx.Node):
+                    parent[root(node)] = root(value)
+                    if argument.alias_info.is_write:
+                        written.append(value)
     return root, {root(node) for node in written}
 
 
@@ -899,6 +955,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     )
     _refuse_tensor_subclasses(capture)
     _views_as_reshapes(capture.graph)
+    _fill_randoms_in_eager_memory_order(capture.graph)
     with inductor_config.patch(_inductor_config(capture)), torch.no_grad():
         try:
             compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
