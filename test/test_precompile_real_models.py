@@ -277,13 +277,11 @@ def _precompiled(key, fn, model, *inputs, backend):
     return runnable
 
 
-def _assert_same_state(ref: nn.Module, got: nn.Module, what: str, param_atol: float = TOLERANCE["atol"]) -> None:
+def _assert_same_state(ref: nn.Module, got: nn.Module, what: str) -> None:
     ref_params = dict(ref.named_parameters())
     for name, param in got.named_parameters():
         expected = ref_params[name]
-        torch.testing.assert_close(
-            param, expected, rtol=TOLERANCE["rtol"], atol=param_atol, msg=lambda m: f"{what}: {name}: {m}"
-        )
+        torch.testing.assert_close(param, expected, **TOLERANCE, msg=lambda m: f"{what}: {name}: {m}")
         assert (param.grad is None) == (expected.grad is None), f"{what}: {name}.grad presence differs"
         if expected.grad is not None:
             torch.testing.assert_close(param.grad, expected.grad, **TOLERANCE, msg=lambda m: f"{what}: {name}.grad: {m}")
@@ -324,15 +322,14 @@ class TestRealModels(TestCase):
         """3 steps with SGD, then with AdamW: loss, grads, buffers and parameters match eager."""
         case, runnable = CASES[name], self._runnable(name, backend)
         # Attention key biases have a zero gradient in exact arithmetic (softmax
-        # ignores a per-query constant): float noise, which AdamW normalizes into
-        # steps of up to lr.  Grads are compared tightly at every step; the
-        # parameters AdamW moved are compared to within 5% of one lr step.
-        lr = 0.01
+        # ignores a per-query constant): float noise, which AdamW with its default
+        # eps=1e-8 normalizes into steps of up to lr, differently on each backend.
+        # eps=1e-3 keeps noise steps negligible and real gradients' steps adaptive.
         optimizers = {
-            "SGD": (lambda params: torch.optim.SGD(params, lr=lr), TOLERANCE["atol"]),
-            "AdamW": (lambda params: torch.optim.AdamW(params, lr=lr), 0.05 * lr),
+            "SGD": lambda params: torch.optim.SGD(params, lr=0.01),
+            "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01, eps=1e-3),
         }
-        for label, (make_optimizer, param_atol) in optimizers.items():
+        for label, make_optimizer in optimizers.items():
             ref_model, model = _model(name), _model(name)
             ref_opt, opt = make_optimizer(ref_model.parameters()), make_optimizer(model.parameters())
             for step in range(3):
@@ -343,11 +340,11 @@ class TestRealModels(TestCase):
                 loss = runnable(model, *inputs)
                 what = f"{label} step {step}"
                 torch.testing.assert_close(loss, expected, **TOLERANCE, msg=lambda m: f"{what}: {m}")
-                _assert_same_state(ref_model, model, what, param_atol)
+                _assert_same_state(ref_model, model, what)
                 for o in (ref_opt, opt):
                     o.step()
                     o.zero_grad()
-            _assert_same_state(ref_model, model, f"{label} after 3 steps", param_atol)
+            _assert_same_state(ref_model, model, f"{label} after 3 steps")
 
     @parametrize("backend", BACKENDS)
     def test_model_output_returned_whole(self, backend):
@@ -380,7 +377,8 @@ class TestFreeDims(TestCase):
 
     def test_training_with_common_losses_and_no_min(self):
         # .sum() / .mean() backward fill a ones-like of the output's size; a mark
-        # without min=1 cannot rule out an empty batch.
+        # without min=1 cannot rule out an empty batch.  (BatchNorm in train
+        # mode needs min=1 at capture: it checks for more than one value per channel.)
         def step(model, x):
             out = model(x)
             loss = out.sum() + out.mean() + (out**2).sum()
@@ -388,7 +386,7 @@ class TestFreeDims(TestCase):
             return loss.detach()
 
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), GlobalAveragePool(), nn.Linear(8, 3))
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), GlobalAveragePool(), nn.Linear(8, 3))
         x = _images(0)
         mark_unbacked(x, 0)
         runnable = _precompiled("conv_losses_free_batch", step, model, x, backend="inductor")
