@@ -63,7 +63,9 @@ def _bert():
 
 
 def _gpt2():
-    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16)
+    config = transformers.GPT2Config(
+        vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16, bos_token_id=1, eos_token_id=2
+    )
     return transformers.GPT2LMHeadModel(config)  # default dropout 0.1, SDPA attention
 
 
