@@ -24,13 +24,22 @@ says who guarantees it and, where it is enforced, which tests (in
    (TestCaptureContract).
 3. Specialization.  Capture is a non-strict make_fx trace: Python control
    flow follows the example inputs, and every size, dtype and device is baked
-   and checked at every call; Inductor also specializes on strides (except
+   and checked at every call.  During the trace (only),
+   ``torch.compiler.is_compiling()`` and ``is_exporting()`` are true, as in
+   torch.export's non-strict capture, so model libraries take their
+   trace-friendly paths (a padding mask stays a runtime input instead of a
+   data-dependent shortcut) (test_precompile_real_models.py); Inductor also specializes on strides (except
    size-1 dims and empty tensors).  Non-tensor input leaves are baked and a
    different value is refused.  The one exception: a user-input dim marked
    with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
    and the equalities the graph needs between marked dims are checked at
    every call, and a graph that guards on it is refused at capture.
-   Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py).
+   Marks sharing a ``shape_id`` are one size with the tightest of their
+   bounds.  Input and output pytree structures must be recordable
+   (registered types with a serialized_type_name, keys and a JSON context),
+   else capture refuses them by argument.
+   Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py,
+   test_precompile_real_models.py TestFreeDims, TestStructures).
 4. The whole step.  If fn calls ``.backward()``, forward and backward are one
    graph; the runnable accumulates parameter gradients onto the runtime
    model's ``.grad`` exactly like eager (assign when None, else add).  Which
@@ -283,6 +292,8 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     modules = [example_inputs[i] for i in module_positions]
     user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
     user_args = tuple(example_inputs[i] for i in user_positions)
+    for position, arg in zip(user_positions, user_args):
+        _check_recordable_structure(f"args[{position}]", arg)
     input_leaves, input_spec = pytree.tree_flatten(user_args)
     input_paths = [
         f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
@@ -302,6 +313,35 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         input_paths=input_paths,
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
     )
+
+
+# How to make a pytree node type recordable in the artifact's calling convention.
+_PYTREE_FIX = (
+    "pass plain tuples, lists and dicts instead, or register the type with "
+    "torch.utils._pytree.register_pytree_node(cls, flatten_fn, unflatten_fn, "
+    "serialized_type_name='pkg.Name', flatten_with_keys_fn=...) (a namedtuple: "
+    "torch.utils._pytree._register_namedtuple(cls, serialized_type_name='pkg.Name')), adding "
+    "to_dumpable_context/from_dumpable_context if its context is not JSON; the process that "
+    "loads the artifact must make the same registration"
+)
+
+
+def _dump_structure(what: str, spec: pytree.TreeSpec) -> str:
+    """The artifact records fn's input/output structure as JSON (treespec_dumps)."""
+    try:
+        return pytree.treespec_dumps(spec)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise PrecompileError(
+            f"{what}: its pytree structure cannot be recorded ({str(error).rstrip('.')}); {_PYTREE_FIX}"
+        ) from None
+
+
+def _check_recordable_structure(what: str, value: Any) -> None:
+    try:  # the driver names leaves by key path in its errors
+        pytree.tree_flatten_with_path(value)
+    except ValueError as error:
+        raise PrecompileError(f"{what}: {str(error).rstrip('.')}; {_PYTREE_FIX}") from None
+    _dump_structure(what, pytree.tree_structure(value))
 
 
 def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
@@ -374,6 +414,27 @@ def _read_marks(args: _Arguments, backend: str) -> list:
         for dim in sorted(marked):
             low, high = bounds.get(dim, (None, None))
             free_dims.append(_FreeDim(index, dim, 0 if low is None else low, high, shape_ids.get(dim)))
+    return _combine_shape_id_bounds(free_dims, args)
+
+
+def _combine_shape_id_bounds(free_dims: list, args: _Arguments) -> list:
+    """Dims sharing a shape_id are one size: each gets the tightest bounds of all their marks."""
+    groups: dict[str, list] = {}
+    for free in free_dims:
+        if free.shape_id is not None:
+            groups.setdefault(free.shape_id, []).append(free)
+    for shape_id, members in groups.items():
+        low = max(f.low for f in members)
+        highs = [f.high for f in members if f.high is not None]
+        high = min(highs) if highs else None
+        if high is not None and low > high:
+            dims = ", ".join(f"{args.input_paths[f.leaf]} dim {f.dim}" for f in members)
+            raise PrecompileError(
+                f"the marks of shape_id {shape_id!r} ({dims}) have no size in common: min={low} "
+                f"> max={high}; fix the bounds given to mark_unbacked"
+            )
+        for free in members:
+            free.low, free.high = low, high
     return free_dims
 
 
@@ -746,7 +807,9 @@ class _SymbolicAttempt:
         return PrecompileError(
             f"fn needs the size of {' and '.join(involved) or 'a marked dim'} (marked with "
             f"mark_unbacked) to decide {error.cond}{where}: a free dim cannot be guarded on. "
-            "Remove the mark to specialize it, or avoid branching on / reshaping with that size"
+            "Give the mark bounds that decide it (min=1 rules out empty sizes, which .view(n, -1) "
+            "and .flatten() must exclude), remove the mark to specialize it, or avoid branching "
+            "on / reshaping with that size"
         )
 
 
@@ -769,12 +832,27 @@ def _without_mkldnn():
         torch._C._set_mkldnn_enabled(enabled)
 
 
+@contextlib.contextmanager
+def _seen_as_export():
+    """Present the trace to model libraries as torch.export's non-strict capture does.
+
+    Libraries skip data-dependent shortcuts (``if mask.all(): mask = None``) when
+    ``torch.compiler.is_compiling()`` / ``is_exporting()`` is true; without
+    them a padding mask would be read as data and fail the trace, or be baked.
+    Same flags, set by the same helper torch.export uses; restored on exit.
+    """
+    from torch._export.utils import _compiling_state_context
+
+    with _compiling_state_context():
+        yield
+
+
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
     free_dims = _read_marks(args, backend)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    with _without_mkldnn(), _caller_grads_kept(args), _ModeReads(args) as mode_reads:
+    with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModeReads(args) as mode_reads:
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
@@ -820,7 +898,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             else LeafSpec(value=leaf)
             for i, leaf in enumerate(args.input_leaves)
         ),
-        output_spec=pytree.treespec_dumps(recorded["out_spec"]),
+        output_spec=_dump_structure("fn's output", recorded["out_spec"]),
         outputs=tuple(outputs),
         grad_state=tuple(recorded["grad_state"]),
         sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
@@ -1140,11 +1218,136 @@ _INDUCTOR_CONFIG = {
 _INDUCTOR_STAND_INS = {"AsyncCompile", "extern_kernels", "align", "maybe_profile", "run_intermediate_hooks"}
 
 
+def _inductor_config(capture: _Capture) -> dict:
+    config = dict(_INDUCTOR_CONFIG)
+    if capture.convention.sizes:
+        # Free (unbacked) dims.  Layout optimization makes convolutions
+        # channels_last, and the stride Inductor predicts for their output is
+        # then contiguous while the kernel returns channels_last: every call
+        # failed its stride assert.  Constant folding of uniform values
+        # (`ones_like(loss)` in backward) asks `numel == 0`, which a mark
+        # without min=1 cannot decide.
+        config["layout_optimization"] = False
+        config["joint_graph_constant_folding"] = False
+    return config
+
+
+def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:
+    """Turn each ``aten.view`` whose aliasing nothing observes into ``aten.reshape``.
+
+    The real-mode trace records ``view`` where the real kernels happened to
+    return compatible strides; Inductor's decompositions may not (its ``cat``
+    drops an empty input and keeps the other's strides), and AOTAutograd's
+    re-trace then fails with "Cannot view a tensor ...".  ``reshape`` computes
+    the same values and is a view whenever one is possible; only a view in an
+    alias set that something writes to must stay a view.
+    """
+    root, written = _alias_sets(graph)
+    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        if root(node) not in written:
+            node.target = torch.ops.aten.reshape.default
+    graph.recompile()
+
+
+def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
+    """Make random fills draw into memory laid out as eager laid it out.
+
+    ``bernoulli_`` & co. draw numbers in memory order, so a dropout mask
+    ``empty_like(x).bernoulli_(p)`` depends on x's strides.  Inductor clones
+    the fill's target contiguous, which gave other masks than eager under the
+    same seed wherever x was not contiguous (nn.MultiheadAttention's output).
+    Fill a contiguous tensor in eager's memory order, then permute it to x's
+    strides: the same numbers land in the same elements on both backends.
+    """
+    aten = torch.ops.aten
+    fills = {
+        aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default, aten.normal_.default,
+        aten.exponential_.default, aten.random_.default, aten.geometric_.default,
+        aten.log_normal_.default, aten.cauchy_.default,
+    }
+    for node in graph.graph.find_nodes(op="call_function", target=aten.empty_like.default):
+        value = node.meta.get("val")
+        (fill,) = node.users if len(node.users) == 1 else (None,)
+        if (
+            fill is None
+            or fill.target not in fills
+            or value is None
+            or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
+            or value.is_contiguous()
+            or not torch._prims_common.is_non_overlapping_and_dense_or_false(value)
+        ):
+            continue
+        order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # outermost first
+        inverse = sorted(range(value.dim()), key=order.__getitem__)
+        with graph.graph.inserting_before(node):
+            base = graph.graph.call_function(
+                aten.empty.memory_format,
+                ([value.shape[d] for d in order],),
+                {"dtype": value.dtype, "device": value.device},
+            )
+        fill.args = (base, *fill.args[1:])
+        with graph.graph.inserting_after(fill):
+            permuted = graph.graph.call_function(aten.permute.default, (fill, inverse))
+        fill.replace_all_uses_with(permuted, delete_user_cb=lambda user: user is not permuted)
+        graph.graph.erase_node(node)
+    graph.recompile()
+
+
+def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
+    """Union the nodes that share storage (per op schemas): (root of a node, written roots)."""
+    import operator
+
+    parent: dict = {}
+
+    def root(node):
+        while parent.get(node, node) is not node:
+            node = parent[node]
+        return node
+
+    written = []
+    for node in (n for n in graph.graph.nodes if n.op == "call_function"):
+        if node.target is operator.getitem:  # an element of a multi-output op aliases it
+            parent[root(node)] = root(node.args[0])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        bound = dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)
+        for argument in schema.arguments:
+            if argument.alias_info is None:
+                continue
+            # Conservatively, the outputs alias every argument with alias info
+            # (view ops, in-place and out= ops; `Tensor(a)[]` returns of split).
+            for value in pytree.tree_leaves(bound.get(argument.name)):
+                if isinstance(value, torch.fx.Node):
+                    parent[root(node)] = root(value)
+                    if argument.alias_info.is_write:
+                        written.append(value)
+    return root, {root(node) for node in written}
+
+
+def _refuse_tensor_subclasses(capture: _Capture) -> None:
+    # AOTAutograd would unwrap them into their inner tensors, a calling
+    # convention the driver does not speak.
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    state = capture.convention.state
+    for i, tensor in enumerate(capture.example_inputs):
+        if isinstance(tensor, torch.Tensor) and is_traceable_wrapper_subclass(tensor):
+            what = f"{state[i].kind} '{state[i].names[0][1]}'" if i < len(state) else "an input of fn"
+            raise PrecompileError(
+                f"{what} is a {type(tensor).__name__}: backend='inductor' does not support tensor "
+                "subclasses (DTensor, as from fully_shard or tensor parallelism) yet; use "
+                "backend='eager', or pass plain tensors (e.g. DTensor.to_local())"
+            )
+
+
 def _lower_inductor(capture: _Capture) -> _Lowered:
     # torch 2.13 has no compile_to_python: keep the module Inductor generates
     # for the single inner graph through an inner_compile hook.
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     compiled = []
 
@@ -1158,8 +1361,18 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
         capture.convention.grad_state
     )
-    with inductor_config.patch(_INDUCTOR_CONFIG), torch.no_grad():
-        compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
+    _refuse_tensor_subclasses(capture)
+    _views_as_reshapes(capture.graph)
+    _fill_randoms_in_eager_memory_order(capture.graph)
+    with inductor_config.patch(_inductor_config(capture)), torch.no_grad():
+        try:
+            compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
+        except GuardOnDataDependentSymNode as error:
+            raise PrecompileError(
+                f"backend='inductor' needs to decide {error.cond} about a dim marked with "
+                "mark_unbacked while optimizing the graph; give the mark bounds that decide it "
+                "(e.g. mark_unbacked(x, 0, min=1)), remove the mark, or use backend='eager'"
+            ) from error
     if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs):
         signature = [(inputs, outputs) for _, inputs, outputs in compiled]
         raise PrecompileError(
