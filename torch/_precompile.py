@@ -79,6 +79,7 @@ if __name__ == "__main__":
 
 
 import ast
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -106,6 +107,7 @@ from torch._precompile_runtime import (
     ConstantSpec,
     LeafSpec,
     ModuleSpec,
+    OptimizerSpec,
     PrecompileError,
     StateSpec,
     TensorSpec,
@@ -148,6 +150,7 @@ class _Arguments:
     input_spec: pytree.TreeSpec
     input_paths: list  # "args[1]['x']" per input leaf
     tensor_indices: list  # input leaves that are tensors
+    optimizers: list = dataclasses.field(default_factory=list)  # [_LiftedOptimizer]
 
 
 @dataclasses.dataclass
@@ -185,7 +188,10 @@ def _lift_state(modules: list) -> list:
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
-    user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
+    optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
+    user_positions = [
+        i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
+    ]
     user_args = tuple(example_inputs[i] for i in user_positions)
     input_leaves, input_spec = pytree.tree_flatten(user_args)
     input_paths = [
@@ -195,16 +201,18 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     for what, leaf in zip(input_paths, input_leaves):
         if not isinstance(leaf, torch.Tensor):
             _check_value_leaf(what, leaf)
+    lifted = _lift_state(modules)
     return _Arguments(
         example_inputs=example_inputs,
         module_positions=module_positions,
         modules=modules,
         user_positions=user_positions,
-        lifted=_lift_state(modules),
+        lifted=lifted,
         input_leaves=input_leaves,
         input_spec=input_spec,
         input_paths=input_paths,
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
+        optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
     )
 
 
@@ -285,10 +293,12 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     from torch.nn.utils.stateless import _reparametrize_module
 
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
+    num_optimizer = len(_optimizer_example_inputs(args))
 
     def flat_fn(*flat):
         state = flat[:num_state]
         tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
+        optimizer_inputs = flat[len(flat) - num_optimizer :]
         leaves = list(args.input_leaves)
         for index, tensor in zip(args.tensor_indices, tensors):
             leaves[index] = tensor
@@ -302,6 +312,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(_reparametrize_module(module, mapping))
+            if args.optimizers:
+                stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             with torch.enable_grad():
                 result = fn(*call_args)
             _check_state_not_rebound(args.modules, mappings)
@@ -325,7 +337,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
 
     inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
         _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
-    ]
+    ] + _optimizer_example_inputs(args)
     graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
@@ -519,6 +531,11 @@ def _without_mkldnn():
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
     free_dims = _read_marks(args, backend)
+    if free_dims and args.optimizers:
+        raise PrecompileError(
+            "an optimizer argument together with mark_unbacked dims is not supported yet: "
+            "remove the marks (sizes are then specialized) or keep opt.step() outside fn"
+        )
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
     with _without_mkldnn():
@@ -526,6 +543,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
             graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
+    optimizers, grad_inputs = _finish_optimizer_inputs(graph, example, args, backend)
 
     outputs, graph_index = [], 0
     for i, leaf in enumerate(recorded["out_leaves"]):
@@ -567,6 +585,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_state=tuple(recorded["grad_state"]),
         sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
         constants=tuple(_constant_spec(c) for c in constants),
+        optimizers=optimizers,
+        grad_inputs=grad_inputs,
+        assign_grads=bool(optimizers),
     )
     return _Capture(graph, convention, example)
 
@@ -602,6 +623,226 @@ def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tenso
                 "gradients of module parameters: pass the input with requires_grad=False "
                 "(e.g. x.detach()) or make it a parameter of a module argument"
             )
+
+
+# ---------------------------------------------------------------------------
+# Optimizers as arguments (Note invariant 11): lifted like modules.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _LiftedOptimizer:
+    position: int
+    optimizer: torch.optim.Optimizer
+    cls: str  # key of runtime.OPTIMIZER_STATE_KEYS
+    groups: list  # per param group: indices into args.lifted
+    hyper: list  # per param group: [(key, baked value)], every default but lr
+    keys: tuple  # state keys of one stepped parameter
+    state: list  # per (group, param): {key: example tensor} (a clone, or eager's initial state)
+
+
+_SUPPORTED_OPTIMIZERS = {cls.__name__: cls for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)}
+# Options whose step the trace cannot reproduce; the value is why.
+_REFUSED_OPTIONS = {
+    "fused": "the fused kernel is one opaque op with CPU-only Python scalars",
+    "capturable": "precompile already traces the capturable formulation; pass capturable=False",
+    "differentiable": "a step that builds autograd history cannot be one graph",
+}
+
+
+def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptimizer:
+    where = f"args[{position}] (optimizer)"
+    cls = type(optimizer).__name__
+    if _SUPPORTED_OPTIMIZERS.get(cls) is not type(optimizer):
+        raise PrecompileError(
+            f"{where}: {type(optimizer).__qualname__} is not supported inside fn (supported: "
+            f"{', '.join('torch.optim.' + c for c in _SUPPORTED_OPTIMIZERS)}); keep opt.step() outside "
+            "fn and precompile the forward/backward step only"
+        )
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or (
+        _global_optimizer_pre_hooks or _global_optimizer_post_hooks
+    ):
+        raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
+    parameter_index = {id(e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
+    groups, hyper, state, keys = [], [], [], None
+    for g, group in enumerate(optimizer.param_groups):
+        _check_optimizer_group(where, g, cls, group)
+        group_keys = runtime.optimizer_state_keys(cls, group)
+        if keys not in (None, group_keys):
+            raise PrecompileError(
+                f"{where} param_groups[{g}]: its state keys {list(group_keys)} differ from group 0's "
+                f"{list(keys)} (momentum / amsgrad per group); use the same options in every group"
+            )
+        keys = group_keys
+        indices = []
+        for j, param in enumerate(group["params"]):
+            if id(param) not in parameter_index:
+                raise PrecompileError(
+                    f"{where} param_groups[{g}]['params'][{j}] (shape {tuple(param.shape)}) is not a "
+                    "parameter of any module argument of fn; the artifact can only update lifted "
+                    "parameters: pass the module that owns it as an argument"
+                )
+            indices.append(parameter_index[id(param)])
+            state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), param))
+        groups.append(indices)
+        hyper.append([(key, group[key]) for key in sorted(optimizer.defaults) if key != "lr"])
+    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state)
+
+
+def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
+    for key, why in _REFUSED_OPTIONS.items():
+        if group.get(key):
+            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]=True is not supported: {why}")
+    if cls == "SGD" and group["dampening"] != 0:
+        raise PrecompileError(
+            f"{where} param_groups[{g}]['dampening']={group['dampening']} is not supported: eager's first "
+            "step initializes the momentum buffer without dampening, which one graph cannot reproduce; "
+            "use dampening=0 or keep opt.step() outside fn"
+        )
+    for key, value in group.items():
+        if key != "params" and isinstance(value, torch.Tensor):
+            raise PrecompileError(
+                f"{where} param_groups[{g}][{key!r}] is a Tensor; pass a Python float (lr becomes a graph "
+                "input; other hyperparameters are baked)"
+            )
+        if key != "params" and not isinstance(value, (*runtime.LEAF_VALUE_TYPES, tuple)):
+            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}")
+
+
+def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: Any, param: torch.Tensor) -> dict:
+    """Clones of the caller's state, or eager's initial state before the first step."""
+    if not existing:
+        return runtime.initial_optimizer_state(keys, param)
+    if set(existing) != set(keys):
+        raise PrecompileError(
+            f"{where} state of param_groups[{g}]['params'][{j}] has keys {sorted(existing)}, expected "
+            f"{sorted(keys)}: it does not belong to this optimizer's options"
+        )
+    return {key: _clone_leaf(existing[key]) for key in keys}
+
+
+def _optimizer_example_inputs(args: _Arguments) -> list:
+    """Flat graph inputs after the sizes: per optimizer lrs then state; then incoming grads."""
+    inputs = []
+    for lifted in args.optimizers:
+        # float64 like eager's Python float; requires_grad steers SGD onto its
+        # tensor-lr path (addcmul) instead of reading lr as a number.
+        inputs += [
+            torch.tensor(group["lr"], dtype=torch.float64, requires_grad=True)
+            for group in lifted.optimizer.param_groups
+        ]
+        inputs += [tensor for entry in lifted.state for tensor in entry.values()]
+    if args.optimizers:
+        inputs += [torch.zeros_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
+    return inputs
+
+
+def _grad_candidates(args: _Arguments) -> list:
+    return [i for i, e in enumerate(args.lifted) if e.kind == "parameter" and e.tensor.requires_grad]
+
+
+@contextlib.contextmanager
+def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
+    """While fn runs, point each optimizer at the traced leaves and inputs; restore after.
+
+    Adam/AdamW trace their ``capturable`` formulation (step, lr and bias
+    corrections as tensor ops, not Python numbers baked into the graph), with
+    ``torch.compiler.is_compiling()`` true during ``step()`` like under
+    torch.compile, so no tensor is read back as a number.
+    """
+    inputs = iter(inputs)
+    saved, handles = [], []
+    compiling = torch.compiler._is_compiling_flag
+    try:
+        for lifted in args.optimizers:
+            optimizer = lifted.optimizer
+            saved.append((optimizer, optimizer.state, [dict(group) for group in optimizer.param_groups]))
+            traced_state = collections.defaultdict(dict)
+            for group, indices in zip(optimizer.param_groups, lifted.groups):
+                group["params"], group["lr"] = [state[i] for i in indices], next(inputs)
+                if lifted.cls != "SGD":
+                    group["capturable"] = True
+            for group in optimizer.param_groups:
+                for leaf in group["params"]:
+                    traced_state[leaf] = {key: next(inputs) for key in lifted.keys}
+            optimizer.state = traced_state
+            handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
+            handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
+        for index in _grad_candidates(args):
+            # A graph input, so backward without zero_grad accumulates onto it in-graph.
+            state[index].grad = next(inputs)
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = compiling
+        for handle in handles:
+            handle.remove()
+        for optimizer, original_state, groups in saved:
+            optimizer.state = original_state
+            for group, original in zip(optimizer.param_groups, groups):
+                group.clear()
+                group.update(original)
+
+
+def _set_compiling(value: bool) -> None:
+    torch.compiler._is_compiling_flag = value
+
+
+_PROFILER_OPS = ("profiler._record_function_enter_new", "profiler._record_function_exit")
+
+
+def _finish_optimizer_inputs(graph: torch.fx.GraphModule, example: list, args: _Arguments, backend: str) -> tuple:
+    """Drop the step's profiler ranges and the optimizer inputs fn never read.
+
+    State of a parameter that got no gradient (eager creates none) and incoming
+    grads that fn cleared with zero_grad are unused placeholders: erase them, so
+    the runtime neither creates that state nor passes those grads.
+    """
+    if not args.optimizers:
+        return (), ()
+    for node in reversed(list(graph.graph.nodes)):
+        if node.op == "call_function" and str(node.target).startswith(_PROFILER_OPS):
+            graph.graph.erase_node(node)
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    position = len(args.lifted) + len(args.tensor_indices)  # real trace: no free sizes
+    unused = set()
+    specs = []
+    for lifted in args.optimizers:
+        position += len(lifted.groups)  # the lrs stay, even when unused
+        stepped, tensors = [], []
+        slots = [(g, j) for g, indices in enumerate(lifted.groups) for j in range(len(indices))]
+        for slot, entry in zip(slots, lifted.state):
+            nodes = placeholders[position : position + len(entry)]
+            if any(node.users for node in nodes):
+                stepped.append(slot)
+                tensors += [_tensor_spec(t, backend) for t in entry.values()]
+            else:
+                unused.update(range(position, position + len(entry)))
+            position += len(entry)
+        specs.append(
+            OptimizerSpec(
+                position=lifted.position,
+                cls=lifted.cls,
+                groups=tuple(tuple(g) for g in lifted.groups),
+                hyper=tuple(tuple(h) for h in lifted.hyper),
+                keys=tuple(lifted.keys),
+                stepped=tuple(stepped),
+                tensors=tuple(tensors),
+            )
+        )
+    grad_inputs = []
+    for index in _grad_candidates(args):
+        if placeholders[position].users:
+            grad_inputs.append(index)
+        else:
+            unused.add(position)
+        position += 1
+    for i in sorted(unused, reverse=True):
+        graph.graph.erase_node(placeholders[i])
+        del example[i]
+    graph.recompile()
+    return tuple(specs), tuple(grad_inputs)
 
 
 # ---------------------------------------------------------------------------
@@ -859,9 +1100,17 @@ def _describe_call(convention: CallingConvention) -> str:
     """One comment line per argument, for the artifact's header."""
     lines = []
     modules = {m.position: m for m in convention.modules}
+    optimizers = {o.position: o for o in convention.optimizers}
     spec = pytree.treespec_loads(convention.input_spec)
     leaves = iter(convention.inputs)
     for position in range(convention.arity):
+        if position in optimizers:
+            o = optimizers[position]
+            lines.append(
+                f"args[{position}]: torch.optim.{o.cls} over {sum(map(len, o.groups))} parameters in "
+                f"{len(o.groups)} groups (lr read at every call; state updated in place)"
+            )
+            continue
         if position in modules:
             module = modules[position]
             lines.append(
