@@ -55,9 +55,10 @@ says who guarantees it and, where it is enforced, which tests (in
    pair is the caller's responsibility.
 8. Capture has no side effects on the caller.  ``precompile`` traces on
    clones, so the caller's parameters, buffers, ``.grad`` and inputs are
-   bit-identical afterwards, also when fn raises (TestCaptureContract).
+   bit-identical afterwards, also when fn raises (TestCaptureContract); an
+   optimizer argument's param_groups and state too (invariant 11).
    Caller's responsibility: fn must not write tensors other than its
-   arguments (an optimizer holding the original parameters).
+   arguments (e.g. an optimizer that is not an argument of fn).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
    environment (torch, Python, platform, CPU capability) equals this
    process's; otherwise ``load`` warns once and compiles from python_code.
@@ -66,6 +67,32 @@ says who guarantees it and, where it is enforced, which tests (in
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
+11. Optimizers are arguments, not state.  A ``torch.optim`` SGD, Adam or
+   AdamW argument is lifted like a module: its param groups map onto the
+   lifted parameters by identity (an optimizer over any other tensor is
+   refused), and its state tensors (momentum_buffer; step, exp_avg,
+   exp_avg_sq, max_exp_avg_sq) are graph inputs updated in place, so the
+   artifact holds no optimizer state and ``opt.step()`` inside fn is part of
+   the one graph.  Capture points the optimizer's param_groups and state at
+   the traced leaves and clones while fn runs, then restores them.
+   Hyperparameters: ``lr`` is a 0-dim float64 graph input read from the
+   runtime optimizer at every call (LR schedulers work without re-capture);
+   every other group key in ``opt.defaults`` (momentum, betas, eps,
+   weight_decay, foreach, maximize, ...) is baked and a different runtime
+   value is refused, naming the group and key.  State missing at a call (a
+   fresh optimizer) is created as eager's first step would (zeros, ``step``
+   0), and the graph computes eager's first-step values from it; a parameter
+   that gets no gradient gets no state.  Adam/AdamW trace their capturable
+   formulation and foreach SGD multiplies then adds, so results equal eager's
+   within float noise (single-tensor SGD on backend='eager': bit-exact).
+   With an optimizer argument the incoming ``.grad`` is a graph input too
+   (fn's backward accumulates onto it in the graph, or fn's zero_grad drops
+   it) and the runnable assigns the resulting ``.grad``.  Refused at capture:
+   other optimizer classes, fused / capturable / differentiable, SGD
+   dampening, tensor hyperparameters, step hooks, per-group state layouts that
+   differ, and free dims.  Checked at every call: class, number of groups,
+   the parameters (identity against the runtime modules'), baked values,
+   state keys, shapes, dtypes and layout (test_precompile_optimizer.py).
 """
 
 if __name__ == "__main__":
