@@ -671,9 +671,11 @@ class _LiftedOptimizer:
 _SUPPORTED_OPTIMIZERS = {cls.__name__: cls for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)}
 # Options whose step the trace cannot reproduce; the value is why.
 _REFUSED_OPTIONS = {
-    "fused": "the fused kernel is one opaque op with CPU-only Python scalars",
-    "capturable": "precompile already traces the capturable formulation; pass capturable=False",
-    "differentiable": "a step that builds autograd history cannot be one graph",
+    "fused": "the fused kernel's rounding differs from the traced step; pass fused=False (backend "
+    "'inductor' fuses the update itself)",
+    "capturable": "it is for CUDA graphs and eager refuses it on CPU; pass capturable=False (precompile "
+    "traces the capturable formulation itself)",
+    "differentiable": "a step that builds autograd history cannot be part of the graph; pass differentiable=False",
 }
 
 

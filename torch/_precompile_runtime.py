@@ -588,7 +588,7 @@ class PrecompiledFunction:
         # tuple(id(module)) -> (weakrefs, accessors); stale entries are pruned.
         self._state_cache: dict[tuple, tuple[tuple, list]] = {}
         self._guard = None  # TensorGuards armed by the last fully checked call
-        self._optimizers = [OptimizerArgument(spec) for spec in convention.optimizers]
+        self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -623,7 +623,7 @@ class PrecompiledFunction:
         for optimizer in self._optimizers:
             tensors += optimizer.inputs(args[optimizer.spec.position], state)
         if self.convention.grad_inputs:
-            tensors += prior_grads(state, self.convention.grad_inputs)
+            tensors += self._prior_grads(state)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad).
         grad_enabled = torch.is_grad_enabled()
@@ -821,6 +821,23 @@ class PrecompiledFunction:
 
     # -- results -------------------------------------------------------------
 
+    def _prior_grads(self, state: list) -> list:
+        """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g)."""
+        grads = []
+        for index in self.convention.grad_inputs:
+            param, grad = state[index], state[index].grad
+            if grad is None:
+                grad = torch.zeros_like(param, memory_format=torch.preserve_format)
+            elif grad.shape != param.shape or grad.dtype != param.dtype or grad.stride() != param.stride():
+                module_index, name = self.convention.state[index].names[0]
+                raise PrecompileError(
+                    f"args[{self._module_positions[module_index]}].{name}.grad has shape {tuple(grad.shape)}, "
+                    f"dtype {grad.dtype}, strides {grad.stride()}; fn accumulates onto it inside the graph, "
+                    "which needs the parameter's shape, dtype and strides: set it to None (opt.zero_grad())"
+                )
+            grads.append(grad)
+        return grads
+
     def _accumulate_grads(self, state: list, grads: Any) -> None:
         # Like eager .backward(): assign when None, else accumulate in place;
         # assign_grads: the graph already accumulated onto the incoming .grad.
@@ -879,8 +896,8 @@ def initial_optimizer_state(keys: tuple[str, ...], param: torch.Tensor) -> dict:
 class OptimizerArgument:
     """Per-call work for one optimizer argument: check it, return its graph inputs."""
 
-    def __init__(self, spec: OptimizerSpec):
-        self.spec = spec
+    def __init__(self, spec: OptimizerSpec, backend: str):
+        self.spec, self.backend = spec, backend
         self.where = f"args[{spec.position}] (optimizer)"
         self.hyper_keys = [tuple(k for k, _ in group) for group in spec.hyper]
         self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
@@ -889,7 +906,7 @@ class OptimizerArgument:
 
     def inputs(self, optimizer: Any, state: list) -> list:
         spec = self.spec
-        if type(optimizer).__name__ != spec.cls or type(optimizer).__module__.split(".")[:2] != ["torch", "optim"]:
+        if type(optimizer) is not getattr(torch.optim, spec.cls):
             raise PrecompileError(
                 f"{self.where}: expected a torch.optim.{spec.cls} (captured), got {type(optimizer).__qualname__}"
             )
@@ -966,25 +983,7 @@ class OptimizerArgument:
         for index, (tensor, spec) in enumerate(zip(tensors, self.spec.tensors)):
             group_index, param_index = self.spec.stepped[index // len(keys)]
             what = f"{self.where} state of param_groups[{group_index}]['params'][{param_index}][{keys[index % len(keys)]!r}]"
-            check_tensor(what, tensor, spec, "inductor" if spec.stride is not None else "eager")
-
-
-def prior_grads(state: list, indices: tuple[int, ...]) -> list:
-    """Incoming .grad of each grad-input parameter; zeros (like eager's first add) when None."""
-    grads = []
-    for index in indices:
-        param = state[index]
-        grad = param.grad
-        if grad is None:
-            grad = torch.zeros_like(param, memory_format=torch.preserve_format)
-        elif grad.shape != param.shape or grad.dtype != param.dtype or grad.stride() != param.stride():
-            raise PrecompileError(
-                f"the .grad of parameter state[{index}] has shape {tuple(grad.shape)}, dtype {grad.dtype}, "
-                f"strides {grad.stride()}; fn accumulates onto it in the graph, which needs the "
-                "parameter's shape, dtype and layout: set it to None (opt.zero_grad())"
-            )
-        grads.append(grad)
-    return grads
+            check_tensor(what, tensor, spec, self.backend)
 
 
 # ---------------------------------------------------------------------------
