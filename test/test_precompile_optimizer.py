@@ -190,6 +190,23 @@ class TestOptimizerSemantics(OptimizerTestCase):
         train_step(ref_model, ref_opt, x, y)
         self.assert_same_training_state(model, opt, ref_model, ref_opt)
 
+    def test_optimizer_restored_when_fn_raises(self):
+        def fails_after_step(model, opt, x, y):
+            train_step(model, opt, x, y)
+            raise ValueError("boom")
+
+        model = _mlp()
+        opt = OPTIMIZERS["sgd_nesterov"](model)
+        groups, state = opt.param_groups[0].copy(), opt.state
+        with self.assertRaisesRegex(ValueError, "boom"):
+            precompile(fails_after_step, model, opt, *_data()[0], backend="eager")
+        self.assertIs(opt.state, state)
+        self.assertEqual(len(opt.state), 0)
+        self.assertEqual(opt.param_groups[0].keys(), groups.keys())
+        self.assertTrue(all(opt.param_groups[0][k] is groups[k] for k in groups))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        self.assertFalse(torch.compiler.is_compiling())
+
     def test_parameter_without_gradient_gets_no_state(self):
         def step_first_layer(model, opt, x):
             opt.zero_grad()
@@ -237,6 +254,13 @@ class TestOptimizerContract(TestCase):
         stray = nn.Parameter(torch.zeros(3))
         with self.assertRaisesRegex(PrecompileError, r"param_groups\[0\]\['params'\]\[4\].*not a parameter"):
             self.capture(lambda m: torch.optim.SGD([*m.parameters(), stray], lr=0.1))
+
+    def test_free_dims_are_refused(self):
+        model = _mlp()
+        x, y = _data()[0]
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with self.assertRaisesRegex(PrecompileError, "optimizer argument together with mark_unbacked"):
+            precompile(train_step, model, OPTIMIZERS["adamw"](model), x, y, backend="inductor")
 
     def test_step_hooks_are_refused(self):
         def with_hook(m):
