@@ -32,6 +32,7 @@ import _common  # noqa: E402  (imports no torch)
 
 
 WORKLOADS = {
+    "mlp_small": "MLP Linear(64,128) + ReLU + Linear(128,10), batch 32, cross-entropy (4 parameter tensors)",
     "mlp": "MLP 3x Linear(256) + ReLU, batch 64, cross-entropy (6 parameter tensors)",
     "transformer": "TransformerEncoder 4 layers, d_model 64, 4 heads, ff 128, batch 8 x seq 32, MSE (50 parameter tensors)",
 }
@@ -43,7 +44,10 @@ def build(name: str):
 
     torch.manual_seed(0)
     nn = torch.nn
-    if name == "mlp":
+    if name == "mlp_small":
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+        inputs = (torch.randn(32, 64), torch.randint(0, 10, (32,)))
+    elif name == "mlp":
         model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
         inputs = (torch.randn(64, 256), torch.randint(0, 256, (64,)))
     else:
@@ -158,7 +162,7 @@ print(json.dumps({{"build_s": t1 - t0, "start_s": t2 - t1}}))
 """
 
 
-def warm_start(name: str, workdir: Path, artifacts: dict, starts: int) -> dict:
+def warm_start(name: str, workdir: Path, artifacts: dict, starts: int, threads: int) -> dict:
     """Fresh processes: build model + optimizer, then load + first call (or eager's first call).
 
     Constructing any torch.optim optimizer imports torch._dynamo in stock torch
@@ -181,22 +185,16 @@ def warm_start(name: str, workdir: Path, artifacts: dict, starts: int) -> dict:
 
     run("precompile", 1)  # writes bytecode and primes the kernel directory
     results = {}
-    for threads in (1, torch_threads()):
+    for count in sorted({1, threads}):
         for method in ("precompile", "eager"):
-            runs = [run(method, threads) for _ in range(starts)]
-            results[f"{method}/{threads}"] = {
+            runs = [run(method, count) for _ in range(starts)]
+            results[f"{method}/{count}"] = {
                 key: _common.median([r[key] for r in runs]) for key in ("build_s", "start_s")
             }
     return results
 
 
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
-def measure(name: str, workdir: Path, repeats: int, starts: int) -> dict:
+def measure(name: str, workdir: Path, repeats: int, starts: int, threads: int) -> dict:
     import torch
 
     model, opt, (x, y) = build(name)
@@ -207,7 +205,7 @@ def measure(name: str, workdir: Path, repeats: int, starts: int) -> dict:
     return {
         "build_s": build_s,
         "max_param_diff_after_5": agreement(name, artifacts),
-        "warm_start": warm_start(name, workdir, artifacts, starts),
+        "warm_start": warm_start(name, workdir, artifacts, starts, threads),
         "steady": steady(name, artifacts, repeats),
     }
 
@@ -237,7 +235,7 @@ def render(results: dict) -> str:
                 ])
     steady_headers = [
         "workload", "eager", "torch.compile", "precompile, eager opt.step()", "precompile+opt",
-        "speedup vs eager", "vs torch.compile", "vs precompile w/o opt", "max |param - eager| after 5 its",
+        "speedup vs eager", "vs torch.compile", "vs precompile w/o opt", "max abs(param - eager) after 5 its",
     ]
     start_headers = [
         "workload", "threads", "precompile+opt: load() + first call", "eager: first iteration",
@@ -263,11 +261,14 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     args = parser.parse_args()
-    import torch  # noqa: F401
+    import torch
 
+    threads = torch.get_num_threads()  # the default, before steady() pins 1 thread
     mach, load_before, began = _common.machine(), _common.load_average(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="optimizer-step-") as workdir:
-        results = {name: measure(name, Path(workdir), args.repeats, args.starts) for name in args.workloads.split(",")}
+        results = {
+            name: measure(name, Path(workdir), args.repeats, args.starts, threads) for name in args.workloads.split(",")
+        }
     header = _common.report_header(
         "Optimizer inside the artifact (issue 15)", sys.argv, mach, load_before, _common.load_average(),
         time.perf_counter() - began,
