@@ -135,7 +135,8 @@ class CallingConvention(NamedTuple):
     """Everything a caller must match; rendered into python_code as literals.
 
     Graph inputs are ``state`` tensors, then the tensor leaves of the user
-    inputs, then the free ``sizes`` (ints), then ``constants``.  Graph outputs are the tensor leaves of fn's
+    inputs, then the free ``sizes`` (ints), then each optimizer's lrs and state
+    tensors, then the incoming grads of ``grad_inputs``, then ``constants``.  Graph outputs are the tensor leaves of fn's
     result, then one gradient per entry of ``grad_state``.
     """
 
