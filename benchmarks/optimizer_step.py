@@ -176,9 +176,9 @@ def warm_start(name: str, workdir: Path, artifacts: dict, starts: int, threads: 
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / "inductor"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
 
-    def run(method: str, threads: int) -> dict:
+    def run(method: str, count: int) -> dict:
         child = _START_CHILD.format(
-            bench=str(_common.BENCH_DIR), code=str(code), cache=str(cache), name=name, method=method, threads=threads
+            bench=str(_common.BENCH_DIR), code=str(code), cache=str(cache), name=name, method=method, threads=count
         )
         out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
