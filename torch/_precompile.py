@@ -75,6 +75,8 @@ says who guarantees it and, where it is enforced, which tests (in
    call reproduce eager's ``torch.manual_seed(s); fn(...)``
    (test_precompile_capture_soundness.py test_rng_untouched_*,
    test_rebinding_caller_grad_refused_and_restored).
+   An optimizer argument's param_groups and state are restored too
+   (invariant 15).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
    environment (torch, Python, platform, CPU capability) equals this
    process's; otherwise ``load`` warns once and compiles from python_code.
@@ -163,6 +165,32 @@ says who guarantees it and, where it is enforced, which tests (in
    fn's source line: call the optimizer outside fn
    (test_optimizer_in_fn_refused_before_it_changes_anything,
    test_write_through_closure_refused_before_writing).
+15. Optimizers are arguments, not state.  A ``torch.optim`` SGD, Adam or
+   AdamW argument is lifted like a module: its param groups map onto the
+   lifted parameters by identity (an optimizer over any other tensor is
+   refused), and its state tensors (momentum_buffer; step, exp_avg,
+   exp_avg_sq, max_exp_avg_sq) are graph inputs updated in place, so the
+   artifact holds no optimizer state and ``opt.step()`` inside fn is part of
+   the one graph.  Capture points the optimizer's param_groups and state at
+   the traced leaves and clones while fn runs, then restores them.
+   Hyperparameters: ``lr`` is a 0-dim float64 graph input read from the
+   runtime optimizer at every call (LR schedulers work without re-capture);
+   every other group key in ``opt.defaults`` (momentum, betas, eps,
+   weight_decay, foreach, maximize, ...) is baked and a different runtime
+   value is refused, naming the group and key.  State missing at a call (a
+   fresh optimizer) is created as eager's first step would (zeros, ``step``
+   0), and the graph computes eager's first-step values from it; a parameter
+   that gets no gradient gets no state.  Adam/AdamW trace their capturable
+   formulation and foreach SGD multiplies then adds, so results equal eager's
+   within float noise (single-tensor SGD on backend='eager': bit-exact).
+   With an optimizer argument the incoming ``.grad`` is a graph input too
+   (fn's backward accumulates onto it in the graph, or fn's zero_grad drops
+   it) and the runnable assigns the resulting ``.grad``.  Refused at capture:
+   other optimizer classes, fused / capturable / differentiable, SGD
+   dampening, tensor hyperparameters, step hooks, per-group state layouts that
+   differ, and free dims.  Checked at every call: class, number of groups,
+   the parameters (identity against the runtime modules'), baked values,
+   state keys, shapes, dtypes and layout (test_precompile_optimizer.py).
 """
 
 if __name__ == "__main__":
@@ -177,6 +205,7 @@ if __name__ == "__main__":
 
 import ast
 import atexit
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -208,6 +237,7 @@ from torch._precompile_runtime import (
     ConstantSpec,
     LeafSpec,
     ModuleSpec,
+    OptimizerSpec,
     PrecompileError,
     StateSpec,
     TensorSpec,
@@ -253,6 +283,7 @@ class _Arguments:
     input_spec: pytree.TreeSpec
     input_paths: list  # "args[1]['x']" per input leaf
     tensor_indices: list  # input leaves that are tensors
+    optimizers: list = dataclasses.field(default_factory=list)  # [_LiftedOptimizer]
 
 
 @dataclasses.dataclass
@@ -290,7 +321,10 @@ def _lift_state(modules: list) -> list:
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
-    user_positions = [i for i in range(len(example_inputs)) if i not in module_positions]
+    optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
+    user_positions = [
+        i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
+    ]
     user_args = tuple(example_inputs[i] for i in user_positions)
     for position, arg in zip(user_positions, user_args):
         _check_recordable_structure(f"args[{position}]", arg)
@@ -302,16 +336,18 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     for what, leaf in zip(input_paths, input_leaves):
         if not isinstance(leaf, torch.Tensor):
             _check_value_leaf(what, leaf)
+    lifted = _lift_state(modules)
     return _Arguments(
         example_inputs=example_inputs,
         module_positions=module_positions,
         modules=modules,
         user_positions=user_positions,
-        lifted=_lift_state(modules),
+        lifted=lifted,
         input_leaves=input_leaves,
         input_spec=input_spec,
         input_paths=input_paths,
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
+        optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
     )
 
 
@@ -453,9 +489,12 @@ class _CaptureGuard(TorchDispatchMode):
     # torch.cond & co. pass through to make_fx; the contract refuses them after the trace.
     supports_higher_order_operators = True
 
-    def __init__(self, caller_tensors: dict):
+    def __init__(self, caller_tensors: dict, optimizer_arguments: bool):
         super().__init__()
         self.caller_tensors = caller_tensors  # storage address -> "args[0].weight (parameter)"
+        # Optimizers that are arguments of fn step the traced copies (invariant 15);
+        # any other optimizer's writes to the caller's tensors are still refused below.
+        self.optimizer_arguments = optimizer_arguments
         self.produced_grads: dict[int, tuple] = {}  # id(grad) -> (grad, state index)
         self.reads_grad: set = set()
 
@@ -473,7 +512,7 @@ class _CaptureGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
-        if func is torch.ops.profiler._record_function_enter_new.default:
+        if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
         self._refuse_untracked_writes(func, args, kwargs)
         # The autograd engine's own accumulation (a second backward) is no read.
@@ -571,10 +610,12 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
 
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
     caller_tensors = _caller_tensors(args)
+    num_optimizer = len(_optimizer_example_inputs(args))
 
     def flat_fn(*flat):
         state = flat[:num_state]
         tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
+        optimizer_inputs = flat[len(flat) - num_optimizer :]
         leaves = list(args.input_leaves)
         for index, tensor in zip(args.tensor_indices, tensors):
             leaves[index] = tensor
@@ -585,10 +626,12 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for entry, leaf in zip(args.lifted, state):
             for index, fqn in entry.names:
                 mappings[index][fqn] = leaf
-        guard = _CaptureGuard(caller_tensors)
+        guard = _CaptureGuard(caller_tensors, bool(args.optimizers))
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(_reparametrize_module(module, mapping))
+            if args.optimizers:
+                stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             for index, (entry, leaf) in enumerate(zip(args.lifted, state)):
                 if entry.kind == "parameter" and leaf.requires_grad:
                     hook = leaf.register_post_accumulate_grad_hook(functools.partial(guard.grad_produced, index))
@@ -618,7 +661,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
 
     inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
         _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
-    ]
+    ] + _optimizer_example_inputs(args)
     try:
         graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
     except PrecompileError:
@@ -850,6 +893,11 @@ def _seen_as_export():
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
     free_dims = _read_marks(args, backend)
+    if free_dims and args.optimizers:
+        raise PrecompileError(
+            "an optimizer argument together with mark_unbacked dims is not supported yet: "
+            "remove the marks (sizes are then specialized) or keep opt.step() outside fn"
+        )
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
     with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModeReads(args) as mode_reads:
@@ -857,6 +905,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
             graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
+    optimizers, grad_inputs = _finish_optimizer_inputs(graph, example, args, backend)
 
     outputs, graph_index = [], 0
     for i, leaf in enumerate(recorded["out_leaves"]):
@@ -911,6 +960,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
         autocast=runtime.autocast_state(),
         reads_grad=tuple(recorded["reads_grad"]),
+        optimizers=optimizers,
+        grad_inputs=grad_inputs,
+        assign_grads=bool(optimizers),
     )
     return _Capture(graph, convention, example)
 
@@ -1071,6 +1123,228 @@ def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tenso
                 "gradients of module parameters: pass the input with requires_grad=False "
                 "(e.g. x.detach()) or make it a parameter of a module argument"
             )
+
+
+# ---------------------------------------------------------------------------
+# Optimizers as arguments (Note invariant 11): lifted like modules.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _LiftedOptimizer:
+    position: int
+    optimizer: torch.optim.Optimizer
+    cls: str  # key of runtime.OPTIMIZER_STATE_KEYS
+    groups: list  # per param group: indices into args.lifted
+    hyper: list  # per param group: [(key, baked value)], every default but lr
+    keys: tuple  # state keys of one stepped parameter
+    state: list  # per (group, param): {key: example tensor} (a clone, or eager's initial state)
+
+
+_SUPPORTED_OPTIMIZERS = {cls.__name__: cls for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)}
+# Options whose step the trace cannot reproduce; the value is why.
+_REFUSED_OPTIONS = {
+    "fused": "the fused kernel's rounding differs from the traced step; pass fused=False (backend "
+    "'inductor' fuses the update itself)",
+    "capturable": "it is for CUDA graphs and eager refuses it on CPU; pass capturable=False (precompile "
+    "traces the capturable formulation itself)",
+    "differentiable": "a step that builds autograd history cannot be part of the graph; pass differentiable=False",
+}
+
+
+def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptimizer:
+    where = f"args[{position}] (optimizer)"
+    cls = type(optimizer).__name__
+    if _SUPPORTED_OPTIMIZERS.get(cls) is not type(optimizer):
+        raise PrecompileError(
+            f"{where}: {type(optimizer).__qualname__} is not supported inside fn (supported: "
+            f"{', '.join('torch.optim.' + c for c in _SUPPORTED_OPTIMIZERS)}); keep opt.step() outside "
+            "fn and precompile the forward/backward step only"
+        )
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or (
+        _global_optimizer_pre_hooks or _global_optimizer_post_hooks
+    ):
+        raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
+    parameter_index = {id(e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
+    groups, hyper, state, keys = [], [], [], None
+    for g, group in enumerate(optimizer.param_groups):
+        _check_optimizer_group(where, g, cls, group)
+        group_keys = runtime.optimizer_state_keys(cls, group)
+        if keys not in (None, group_keys):
+            raise PrecompileError(
+                f"{where} param_groups[{g}]: its state keys {list(group_keys)} differ from group 0's "
+                f"{list(keys)} (momentum / amsgrad per group); use the same options in every group"
+            )
+        keys = group_keys
+        indices = []
+        for j, param in enumerate(group["params"]):
+            if id(param) not in parameter_index:
+                raise PrecompileError(
+                    f"{where} param_groups[{g}]['params'][{j}] (shape {tuple(param.shape)}) is not a "
+                    "parameter of any module argument of fn; the artifact can only update lifted "
+                    "parameters: pass the module that owns it as an argument"
+                )
+            indices.append(parameter_index[id(param)])
+            state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), param))
+        groups.append(indices)
+        hyper.append([(key, group[key]) for key in sorted(optimizer.defaults) if key != "lr"])
+    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state)
+
+
+def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
+    for key, why in _REFUSED_OPTIONS.items():
+        if group.get(key):
+            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]=True is not supported: {why}")
+    if cls == "SGD" and group["dampening"] != 0:
+        raise PrecompileError(
+            f"{where} param_groups[{g}]['dampening']={group['dampening']} is not supported: eager's first "
+            "step initializes the momentum buffer without dampening, which one graph cannot reproduce; "
+            "use dampening=0 or keep opt.step() outside fn"
+        )
+    for key, value in group.items():
+        if key != "params" and isinstance(value, torch.Tensor):
+            raise PrecompileError(
+                f"{where} param_groups[{g}][{key!r}] is a Tensor; pass a Python float (lr becomes a graph "
+                "input; other hyperparameters are baked)"
+            )
+        if key != "params" and not isinstance(value, (*runtime.LEAF_VALUE_TYPES, tuple)):
+            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}")
+
+
+def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: Any, param: torch.Tensor) -> dict:
+    """Clones of the caller's state, or eager's initial state before the first step."""
+    if not existing:
+        return runtime.initial_optimizer_state(keys, param)
+    if set(existing) != set(keys):
+        raise PrecompileError(
+            f"{where} state of param_groups[{g}]['params'][{j}] has keys {sorted(existing)}, expected "
+            f"{sorted(keys)}: it does not belong to this optimizer's options"
+        )
+    return {key: _clone_leaf(existing[key]) for key in keys}
+
+
+def _optimizer_example_inputs(args: _Arguments) -> list:
+    """Flat graph inputs after the sizes: per optimizer lrs then state; then incoming grads."""
+    inputs = []
+    for lifted in args.optimizers:
+        # float64 like eager's Python float; requires_grad steers SGD onto its
+        # tensor-lr path (addcmul) instead of reading lr as a number.
+        inputs += [
+            torch.tensor(group["lr"], dtype=torch.float64, requires_grad=True)
+            for group in lifted.optimizer.param_groups
+        ]
+        inputs += [tensor for entry in lifted.state for tensor in entry.values()]
+    if args.optimizers:
+        inputs += [torch.zeros_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
+    return inputs
+
+
+def _grad_candidates(args: _Arguments) -> list:
+    return [i for i, e in enumerate(args.lifted) if e.kind == "parameter" and e.tensor.requires_grad]
+
+
+@contextlib.contextmanager
+def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
+    """While fn runs, point each optimizer at the traced leaves and inputs; restore after.
+
+    Adam/AdamW trace their ``capturable`` formulation (step, lr and bias
+    corrections as tensor ops, not Python numbers baked into the graph), with
+    ``torch.compiler.is_compiling()`` true during ``step()`` like under
+    torch.compile, so no tensor is read back as a number.
+    """
+    inputs = iter(inputs)
+    saved, handles = [], []
+    compiling = torch.compiler._is_compiling_flag
+    try:
+        for lifted in args.optimizers:
+            optimizer = lifted.optimizer
+            saved.append((optimizer, optimizer.state, [dict(group) for group in optimizer.param_groups]))
+            traced_state = collections.defaultdict(dict)
+            for group, indices in zip(optimizer.param_groups, lifted.groups):
+                group["params"], group["lr"] = [state[i] for i in indices], next(inputs)
+                if lifted.cls != "SGD":
+                    group["capturable"] = True
+            for group in optimizer.param_groups:
+                for leaf in group["params"]:
+                    traced_state[leaf] = {key: next(inputs) for key in lifted.keys}
+            optimizer.state = traced_state
+            handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
+            handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
+        for index in _grad_candidates(args):
+            # A graph input, so backward without zero_grad accumulates onto it in-graph.
+            state[index].grad = next(inputs)
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = compiling
+        for handle in handles:
+            handle.remove()
+        for optimizer, original_state, groups in saved:
+            optimizer.state = original_state
+            for group, original in zip(optimizer.param_groups, groups):
+                group.clear()
+                group.update(original)
+
+
+def _set_compiling(value: bool) -> None:
+    torch.compiler._is_compiling_flag = value
+
+
+_PROFILER_OPS = ("profiler._record_function_enter_new", "profiler._record_function_exit")
+
+
+def _finish_optimizer_inputs(graph: torch.fx.GraphModule, example: list, args: _Arguments, backend: str) -> tuple:
+    """Drop the step's profiler ranges and the optimizer inputs fn never read.
+
+    State of a parameter that got no gradient (eager creates none) and incoming
+    grads that fn cleared with zero_grad are unused placeholders: erase them, so
+    the runtime neither creates that state nor passes those grads.
+    """
+    if not args.optimizers:
+        return (), ()
+    for node in reversed(list(graph.graph.nodes)):
+        if node.op == "call_function" and str(node.target).startswith(_PROFILER_OPS):
+            graph.graph.erase_node(node)
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    position = len(args.lifted) + len(args.tensor_indices)  # real trace: no free sizes
+    unused = set()
+    specs = []
+    for lifted in args.optimizers:
+        position += len(lifted.groups)  # the lrs stay, even when unused
+        stepped, tensors = [], []
+        slots = [(g, j) for g, indices in enumerate(lifted.groups) for j in range(len(indices))]
+        for slot, entry in zip(slots, lifted.state):
+            nodes = placeholders[position : position + len(entry)]
+            if any(node.users for node in nodes):
+                stepped.append(slot)
+                tensors += [_tensor_spec(t, backend) for t in entry.values()]
+            else:
+                unused.update(range(position, position + len(entry)))
+            position += len(entry)
+        specs.append(
+            OptimizerSpec(
+                position=lifted.position,
+                cls=lifted.cls,
+                groups=tuple(tuple(g) for g in lifted.groups),
+                hyper=tuple(tuple(h) for h in lifted.hyper),
+                keys=tuple(lifted.keys),
+                stepped=tuple(stepped),
+                tensors=tuple(tensors),
+            )
+        )
+    grad_inputs = []
+    for index in _grad_candidates(args):
+        if placeholders[position].users:
+            grad_inputs.append(index)
+        else:
+            unused.add(position)
+        position += 1
+    for i in sorted(unused, reverse=True):
+        graph.graph.erase_node(placeholders[i])
+        del example[i]
+    graph.recompile()
+    return tuple(specs), tuple(grad_inputs)
 
 
 # ---------------------------------------------------------------------------
@@ -1484,9 +1758,17 @@ def _describe_call(convention: CallingConvention) -> str:
     """One comment line per argument, for the artifact's header."""
     lines = []
     modules = {m.position: m for m in convention.modules}
+    optimizers = {o.position: o for o in convention.optimizers}
     spec = pytree.treespec_loads(convention.input_spec)
     leaves = iter(convention.inputs)
     for position in range(convention.arity):
+        if position in optimizers:
+            o = optimizers[position]
+            lines.append(
+                f"args[{position}]: torch.optim.{o.cls} over {sum(map(len, o.groups))} parameters in "
+                f"{len(o.groups)} groups (lr read at every call; state updated in place)"
+            )
+            continue
         if position in modules:
             module = modules[position]
             lines.append(

@@ -121,13 +121,31 @@ class ConstantSpec(NamedTuple):
     data: str  # base64 of the raw little-endian bytes
 
 
+class OptimizerSpec(NamedTuple):
+    """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
+
+    Graph inputs per optimizer: one 0-dim float64 ``lr`` per param group, then
+    the ``keys`` state tensors of each ``stepped`` parameter.  Every other
+    hyperparameter is baked and must be equal at every call.
+    """
+
+    position: int  # positional index in fn's arguments
+    cls: str  # "SGD", "Adam" or "AdamW" (torch.optim.<cls>, exact type)
+    groups: tuple[tuple[int, ...], ...]  # per param group: indices into state
+    hyper: tuple[tuple[tuple[str, Any], ...], ...]  # per param group: baked (key, value)
+    keys: tuple[str, ...]  # state keys of one stepped parameter, in input order
+    stepped: tuple[tuple[int, int], ...]  # (group, index in group) with state inputs
+    tensors: tuple[TensorSpec, ...]  # the state inputs, len(stepped) * len(keys)
+
+
 class CallingConvention(NamedTuple):
     """Everything a caller must match; rendered into python_code as literals.
 
     Graph inputs are ``state`` tensors, then the tensor leaves of the user
-    inputs, then the free ``sizes`` (ints), then ``constants``.  Graph outputs are the tensor leaves of fn's
-    result, then one gradient per entry of ``grad_state``.  The last four
-    fields are the global state and aliasing the graph was captured under.
+    inputs, then the free ``sizes`` (ints), then each optimizer's lrs and state
+    tensors, then the incoming grads of ``grad_inputs``, then ``constants``.  Graph outputs are the tensor leaves of fn's
+    result, then one gradient per entry of ``grad_state``.  ``needs_grad`` to
+    ``autocast`` record the global state and aliasing the graph was captured under.
     """
 
     format_version: int
@@ -152,6 +170,13 @@ class CallingConvention(NamedTuple):
     # grad_state entries whose gradient fn reads after backward() (clip_grad_norm_):
     # captured with .grad None, so a call finding .grad set is refused.
     reads_grad: tuple[int, ...] = ()
+    # Optimizer arguments (see OptimizerSpec); their inputs follow the sizes.
+    optimizers: tuple[OptimizerSpec, ...] = ()
+    # State indices whose incoming .grad is a graph input (after the optimizers'
+    # inputs; zeros when None), so fn's backward accumulates onto it in-graph.
+    grad_inputs: tuple[int, ...] = ()
+    # True: the graph's gradients are the final .grad (assigned, not accumulated).
+    assign_grads: bool = False
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -164,8 +189,8 @@ class CallingConvention(NamedTuple):
 
     @property
     def user_positions(self) -> tuple[int, ...]:
-        module_positions = {m.position for m in self.modules}
-        return tuple(i for i in range(self.arity) if i not in module_positions)
+        lifted = {m.position for m in self.modules} | {o.position for o in self.optimizers}
+        return tuple(i for i in range(self.arity) if i not in lifted)
 
 
 def _to_literal(value: Any) -> Any:
@@ -201,6 +226,8 @@ _NESTED = {
     ("CallingConvention", "inputs"): LeafSpec,
     ("CallingConvention", "outputs"): LeafSpec,
     ("CallingConvention", "constants"): ConstantSpec,
+    ("CallingConvention", "optimizers"): OptimizerSpec,
+    ("OptimizerSpec", "tensors"): TensorSpec,
     ("StateSpec", "tensor"): TensorSpec,
     ("LeafSpec", "tensor"): TensorSpec,
 }
@@ -216,6 +243,8 @@ def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
         return _from_literal(nested, value)
     if name == "value":
         return _value_from_literal(value)
+    if name == "hyper":
+        return tuple(tuple((k, _tuples(_value_from_literal(v))) for k, v in group) for group in value)
     return _tuples(value)
 
 
@@ -361,7 +390,7 @@ def validate_convention(c: "CallingConvention") -> None:
             check_tensor_spec(f"inputs[{index}].tensor", leaf.tensor)
         elif not isinstance(leaf.value, LEAF_VALUE_TYPES):
             fail(f"inputs[{index}].value")
-    load_spec("input_spec", c.input_spec, len(c.inputs), c.arity - len(c.modules))
+    load_spec("input_spec", c.input_spec, len(c.inputs), c.arity - len(c.modules) - len(c.optimizers))
     graph_outputs = []
     for index, leaf in enumerate(c.outputs):
         if not isinstance(leaf, LeafSpec) or leaf.tensor is not None:
@@ -391,6 +420,11 @@ def validate_convention(c: "CallingConvention") -> None:
             and c.inputs[size[0]].tensor.shape[size[1]] is None
         ):
             fail(f"sizes[{index}]")
+    _validate_optimizers(c, fail, is_int, check_tensor_spec, positions)
+    if not isinstance(c.assign_grads, bool) or list(c.grad_inputs) != sorted(set(c.grad_inputs)) or not all(
+        is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in c.grad_inputs
+    ):
+        fail(f"grad_inputs {c.grad_inputs!r} / assign_grads {c.assign_grads!r}")
     for index, k in enumerate(c.constants):
         if not isinstance(k, ConstantSpec) or not isinstance(k.shape, tuple) or not all(is_int(s) for s in k.shape):
             fail(f"constants[{index}]")
@@ -414,6 +448,39 @@ def validate_convention(c: "CallingConvention") -> None:
         isinstance(a, tuple) and len(a) == 2 and a[0] in AUTOCAST_DEVICES and is_dtype(a[1]) for a in c.autocast
     ):
         fail(f"autocast {c.autocast!r}")
+
+
+def _validate_optimizers(c: "CallingConvention", fail, is_int, check_tensor_spec, module_positions: list) -> None:
+    positions = set(module_positions)
+    for index, o in enumerate(c.optimizers):
+        where = f"optimizers[{index}]"
+        if not isinstance(o, OptimizerSpec) or not is_int(o.position) or o.position >= c.arity:
+            fail(where)
+        if o.position in positions or o.cls not in OPTIMIZER_STATE_KEYS:
+            fail(f"{where}.position / cls")
+        positions.add(o.position)
+        if not isinstance(o.groups, tuple) or not all(
+            isinstance(g, tuple) and all(is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in g)
+            for g in o.groups
+        ):
+            fail(f"{where}.groups")
+        if not isinstance(o.hyper, tuple) or len(o.hyper) != len(o.groups) or not all(
+            isinstance(h, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 and type(kv[0]) is str for kv in h)
+            for h in o.hyper
+        ):
+            fail(f"{where}.hyper")
+        if not isinstance(o.keys, tuple) or not all(type(k) is str for k in o.keys):
+            fail(f"{where}.keys")
+        if not isinstance(o.stepped, tuple) or not all(
+            isinstance(s, tuple) and len(s) == 2 and is_int(s[0]) and s[0] < len(o.groups)
+            and is_int(s[1]) and s[1] < len(o.groups[s[0]])
+            for s in o.stepped
+        ):
+            fail(f"{where}.stepped")
+        if not isinstance(o.tensors, tuple) or len(o.tensors) != len(o.stepped) * len(o.keys):
+            fail(f"{where}.tensors")
+        for i, t in enumerate(o.tensors):
+            check_tensor_spec(f"{where}.tensors[{i}]", t)
 
 
 def _tuples(value: Any) -> Any:
@@ -654,6 +721,7 @@ class PrecompiledFunction:
         ]
         self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
+        self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -695,8 +763,12 @@ class PrecompiledFunction:
             self._check_aliasing(tensors, self._input_alias_pairs)
         if self._free_inputs:
             tensors += self._free_sizes(leaves)
-        if self.convention.reads_grad:
+        if self.convention.reads_grad and not self.convention.assign_grads:  # else .grad is a graph input
             self._refuse_accumulated_grads(state)
+        for optimizer in self._optimizers:
+            tensors += optimizer.inputs(args[optimizer.spec.position], state)
+        if self.convention.grad_inputs:
+            tensors += self._prior_grads(state)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad).
         torch._C._set_grad_enabled(False)
@@ -982,12 +1054,30 @@ class PrecompiledFunction:
                     ".grad None: eager would read the accumulated gradient, the artifact only this "
                     "call's. Call optimizer.zero_grad(set_to_none=True) before the call"
                 )
+    def _prior_grads(self, state: list) -> list:
+        """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g)."""
+        grads = []
+        for index in self.convention.grad_inputs:
+            param, grad = state[index], state[index].grad
+            if grad is None:
+                grad = torch.zeros_like(param, memory_format=torch.preserve_format)
+            elif grad.shape != param.shape or grad.dtype != param.dtype or grad.stride() != param.stride():
+                module_index, name = self.convention.state[index].names[0]
+                raise PrecompileError(
+                    f"args[{self._module_positions[module_index]}].{name}.grad has shape {tuple(grad.shape)}, "
+                    f"dtype {grad.dtype}, strides {grad.stride()}; fn accumulates onto it inside the graph, "
+                    "which needs the parameter's shape, dtype and strides: set it to None (opt.zero_grad())"
+                )
+            grads.append(grad)
+        return grads
 
     def _accumulate_grads(self, state: list, grads: Any) -> None:
-        # Like eager .backward(): assign when None, else accumulate in place.
+        # Like eager .backward(): assign when None, else accumulate in place;
+        # assign_grads: the graph already accumulated onto the incoming .grad.
+        assign = self.convention.assign_grads
         for index, grad in zip(self.convention.grad_state, grads):
             param = state[index]
-            if param.grad is None:
+            if assign or param.grad is None:
                 param.grad = grad
             else:
                 param.grad.add_(grad)
@@ -998,6 +1088,135 @@ class PrecompiledFunction:
             for leaf in self.convention.outputs
         ]
         return pytree.tree_unflatten(leaves, self._output_spec)
+
+
+# ---------------------------------------------------------------------------
+# Optimizer arguments (Note [precompile programming model], invariant 11)
+# ---------------------------------------------------------------------------
+
+
+# State keys the traced step reads and writes, per supported torch.optim class.
+OPTIMIZER_STATE_KEYS = {
+    "SGD": ("momentum_buffer",),
+    "Adam": ("step", "exp_avg", "exp_avg_sq"),
+    "AdamW": ("step", "exp_avg", "exp_avg_sq"),
+}
+
+
+def optimizer_state_keys(cls: str, group: dict) -> tuple[str, ...]:
+    """The state one stepped parameter of ``group`` has after eager's first step."""
+    if cls == "SGD":
+        return OPTIMIZER_STATE_KEYS[cls] if group["momentum"] != 0 else ()
+    return OPTIMIZER_STATE_KEYS[cls] + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+
+
+def initial_optimizer_state(keys: tuple[str, ...], param: torch.Tensor) -> dict:
+    """State as eager's ``_init_group`` creates it before the first step.
+
+    SGD's first step sets ``momentum_buffer = grad.clone()``; the graph computes
+    ``zeros * momentum + grad`` instead, which is the same value (dampening is
+    required to be 0).  Adam's ``step`` is a CPU scalar of ``_get_scalar_dtype()``.
+    """
+    state = {}
+    for key in keys:
+        if key == "step":
+            state[key] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32)
+        else:
+            state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    return state
+
+
+class OptimizerArgument:
+    """Per-call work for one optimizer argument: check it, return its graph inputs."""
+
+    def __init__(self, spec: OptimizerSpec, backend: str):
+        self.spec, self.backend = spec, backend
+        self.where = f"args[{spec.position}] (optimizer)"
+        self.hyper_keys = [tuple(k for k, _ in group) for group in spec.hyper]
+        self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
+        self.lr = [(None, None)] * len(spec.groups)  # per group: (value, 0-dim tensor)
+        self.guard = None  # TensorGuards over the state tensors, armed after a full check
+
+    def inputs(self, optimizer: Any, state: list) -> list:
+        spec = self.spec
+        if type(optimizer) is not getattr(torch.optim, spec.cls):
+            raise PrecompileError(
+                f"{self.where}: expected a torch.optim.{spec.cls} (captured), got {type(optimizer).__qualname__}"
+            )
+        if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+            raise PrecompileError(f"{self.where}: has step hooks, which the artifact would not run; remove them")
+        groups = optimizer.param_groups
+        if len(groups) != len(spec.groups):
+            raise PrecompileError(
+                f"{self.where}: expected {len(spec.groups)} param groups (captured), got {len(groups)}"
+            )
+        lrs = []
+        for index, group in enumerate(groups):
+            self._check_group(index, group, state)
+            lrs.append(self._lr_tensor(index, group["lr"]))
+        tensors = []
+        for group_index, param_index in spec.stepped:
+            param = groups[group_index]["params"][param_index]
+            entry = optimizer.state.get(param)
+            if not entry:  # before eager's first step: create it as _init_group would
+                entry = optimizer.state[param] = initial_optimizer_state(spec.keys, param)
+            try:
+                tensors += [entry[key] for key in spec.keys]
+            except KeyError as error:
+                raise PrecompileError(
+                    f"{self.where} state of param_groups[{group_index}]['params'][{param_index}] has no "
+                    f"{error.args[0]!r} (captured keys {list(spec.keys)}); load a state_dict of the same optimizer"
+                ) from None
+        if self.guard is None or not self._guard_passes(tensors):
+            self._check_state(tensors)
+            self.guard = torch._C._dynamo.guards.TensorGuards(
+                *tensors,
+                dynamic_dims_sizes=[list(t.shape) for t in spec.tensors],
+                dynamic_dims_strides=[_checked_strides(t) for t in spec.tensors],
+            )
+        optimizer._opt_called = True  # what eager opt.step() tells an LR scheduler
+        return lrs + tensors
+
+    def _check_group(self, index: int, group: dict, state: list) -> None:
+        params, expected = group["params"], self.spec.groups[index]
+        if len(params) != len(expected) or not all(p is state[i] for p, i in zip(params, expected)):
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}]['params']: expected the {len(expected)} parameters of "
+                "the module arguments it held at capture, in the same order, got other tensors; build the "
+                "optimizer over the model passed with it"
+            )
+        keys, want = self.hyper_keys[index], self.hyper_values[index]
+        got = tuple(group.get(key) for key in keys)
+        if got != want:
+            key, w, g = next((k, w, g) for k, w, g in zip(keys, want, got) if w != g)
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}][{key!r}]: expected {w!r} (baked at capture), got {g!r}; "
+                "only 'lr' may change between calls: precompile again for other values"
+            )
+
+    def _lr_tensor(self, index: int, lr: Any) -> torch.Tensor:
+        value, tensor = self.lr[index]
+        if lr != value or type(lr) is not type(value):
+            if not isinstance(lr, (float, int)) or isinstance(lr, bool):
+                raise PrecompileError(
+                    f"{self.where} param_groups[{index}]['lr']: expected a float, got {type(lr).__name__}"
+                )
+            tensor = torch.tensor(float(lr), dtype=torch.float64)
+            self.lr[index] = (lr, tensor)
+        return tensor
+
+    def _guard_passes(self, tensors: list) -> bool:
+        try:
+            return self.guard.check(*tensors)
+        except TypeError:
+            return False
+
+    def _check_state(self, tensors: list) -> None:
+        keys = self.spec.keys
+        for index, (tensor, spec) in enumerate(zip(tensors, self.spec.tensors)):
+            group_index, param_index = self.spec.stepped[index // len(keys)]
+            what = f"{self.where} state of param_groups[{group_index}]['params'][{param_index}][{keys[index % len(keys)]!r}]"
+            check_tensor(what, tensor, spec, self.backend)
 
 
 # ---------------------------------------------------------------------------

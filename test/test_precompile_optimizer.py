@@ -1,0 +1,299 @@
+# Owner(s): ["module: dynamo"]
+"""The whole training iteration in one artifact: optimizers as arguments.
+
+Proves Note [precompile programming model] invariant 11: after every call the
+parameters, ``.grad`` and optimizer state (``step`` included) equal eager's
+after the same eager iteration, on both backends, with an LR scheduler, with
+and without zero_grad inside fn, across state_dict checkpoints; options the
+trace cannot reproduce are refused with a PrecompileError.  Artifacts are
+built once per test process (``_artifact``); models stay tiny.
+"""
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+from torch.compiler import PrecompileError
+
+
+precompile = torch.compiler.precompile
+BACKENDS = ("eager", "inductor")
+# Adam/AdamW trace the capturable formulation (float32 bias corrections) and
+# foreach SGD multiplies then adds (eager fuses alpha into the add): float noise
+# against eager.  Single-tensor SGD on backend='eager' is bit-exact.
+TOLERANCE = {"atol": 1e-6, "rtol": 1e-5}
+BIT_EXACT_ON_EAGER = ("sgd", "sgd_nesterov")
+
+_ARTIFACTS: dict = {}
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _groups(model):
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    return [{"params": weights, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}]
+
+
+OPTIMIZERS = {
+    "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+    "sgd_momentum_foreach": lambda m: torch.optim.SGD(
+        m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2, foreach=True
+    ),
+    "sgd_nesterov": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True),
+    "adam": lambda m: torch.optim.Adam(m.parameters(), lr=1e-2, weight_decay=1e-2),
+    "adam_foreach_amsgrad": lambda m: torch.optim.Adam(m.parameters(), lr=1e-2, amsgrad=True, foreach=True),
+    "adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
+    "adamw_foreach_groups": lambda m: torch.optim.AdamW(_groups(m), lr=1e-2, foreach=True),
+}
+
+
+def train_step(model, opt, x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.detach()
+
+
+def train_step_no_zero_grad(model, opt, x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.detach()
+
+
+def _data(seed=1, n=5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(n)]
+
+
+def _artifact(key, fn, config, backend):
+    """Captured from a fresh model and optimizer; built once per process."""
+    if (key, config, backend) not in _ARTIFACTS:
+        model = _mlp()
+        opt = OPTIMIZERS[config](model)
+        x, y = _data()[0]
+        _ARTIFACTS[(key, config, backend)] = precompile(fn, model, opt, x, y, backend=backend)
+    return precompile.load(*_ARTIFACTS[(key, config, backend)])
+
+
+def _pair(config):
+    """Two identical (model, optimizer, scheduler) triples: artifact side, eager side."""
+    triples = []
+    for _ in range(2):
+        model = _mlp()
+        opt = OPTIMIZERS[config](model)
+        triples.append((model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)))
+    return triples
+
+
+class OptimizerTestCase(TestCase):
+    def assert_same_training_state(self, model, opt, ref_model, ref_opt, exact=False):
+        tolerance = {"atol": 0, "rtol": 0} if exact else TOLERANCE
+        for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+            self.assertEqual(p, q, **tolerance, msg=f"parameter {name}")
+            self.assertEqual(p.grad, q.grad, **tolerance, msg=f"grad of {name}")
+        state, ref_state = opt.state_dict(), ref_opt.state_dict()
+        self.assertEqual(state["param_groups"], ref_state["param_groups"])
+        self.assertEqual(sorted(state["state"]), sorted(ref_state["state"]))
+        for index, entry in state["state"].items():
+            self.assertEqual(sorted(entry), sorted(ref_state["state"][index]))
+            for key, value in entry.items():
+                self.assertEqual(value, ref_state["state"][index][key], **tolerance, msg=f"state[{index}][{key!r}]")
+
+
+class TestOptimizerSemantics(OptimizerTestCase):
+    @parametrize("backend", BACKENDS)
+    @parametrize("config", list(OPTIMIZERS))
+    def test_five_iterations_with_scheduler_match_eager(self, backend, config):
+        step = _artifact("zero_grad", train_step, config, backend)
+        (model, opt, sched), (ref_model, ref_opt, ref_sched) = _pair(config)
+        for x, y in _data(n=5):
+            loss = step(model, opt, x, y)
+            ref_loss = train_step(ref_model, ref_opt, x, y)
+            sched.step()
+            ref_sched.step()
+            self.assertEqual(loss, ref_loss, **TOLERANCE)
+            self.assert_same_training_state(
+                model, opt, ref_model, ref_opt, exact=config in BIT_EXACT_ON_EAGER and backend == "eager"
+            )
+
+    @parametrize("backend", BACKENDS)
+    def test_without_zero_grad_inside_fn(self, backend):
+        step = _artifact("no_zero_grad", train_step_no_zero_grad, "adamw", backend)
+        (model, opt, _), (ref_model, ref_opt, _) = _pair("adamw")
+        for i, (x, y) in enumerate(_data(n=5)):
+            if i % 2 == 0:  # odd calls accumulate onto the previous call's grads, like eager
+                opt.zero_grad()
+                ref_opt.zero_grad()
+            step(model, opt, x, y)
+            train_step_no_zero_grad(ref_model, ref_opt, x, y)
+            self.assert_same_training_state(model, opt, ref_model, ref_opt)
+
+    @parametrize("backend", BACKENDS)
+    def test_resume_from_checkpoint_and_state_dict_round_trip(self, backend):
+        step = _artifact("zero_grad", train_step, "adamw", backend)
+        data = _data(n=6)
+        # Resume: an eager checkpoint loaded into the runtime optimizer.
+        (ref_model, ref_opt, _), _ = _pair("adamw")
+        for x, y in data[:3]:
+            train_step(ref_model, ref_opt, x, y)
+        model = copy.deepcopy(ref_model)
+        opt = OPTIMIZERS["adamw"](model)
+        opt.load_state_dict(copy.deepcopy(ref_opt.state_dict()))  # as if saved and loaded
+        for x, y in data[3:5]:
+            step(model, opt, x, y)
+            train_step(ref_model, ref_opt, x, y)
+            self.assert_same_training_state(model, opt, ref_model, ref_opt)
+        # The artifact's state_dict continues identically in a fresh eager optimizer.
+        eager_model = copy.deepcopy(model)
+        eager_opt = OPTIMIZERS["adamw"](eager_model)
+        eager_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+        x, y = data[5]
+        step(model, opt, x, y)
+        train_step(eager_model, eager_opt, x, y)
+        self.assert_same_training_state(model, opt, eager_model, eager_opt)
+
+    def test_capture_with_existing_state_leaves_caller_untouched(self):
+        model = _mlp()
+        opt = OPTIMIZERS["adam"](model)
+        x, y = _data()[0]
+        train_step(model, opt, x, y)  # state exists at capture
+        ref_model, ref_state = copy.deepcopy(model), copy.deepcopy(opt.state_dict())
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            q.grad = p.grad.clone()  # deepcopy drops .grad
+        pair = precompile(train_step, model, opt, x, y, backend="eager")
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            self.assertEqual(p, q, atol=0, rtol=0)
+            self.assertEqual(p.grad, q.grad, atol=0, rtol=0)
+        self.assertEqual(opt.state_dict(), ref_state, atol=0, rtol=0)
+        self.assertTrue(all(p is q for p, q in zip(opt.param_groups[0]["params"], model.parameters())))
+        self.assertFalse(torch.compiler.is_compiling())
+        ref_opt = OPTIMIZERS["adam"](ref_model)
+        ref_opt.load_state_dict(ref_state)
+        step = precompile.load(*pair)
+        step(model, opt, x, y)
+        train_step(ref_model, ref_opt, x, y)
+        self.assert_same_training_state(model, opt, ref_model, ref_opt)
+
+    def test_optimizer_restored_when_fn_raises(self):
+        def fails_after_step(model, opt, x, y):
+            train_step(model, opt, x, y)
+            raise ValueError("boom")
+
+        model = _mlp()
+        opt = OPTIMIZERS["sgd_nesterov"](model)
+        groups, state = opt.param_groups[0].copy(), opt.state
+        with self.assertRaisesRegex(ValueError, "boom"):
+            precompile(fails_after_step, model, opt, *_data()[0], backend="eager")
+        self.assertIs(opt.state, state)
+        self.assertEqual(len(opt.state), 0)
+        self.assertEqual(opt.param_groups[0].keys(), groups.keys())
+        self.assertTrue(all(opt.param_groups[0][k] is groups[k] for k in groups))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        self.assertFalse(torch.compiler.is_compiling())
+
+    def test_parameter_without_gradient_gets_no_state(self):
+        def step_first_layer(model, opt, x):
+            opt.zero_grad()
+            model[0](x).sum().backward()
+            opt.step()
+
+        model = _mlp()
+        opt = OPTIMIZERS["adamw"](model)
+        x, _ = _data()[0]
+        ref_model = copy.deepcopy(model)
+        ref_opt = OPTIMIZERS["adamw"](ref_model)
+        step = precompile.load(*precompile(step_first_layer, model, opt, x, backend="eager"))
+        for _ in range(2):
+            step(model, opt, x)
+            step_first_layer(ref_model, ref_opt, x)
+        self.assertEqual(len(opt.state), 2)
+        self.assert_same_training_state(model, opt, ref_model, ref_opt)
+
+
+class TestOptimizerContract(TestCase):
+    """Refused at capture, or at the call, with the argument, group and key named."""
+
+    def capture(self, opt_fn, fn=train_step, model=None):
+        model = model or _mlp()
+        x, y = _data()[0]
+        return precompile(fn, model, opt_fn(model), x, y, backend="eager")
+
+    def test_refused_options(self):
+        cases = {
+            "'fused'": lambda m: torch.optim.Adam(m.parameters(), fused=True),
+            "'differentiable'": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, differentiable=True),
+            "'capturable'": lambda m: torch.optim.AdamW(m.parameters(), capturable=True),
+            "'dampening'": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=0.1),
+            "is a Tensor": lambda m: torch.optim.Adam(m.parameters(), lr=torch.tensor(0.01)),
+            "RMSprop is not supported": lambda m: torch.optim.RMSprop(m.parameters()),
+            "momentum / amsgrad per group": lambda m: torch.optim.SGD(
+                [{"params": m[0].parameters(), "momentum": 0.9}, {"params": m[2].parameters()}], lr=0.1
+            ),
+        }
+        for needle, opt_fn in cases.items():
+            with self.subTest(needle), self.assertRaisesRegex(PrecompileError, r"args\[1\] \(optimizer\).*" + needle):
+                self.capture(opt_fn)
+
+    def test_parameters_outside_module_arguments_are_refused(self):
+        stray = nn.Parameter(torch.zeros(3))
+        with self.assertRaisesRegex(PrecompileError, r"param_groups\[0\]\['params'\]\[4\].*not a parameter"):
+            self.capture(lambda m: torch.optim.SGD([*m.parameters(), stray], lr=0.1))
+
+    def test_free_dims_are_refused(self):
+        model = _mlp()
+        x, y = _data()[0]
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with self.assertRaisesRegex(PrecompileError, "optimizer argument together with mark_unbacked"):
+            precompile(train_step, model, OPTIMIZERS["adamw"](model), x, y, backend="inductor")
+
+    def test_step_hooks_are_refused(self):
+        def with_hook(m):
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            opt.register_step_post_hook(lambda *_: None)
+            return opt
+
+        with self.assertRaisesRegex(PrecompileError, "step hooks"):
+            self.capture(with_hook)
+
+    def test_runtime_optimizer_is_checked(self):
+        model = _mlp()
+        x, y = _data()[0]
+        step = precompile.load(*precompile(train_step, model, OPTIMIZERS["adamw"](model), x, y, backend="eager"))
+        cases = [
+            (lambda m: torch.optim.Adam(m.parameters()), r"expected a torch.optim.AdamW"),
+            (lambda m: torch.optim.AdamW(_groups(m)), r"expected 1 param groups"),
+            (lambda m: torch.optim.AdamW(_mlp().parameters()), r"param_groups\[0\]\['params'\]"),
+            (lambda m: torch.optim.AdamW(m.parameters(), betas=(0.8, 0.999)), r"param_groups\[0\]\['betas'\]: expected \(0.9, 0.999\)"),
+            (lambda m: torch.optim.AdamW(m.parameters(), weight_decay=0.5), r"param_groups\[0\]\['weight_decay'\]"),
+        ]
+        for make, needle in cases:
+            with self.subTest(needle), self.assertRaisesRegex(PrecompileError, r"args\[1\] \(optimizer\)"):
+                self.assertRaisesRegex(PrecompileError, needle, step, model, make(model), x, y)
+                step(model, make(model), x, y)
+        opt = OPTIMIZERS["adamw"](model)
+        train_step(model, opt, x, y)
+        opt.state[model[0].weight]["exp_avg"] = opt.state[model[0].weight]["exp_avg"].double()
+        with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
+            step(model, opt, x, y)
+
+
+instantiate_parametrized_tests(TestOptimizerSemantics)
+
+if __name__ == "__main__":
+    run_tests()
