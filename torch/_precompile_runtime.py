@@ -650,6 +650,26 @@ def _leaf_path(i: int, key_path: tuple) -> str:
     return f"args[{i}]" + pytree.keystr(key_path)
 
 
+def tensor_guard(tensors: list, specs: list):
+    """One C++ check of ``tensors`` against the layout they were fully checked with.
+
+    Sizes and strides the specs leave free (``None``) are not compared;
+    requires_grad, dtype, device and dispatch keys always are.
+    """
+    return torch._C._dynamo.guards.TensorGuards(
+        *tensors,
+        dynamic_dims_sizes=[list(s.shape) for s in specs],
+        dynamic_dims_strides=[_checked_strides(s) for s in specs],
+    )
+
+
+def guard_passes(guard: Any, tensors: list) -> bool:
+    try:
+        return guard.check(*tensors)
+    except TypeError:  # a non-tensor where a tensor was captured
+        return False
+
+
 # ---------------------------------------------------------------------------
 # The runnable
 # ---------------------------------------------------------------------------
@@ -754,7 +774,7 @@ class PrecompiledFunction:
         user_args = [args[i] for i in self._user_positions]
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         tensors = state + [leaves[i] for i in self._tensor_inputs]
-        if self._guard is None or not self._guard_passes(tensors):
+        if self._guard is None or not guard_passes(self._guard, tensors):
             self._check_slowly(user_args, leaves, state)
             self._guard = self._build_guard(tensors)
         if self._value_inputs:
@@ -797,12 +817,6 @@ class PrecompiledFunction:
         if self._plain_outputs:
             return tuple([outputs[i] for i in self._output_indices])
         return self._rebuild_outputs(outputs)
-
-    def _guard_passes(self, tensors: list) -> bool:
-        try:
-            return self._guard.check(*tensors)
-        except TypeError:  # a non-tensor where a tensor was captured
-            return False
 
     def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
         if kwargs:
@@ -1036,11 +1050,7 @@ class PrecompiledFunction:
         specs = [s.tensor for s in self.convention.state] + [
             self.convention.inputs[i].tensor for i in self._tensor_inputs
         ]
-        return torch._C._dynamo.guards.TensorGuards(
-            *tensors,
-            dynamic_dims_sizes=[list(s.shape) for s in specs],
-            dynamic_dims_strides=[_checked_strides(s) for s in specs],
-        )
+        return tensor_guard(tensors, specs)
 
     # -- results -------------------------------------------------------------
 
@@ -1167,13 +1177,9 @@ class OptimizerArgument:
                     f"{self.where} state of param_groups[{group_index}]['params'][{param_index}] has no "
                     f"{error.args[0]!r} (captured keys {list(spec.keys)}); load a state_dict of the same optimizer"
                 ) from None
-        if self.guard is None or not self._guard_passes(tensors):
+        if self.guard is None or not guard_passes(self.guard, tensors):
             self._check_state(tensors)
-            self.guard = torch._C._dynamo.guards.TensorGuards(
-                *tensors,
-                dynamic_dims_sizes=[list(t.shape) for t in spec.tensors],
-                dynamic_dims_strides=[_checked_strides(t) for t in spec.tensors],
-            )
+            self.guard = tensor_guard(tensors, spec.tensors)
         optimizer._opt_called = True  # what eager opt.step() tells an LR scheduler
         return lrs + tensors
 
@@ -1204,12 +1210,6 @@ class OptimizerArgument:
             tensor = torch.tensor(float(lr), dtype=torch.float64)
             self.lr[index] = (lr, tensor)
         return tensor
-
-    def _guard_passes(self, tensors: list) -> bool:
-        try:
-            return self.guard.check(*tensors)
-        except TypeError:
-            return False
 
     def _check_state(self, tensors: list) -> None:
         keys = self.spec.keys
