@@ -60,6 +60,10 @@ def _snapshot(module, optimizer=None):
     }
 
 
+def _train_step(m, x, y):
+    F.mse_loss(m(x), y).backward()
+
+
 def _clip_step(m, x, y):
     loss = F.mse_loss(m(x), y)
     loss.backward()
@@ -143,7 +147,7 @@ class TestCaptureSoundness(TestCase):
             precompile(fn, m, x, backend="eager")
         self.assertUnchanged(before, _snapshot(m, optimizer))
 
-    # -- .grad read after backward (invariant 12) ------------------------------
+    # -- the incoming .grad (invariant 13) --------------------------------------
 
     @parametrize("backend", BACKENDS)
     def test_clip_grad_norm_matches_eager_after_zero_grad(self, backend):
@@ -161,34 +165,76 @@ class TestCaptureSoundness(TestCase):
                     theirs.sub_(theirs.grad)
 
     @parametrize("backend", BACKENDS)
-    def test_clip_grad_norm_with_accumulation_refused_at_call(self, backend):
+    def test_gradient_accumulation_matches_eager(self, backend):
+        """fn reading or clearing the incoming .grad: three calls, no zero_grad in between."""
+
+        def zero_grad_first(m, x, y):
+            m.zero_grad()
+            return _clip_step(m, x, y)
+
+        def zero_grad_last(m, x, y):
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            m.zero_grad()
+            return loss.detach()
+
+        x, y = torch.randn(4, 8), torch.randn(4, 4)
+        for fn in (_clip_step, zero_grad_first, zero_grad_last):
+            m = _mlp()
+            reference = copy.deepcopy(m)
+            f = _load(_artifact(fn.__name__, fn, m, x, y, backend=backend))
+            for _ in range(3):
+                torch.testing.assert_close(f(m, x, y), fn(reference, x, y))
+                for ours, theirs in zip(m.parameters(), reference.parameters()):
+                    torch.testing.assert_close(ours.grad, theirs.grad, msg=fn.__name__)
+
+    @parametrize("backend", BACKENDS)
+    def test_grad_that_requires_grad_accumulates_like_eager(self, backend):
         m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
-        f = _load(_artifact("clip", _clip_step, m, x, y, backend=backend))
+        reference = copy.deepcopy(m)
+        f = _load(_artifact("train", _train_step, m, x, y, backend=backend))
+        for model in (m, reference):
+            model[0].weight.grad = torch.ones_like(model[0].weight, requires_grad=True)
         f(m, x, y)
-        before = _snapshot(m)
-        with self.assertRaisesRegex(
-            PrecompileError, r"args\[0\]\.0\.weight already has a \.grad.*zero_grad\(set_to_none=True\)"
-        ):
-            f(m, x, y)  # no zero_grad: eager would clip the accumulated gradient
-        self.assertUnchanged(before, _snapshot(m))
+        _train_step(reference, x, y)
+        torch.testing.assert_close(m[0].weight.grad, reference[0].weight.grad)
+        self.assertTrue(m[0].weight.grad.requires_grad)
 
-    def test_reads_grad_recorded_only_for_reads(self):
-        def train(m, x, y):
-            F.mse_loss(m(x), y).backward()
-            F.mse_loss(m(x), y).backward()  # the engine accumulating is no read
+    def test_grad_bookkeeping_follows_what_fn_does_with_grad(self):
+        def forward(m, x, y):
+            return m(x)
 
-        def log_norm(m, x, y):
-            F.mse_loss(m(x), y).backward()
-            return m[2].weight.grad.norm()
+        def backward_twice(m, x, y):
+            _train_step(m, x, y)
+            _train_step(m, x, y)
 
         def return_grad(m, x, y):
-            F.mse_loss(m(x), y).backward()
+            _train_step(m, x, y)
             return m[0].bias.grad
 
+        def zero_grad_first(m, x, y):
+            m.zero_grad()
+            _train_step(m, x, y)
+
+        def zero_grad_last(m, x, y):
+            _train_step(m, x, y)
+            m.zero_grad()
+
+        everything = (0, 1, 2, 3)
         m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
-        for fn, reads in ((train, ()), (log_norm, (2,)), (return_grad, (1,)), (_clip_step, (0, 1, 2, 3))):
-            code, _ = precompile(fn, m, x, y, backend="eager")
-            self.assertEqual(precompile_module._read_convention(code).reads_grad, reads, msg=fn.__name__)
+        # fn -> (grad_state, grad_inputs, grads_assigned, grads_cleared)
+        expected = {
+            forward: ((), (), (), ()),
+            _train_step: (everything, (), (), ()),  # accumulated by the runnable, like backward()
+            backward_twice: (everything, everything, everything, ()),  # the second adds in-graph
+            return_grad: (everything, (1,), (1,), ()),
+            _clip_step: (everything, everything, everything, ()),  # reads the accumulated .grad
+            zero_grad_first: (everything, (), everything, ()),
+            zero_grad_last: ((), everything, (), everything),  # backward still adds to it first, as in eager
+        }
+        for fn, want in expected.items():
+            c = precompile_module._read_convention(precompile(fn, m, x, y, backend="eager")[0])
+            self.assertEqual((c.grad_state, c.grad_inputs, c.grads_assigned, c.grads_cleared), want, msg=fn.__name__)
 
     # -- the caller's RNG (invariant 8) ---------------------------------------
 

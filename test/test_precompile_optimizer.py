@@ -76,6 +76,12 @@ def train_step_no_zero_grad(model, opt, x, y):
     return loss.detach()
 
 
+def train_step_zero_grad_last(model, opt, x, y):
+    loss = train_step_no_zero_grad(model, opt, x, y)
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def _data(seed=1, n=5):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(n)]
@@ -143,6 +149,16 @@ class TestOptimizerSemantics(OptimizerTestCase):
             step(model, opt, x, y)
             train_step_no_zero_grad(ref_model, ref_opt, x, y)
             self.assert_same_training_state(model, opt, ref_model, ref_opt)
+
+    @parametrize("backend", BACKENDS)
+    def test_zero_grad_after_the_step_inside_fn(self, backend):
+        step = _artifact("zero_grad_last", train_step_zero_grad_last, "sgd_momentum_foreach", backend)
+        (model, opt, _), (ref_model, ref_opt, _) = _pair("sgd_momentum_foreach")
+        for x, y in _data(n=3):
+            step(model, opt, x, y)
+            train_step_zero_grad_last(ref_model, ref_opt, x, y)
+            self.assert_same_training_state(model, opt, ref_model, ref_opt)
+            self.assertTrue(all(p.grad is None for p in model.parameters()))
 
     @parametrize("backend", BACKENDS)
     def test_resume_from_checkpoint_and_state_dict_round_trip(self, backend):

@@ -308,6 +308,83 @@ class TestSoundness(TestCase):
             out = g(model, x)
             torch.manual_seed(1)
             torch.testing.assert_close(out, ref(x))
+        with torch.autograd.detect_anomaly(check_nan=False):
+            self.assertRefused(r"anomaly detection enabled.*backward is compiled", lambda: f(model, x, y), model)
+
+    @parametrize("backend", BACKENDS)
+    def test_forward_with_an_input_that_requires_grad_runs_under_no_grad(self, backend):
+        """Grad mode is part of the contract only when the graph runs autograd."""
+        x = torch.randn(3, 4, requires_grad=True)
+        f = _runnable("forward requires_grad", _forward, _linear(), x, backend=backend)
+        with torch.no_grad():
+            torch.testing.assert_close(f(_linear(), x), _linear()(x))
+
+    @parametrize("backend", BACKENDS)
+    def test_hooks_are_refused(self, backend):
+        """Hooks on fn's modules or parameters: refused at capture, and at a call when added later."""
+        model, x = _layers(), torch.randn(2, 4)
+        handle = model.layers[1].register_forward_hook(lambda module, args, out: out * 2)
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.layers\.1 has a forward hook: precompile cannot"):
+            precompile(_forward, model, x, backend=backend)
+        handle.remove()
+        f = _runnable("layers", _forward, _layers(), x, backend=backend)
+        f(model, x)
+        for register, where in (
+            (lambda: model.fc2.register_forward_pre_hook(lambda module, args: None), r"args\[0\]\.fc2 has a forward pre-hook"),
+            (lambda: model.lin.weight.register_hook(lambda grad: grad), r"args\[0\]\.lin\.weight \(parameter\) has a gradient hook"),
+            (lambda: nn.modules.module.register_module_forward_hook(lambda *a: None), r"a global module forward hook"),
+        ):
+            handle = register()
+            self.assertRefused(where + r".*registered after capture", lambda: f(model, x), model)
+            handle.remove()
+            torch.testing.assert_close(f(model, x), model(x))
+
+    @parametrize("backend", BACKENDS)
+    def test_module_classes_and_read_attributes_are_checked(self, backend):
+        """A swapped submodule class, or a changed plain attribute fn read (eps, p), is refused."""
+        def net():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.ReLU())
+
+        x = torch.randn(3, 4)
+        f = _runnable("layernorm", _forward, net(), x, backend=backend)
+        model = net()
+        self.assertEqual(
+            f.convention.modules[0].attributes, (("1", "eps", 1e-5), ("1", "normalized_shape", (4,)), ("2", "inplace", False))
+        )
+        model[0].in_features = 5  # never read by fn: honoured
+        torch.testing.assert_close(f(model, x), model(x))
+        model[1].eps = 1e-3
+        self.assertRefused(r"args\[0\]\.1\.eps is 0\.001, but was 1e-05 at capture", lambda: f(model, x), model)
+        model[1].eps = 1e-5  # an equal value, another object: accepted again
+        torch.testing.assert_close(f(model, x), model(x))
+        model[2] = nn.Tanh()
+        self.assertRefused(
+            r"args\[0\]\.2 is a torch\.nn\.modules\.activation\.Tanh, but was a torch\.nn\.modules\.activation\.ReLU",
+            lambda: f(model, x),
+            model,
+        )
+
+    def test_state_passed_again_as_an_input_is_refused(self):
+        model, x = _linear(), torch.randn(3, 4)
+        for again, path in (((model.weight,), r"args\[2\]\[0\] is \(or shares memory with\) args\[0\]\.weight"),
+                            ((model.bias[:1],), r"args\[2\]\[0\] is \(or shares memory with\) args\[0\]\.bias")):
+            with self.assertRaisesRegex(PrecompileError, path + r", a parameter of a module argument"):
+                precompile(lambda m, x, params: m(x) + params[0].sum(), model, x, list(again), backend="eager")
+
+    @parametrize("backend", BACKENDS)
+    def test_torch_function_subclasses_are_refused(self, backend):
+        class Logged(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                return super().__torch_function__(func, types, args, kwargs or {})
+
+        model, x = _linear(), torch.randn(3, 4)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\] is a Logged, a tensor subclass with its own __torch_function__"):
+            precompile(_forward, model, x.as_subclass(Logged), backend=backend)
+        f = _runnable("linear", _forward, _linear(), x, backend=backend)
+        f(model, x)
+        self.assertRefused(r"args\[1\] is a Logged", lambda: f(model, x.as_subclass(Logged)), model)
 
 
 instantiate_parametrized_tests(TestSoundness)

@@ -41,8 +41,8 @@ says who guarantees it and, where it is enforced, which tests (in
    Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py,
    test_precompile_real_models.py TestFreeDims, TestStructures).
 4. The whole step.  If fn calls ``.backward()``, forward and backward are one
-   graph; the runnable accumulates parameter gradients onto the runtime
-   model's ``.grad`` exactly like eager (assign when None, else add).  Which
+   graph; the runnable writes parameter gradients onto the runtime model's
+   ``.grad`` exactly like eager (assign when None, else add; invariant 13).  Which
    parameters receive a gradient is fixed at capture.  A buffer or user input
    that would receive a gradient is refused.  The runnable's outputs carry no
    autograd history: backward must happen inside fn.  Enforced (TestTraining,
@@ -88,58 +88,101 @@ says who guarantees it and, where it is enforced, which tests (in
 11. Nothing baked goes unchecked.  A call either computes what eager fn
    computes on it, or raises a PrecompileError naming the argument, what was
    captured and what was passed, before any state changes (no buffer update,
-   no ``.grad``, no input written).  What the trace baked besides invariants
-   1 and 3, and what the driver does about it
-   (test_precompile_soundness.py TestSoundness; the fuzzer's
-   test_precompile_fuzz.py TestFuzzCall.test_fuzzed_soundness_call):
+   no ``.grad``, no input written).  The ledger: everything fn can observe,
+   and whether it is LIFTED (a graph input, read at every call), CHECKED at
+   every call, or REFUSED at capture.  Tests are in
+   test_precompile_soundness.py TestSoundness unless named otherwise; the
+   fuzzer (test_precompile_fuzz.py test_fuzzed_soundness_call) flips modes,
+   aliasing, requires_grad, module structure and global state between calls.
 
-   - Module mode: capture records which submodules' ``training`` flag fn
-     reads (BatchNorm, Dropout, user code; ``named_modules()`` order); those
-     flags are checked at every call, however they were set.  A flag never
-     read cannot have shaped the graph: a Linear in eval mode is honoured.
-     fn changing a mode (``model.eval()`` inside fn) is refused at capture
-     (test_module_mode_is_checked, test_capture_refuses_fn_that_changes_a_mode).
-     Caller's responsibility: fn reading a flag around attribute access
-     (``vars(m)["training"]``) or branching on ``type(m) is ...``.
-   - Module tree: submodule names are checked like parameter names.  Edits
-     that bypass nn.Module's registration hooks are still seen: ``del
-     model.fc2``, ``del model.layers[1]``, ``del`` + ``insert`` reorders and
-     ``del model.lin.bias`` (a reorder with equal names and shapes is
-     honoured; a missing one is refused) (test_module_edits_bypassing_hooks_are_seen).
-     Caller's responsibility: writing ``_modules`` / ``_parameters`` dicts
-     directly without changing their length, and ``param.data = ...``.
+   Argument tensors
+   - values: LIFTED.  Shape, dtype, device: CHECKED (invariants 1, 3;
+     strides too on inductor).  Types: CHECKED (``TensorGuards`` compares
+     the Python type); a subclass with its own ``__torch_function__`` is
+     REFUSED at capture and at a call, its Python logic would run only once
+     (test_torch_function_subclasses_are_refused).
+   - requires_grad: recorded for every lifted and user-input tensor and
+     CHECKED when the graph runs autograd (fn calls ``backward()`` or
+     ``torch.autograd.grad``): a frozen parameter, a swapped-in
+     ``requires_grad=False`` Parameter or an input that now requires grad is
+     refused (test_frozen_parameter_is_refused,
+     test_input_requiring_grad_is_refused_by_a_training_step).  A forward
+     computes the same values either way: honoured, outputs carry no history
+     (invariant 4; test_forward_with_an_input_that_requires_grad_runs_under_no_grad).
    - Aliasing: capture traces every tensor on its own clone, so the graph
      assumes distinct memory.  Where the graph writes a tensor input in
-     place, example tensors sharing memory with it are refused at capture,
+     place, example tensors sharing memory with it are REFUSED at capture,
      and at every call a user input sharing memory (``torch._C._is_alias_of``,
      i.e. the same storage, overlapping or not) with a written tensor, or a
      written user input sharing memory with any parameter/buffer or other
-     input, is refused; parameters/buffers among themselves are checked
+     input, is refused; parameters/buffers among themselves are CHECKED
      whenever the module cache is rebuilt.  Graphs that write no input do not
-     care and are not checked (test_aliased_inputs_are_refused_when_written).
-   - requires_grad: recorded for every lifted and user-input tensor.  When
-     the graph runs autograd (it accumulates parameter gradients, or a user
-     input required grad at capture) it is checked at every call: a frozen
-     parameter, a swapped-in ``requires_grad=False`` Parameter or an input
-     that now requires grad is refused (test_frozen_parameter_is_refused,
-     test_input_requiring_grad_is_refused_by_a_training_step).  A forward
-     computes the same values either way: honoured, outputs carry no history
-     (invariant 4).
-   - Grad mode: an artifact that runs autograd is refused under ``no_grad()``
-     and ``inference_mode()``; a forward is honoured there (test_global_state).
-   - Autocast (per device type: enabled and dtype) and
-     ``torch.get_default_dtype()``: recorded, checked at every call
-     (test_global_state).
-   - Baked Python values compare by type and, for floats, sign: ``-0.0`` is
-     not ``0.0``, ``True`` is not ``1``, ``nan`` equals ``nan``
-     (test_baked_floats_compare_bitwise, test_same_value).
+     care (test_aliased_inputs_are_refused_when_written).  A module's own
+     parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
+     is REFUSED at capture: its gradient and writes would not reach the module's
+     (test_state_passed_again_as_an_input_is_refused).
    - Lazy conjugate / negative bits (``x.conj()``, ``torch._neg_view``):
-     refused by backend='inductor', whose kernels read raw memory; honoured
-     by backend='eager' (test_lazy_conj_and_neg_bits).
+     CHECKED; refused by backend='inductor', whose kernels read raw memory,
+     honoured by backend='eager' (test_lazy_conj_and_neg_bits).
+   Modules
+   - Parameters and buffers: LIFTED; names, tying and layouts CHECKED
+     (invariant 1).
+   - Structure: submodule names and classes CHECKED (a ReLU swapped for a
+     Tanh is refused).  Edits that bypass nn.Module's registration hooks are
+     still seen: ``del model.fc2``, ``del model.layers[1]``, ``del`` +
+     ``insert`` reorders and ``del model.lin.bias`` (a reorder with equal
+     names and shapes is honoured; a missing one is refused)
+     (test_module_edits_bypassing_hooks_are_seen,
+     test_module_classes_and_read_attributes_are_checked).
+   - Mode: capture records which submodules' ``training`` flag fn reads
+     (BatchNorm, Dropout, user code); those flags are CHECKED, however they
+     were set.  A flag never read cannot have shaped the graph: a Linear in
+     eval mode is honoured.  fn changing a mode (``model.eval()`` inside fn)
+     is REFUSED (test_module_mode_is_checked,
+     test_capture_refuses_fn_that_changes_a_mode).
+   - Plain attributes fn reads (``LayerNorm.eps``, ``Dropout.p``,
+     ``BatchNorm.momentum``: instance values an artifact can hold as
+     literals): recorded and CHECKED like baked inputs; a changed value is
+     refused, an unread one (``Linear.in_features``) cannot matter
+     (test_module_classes_and_read_attributes_are_checked).
+   - Hooks (module forward/backward hooks and pre-hooks, global module
+     hooks, parameter gradient and post-accumulate hooks): REFUSED at capture
+     and CHECKED at a call, which rescans only when a hook was registered
+     anywhere since the last scan (test_hooks_are_refused).
+   Non-tensor values
+   - Python leaves of the inputs: baked and CHECKED by type and, for floats,
+     sign: ``-0.0`` is not ``0.0``, ``True`` is not ``1``, ``nan`` equals
+     ``nan`` (test_baked_floats_compare_bitwise, test_same_value).
+   Global state
+   - Grad mode: an artifact that runs autograd is REFUSED under
+     ``no_grad()`` and ``inference_mode()`` (whether fn would enable grad
+     itself is not recorded); a forward is honoured there.  Anomaly
+     detection: REFUSED for an artifact that runs autograd, whose compiled
+     backward cannot check (test_global_state).
+   - Autocast (per device type: enabled and dtype) and
+     ``torch.get_default_dtype()``: CHECKED (test_global_state).
+   - RNG: the graph draws from the global generator like eager; capture
+     leaves it as it was (invariant 8).
+   Gradients and writes
+   - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
+   - Writes to tensors that are not arguments: REFUSED (invariant 14).
+   Caller's responsibility (not recorded, stated here so nothing is baked
+   silently): fn's Python side effects (appending to a list, counting calls,
+   printing, setting a plain module attribute) happen once, at capture,
+   as under any tracer; Python objects that modules hold and fn reads
+   (configs, functions) are code, like fn itself; fn reading a flag
+   around attribute access (``vars(m)["training"]``) or branching on
+   ``type(m) is ...`` (during the trace ``type(m)`` is a probe subclass,
+   which also runs the class's ``__init_subclass__``); writing
+   ``_modules`` / ``_parameters`` dicts directly without changing their
+   length, ``param.data = ...`` and ``m.__class__ = ...``; and, on
+   backend='inductor', indices out of range (``nn.Embedding``), which
+   Inductor's CPU kernels check with an abort instead of an IndexError, as
+   under torch.compile: validate indices outside fn or use backend='eager'.
    The fast path keeps this cheap: the global state is a few C calls, the
    module checks are C-level list comparisons (``benchmarks/soundness_overhead.py``),
-   and ``TensorGuards`` (which compares requires_grad and dispatch keys,
-   so the conj/neg bits) is only armed by a call the slow path accepted.
+   and ``TensorGuards`` (which compares types, requires_grad and dispatch
+   keys, so the conj/neg bits) is only armed by a call the slow path accepted.
 12. Data-dependent Python.  Python that needs a traced tensor's value
    (``if x.sum() > 0:``, ``.item()``, ``bool(mask.all())``) would bake the
    example's outcome: refused at capture, naming fn's file:line and code and
@@ -147,15 +190,21 @@ says who guarantees it and, where it is enforced, which tests (in
    symbolic trace) ``.item()`` becomes an unbacked value computed at every
    call, and a branch on it is refused the same way
    (test_precompile_capture_soundness.py test_data_dependent_python_*).
-13. Gradients read inside fn.  Gradients are traced from ``.grad`` None
-   (invariant 4).  When fn reads a parameter's gradient after backward
-   produced it (``clip_grad_norm_``, logging or returning ``p.grad``), eager
-   would read the accumulated ``.grad``: those parameters are recorded
-   (``reads_grad``) and checked at every call, which is refused before
-   anything changes when one of them has a ``.grad`` -- call
-   ``zero_grad(set_to_none=True)`` first (test_clip_grad_norm_*,
-   test_reads_grad_recorded_only_for_reads).  Caller's responsibility: fn
-   reading ``.grad`` before its backward (it is None while tracing).
+13. The incoming gradient.  fn is traced with each parameter's ``.grad`` set
+   to its own graph input (the caller's ``.grad``, zeros when None), so
+   what fn does with it is in the graph, and each parameter's ``.grad`` is
+   written the way eager's would be: backward's plain accumulation is left
+   to the runnable (assign when None, else add in place, with grad mode off
+   like the autograd engine: the common step passes no extra input); when
+   fn clears ``.grad`` before backward (``model.zero_grad()``) or reads it
+   (``clip_grad_norm_`` with gradient accumulation, logging ``p.grad``) the
+   graph's gradient is assigned; when fn clears it last, the runnable sets
+   it to None (test_precompile_capture_soundness.py
+   test_gradient_accumulation_matches_eager,
+   test_grad_bookkeeping_follows_what_fn_does_with_grad,
+   test_grad_that_requires_grad_accumulates_like_eager).  Caller's
+   responsibility: fn branching on ``p.grad is None`` (it is a tensor while
+   tracing).
 14. Writes the graph does not see.  fn may only write tensors the trace
    tracks (its arguments' tensors and tensors it creates).  An optimizer's
    ``step()`` / ``zero_grad()`` inside fn (it holds the caller's tensors, not
@@ -183,9 +232,8 @@ says who guarantees it and, where it is enforced, which tests (in
    that gets no gradient gets no state.  Adam/AdamW trace their capturable
    formulation and foreach SGD multiplies then adds, so results equal eager's
    within float noise (single-tensor SGD on backend='eager': bit-exact).
-   With an optimizer argument the incoming ``.grad`` is a graph input too
-   (fn's backward accumulates onto it in the graph, or fn's zero_grad drops
-   it) and the runnable assigns the resulting ``.grad``.  Refused at capture:
+   The step reads the incoming ``.grad`` (invariant 13), so it is a graph
+   input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
    dampening, tensor hyperparameters, step hooks, per-group state layouts that
    differ, and free dims.  Checked at every call: class, number of groups,
@@ -252,8 +300,9 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = "torch.compiler.precompile"
 # Version of the artifact layout and of its CallingConvention record.  2: the
 # convention records module modes read, aliasing, requires_grad, global state
-# and .grad reads (Note invariant 11 on); version-1 artifacts lack them.
-FORMAT_VERSION = 2
+# (Note invariant 11 on); 3: submodule classes and read attributes, and how
+# each .grad is written (invariant 13); older artifacts lack them.
+FORMAT_VERSION = 3
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 
@@ -334,9 +383,16 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         for path, _ in pytree.tree_flatten_with_path(user_args)[0]
     ]
     for what, leaf in zip(input_paths, input_leaves):
-        if not isinstance(leaf, torch.Tensor):
+        if isinstance(leaf, torch.Tensor):
+            runtime.check_plain_torch_function(what, leaf)
+        else:
             _check_value_leaf(what, leaf)
     lifted = _lift_state(modules)
+    for entry in lifted:
+        module_index, fqn = entry.names[0]
+        runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
+    _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
+    _refuse_hooks(modules, module_positions, lifted)
     return _Arguments(
         example_inputs=example_inputs,
         module_positions=module_positions,
@@ -349,6 +405,49 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
         optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
     )
+
+
+def _refuse_state_as_input(lifted: list, module_positions: list, leaves: list, paths: list) -> None:
+    """A module's parameter or buffer passed again as a plain input (Note invariant 11).
+
+    Capture traces each input on its own clone, so fn would see two unrelated
+    tensors: gradients (``clip_grad_norm_(params)``) and writes through one
+    would not reach the other, unlike eager.
+    """
+    owners = {_storage_address(e.tensor): e for e in lifted}
+    owners.pop(0, None)  # empty tensors share no storage
+    for path, leaf in zip(paths, leaves):
+        entry = isinstance(leaf, torch.Tensor) and owners.get(_storage_address(leaf))
+        if entry:
+            module_index, fqn = entry.names[0]
+            raise PrecompileError(
+                f"{path} is (or shares memory with) args[{module_positions[module_index]}].{fqn}, a "
+                f"{entry.kind} of a module argument: precompile lifts module state itself and would "
+                "trace this input as a separate tensor, so gradients and writes would not reach "
+                f"it as in eager. Reach it through the module inside fn (e.g. "
+                f"args[{module_positions[module_index]}].parameters()), or pass a .clone()"
+            )
+
+
+def _refuse_hooks(modules: list, module_positions: list, lifted: list) -> None:
+    """Hooks on fn's modules or their tensors (Note invariant 11).
+
+    The trace would inline what a hook computes once, and the artifact could
+    not tell if it is removed later (or repeat its Python side effects).
+    """
+    named_modules = [
+        (f"args[{position}]" + (f".{name}" if name else ""), sub)
+        for position, module in zip(module_positions, modules)
+        for name, sub in module.named_modules()
+    ]
+    named_tensors = [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.tensor) for e in lifted]
+    hook = runtime.find_hook(named_modules, named_tensors)
+    if hook is not None:
+        raise PrecompileError(
+            f"{hook}: precompile cannot keep a hook in step with the artifact (it would be "
+            "baked at capture and never run again). Remove it before precompile (handle.remove()); "
+            "for weight reparametrizations use torch.nn.utils.parametrize, which fn's trace includes"
+        )
 
 
 # How to make a pytree node type recordable in the artifact's calling convention.
@@ -478,12 +577,12 @@ class _CaptureGuard(TorchDispatchMode):
     """Sees every op fn runs while it is traced, before make_fx records it.
 
     It refuses, before anything is written, what the graph would not repeat
-    (Note invariants 8 and 13): an optimizer's step() / zero_grad() (the
+    (Note invariants 8 and 14): an optimizer's step() / zero_grad() (the
     optimizer holds the caller's tensors, not the traced copies) and in-place
     writes to tensors the trace does not track (the caller's parameters, .grad
-    or inputs reached through a closure, a global).  It also notes which
-    parameters' gradients fn reads after backward() produced them (invariant
-    12): eager would read the .grad accumulated before the call.
+    or inputs reached through a closure, a global).  It also notes whether fn
+    runs autograd (an op run by the autograd engine): only then do grad mode
+    and requires_grad shape the graph (invariant 11).
     """
 
     # torch.cond & co. pass through to make_fx; the contract refuses them after the trace.
@@ -495,23 +594,18 @@ class _CaptureGuard(TorchDispatchMode):
         # Optimizers that are arguments of fn step the traced copies (invariant 15);
         # any other optimizer's writes to the caller's tensors are still refused below.
         self.optimizer_arguments = optimizer_arguments
-        self.produced_grads: dict[int, tuple] = {}  # id(grad) -> (grad, state index)
-        self.reads_grad: set = set()
-
-    def grad_produced(self, index: int, leaf: torch.Tensor) -> None:
-        """post_accumulate_grad hook of the traced parameter ``index``."""
-        self.produced_grads[id(leaf.grad)] = (leaf.grad, index)
-
-    def note_grad_reads(self, values: Any) -> None:
-        for value in pytree.tree_leaves(values):
-            produced = self.produced_grads.get(id(value))
-            if produced is not None and produced[0] is value:
-                self.reads_grad.add(produced[1])
+        self.ran_autograd = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
+        if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
+            _refuse_optimizer_call(args[0])
+        self._refuse_untracked_writes(func, args, kwargs)
+        if not self.ran_autograd and torch._C._current_autograd_node() is not None:
+            self.ran_autograd = True
+        return func(*args, **kwargs)
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
         self._refuse_untracked_writes(func, args, kwargs)
@@ -605,17 +699,23 @@ def _caller_grads_kept(args: _Arguments):
 
 
 def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
-    """fn over flat tensors: (*state, *user tensors, *free sizes) -> (*outputs, *grads)."""
+    """fn over flat tensors: (*state, *user tensors, *free sizes, *trailing) -> (*outputs, *grads).
+
+    The trailing inputs are the optimizers' (invariant 15), then each
+    parameter's incoming ``.grad`` (invariant 13).
+    """
     from torch.nn.utils.stateless import _reparametrize_module
 
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
     caller_tensors = _caller_tensors(args)
-    num_optimizer = len(_optimizer_example_inputs(args))
+    candidates = _grad_candidates(args)
+    num_trailing = len(_trailing_example_inputs(args))
 
     def flat_fn(*flat):
         state = flat[:num_state]
         tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
-        optimizer_inputs = flat[len(flat) - num_optimizer :]
+        trailing = flat[len(flat) - num_trailing :]
+        optimizer_inputs, incoming_grads = trailing[: num_trailing - len(candidates)], trailing[len(trailing) - len(candidates) :]
         leaves = list(args.input_leaves)
         for index, tensor in zip(args.tensor_indices, tensors):
             leaves[index] = tensor
@@ -632,23 +732,17 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 stack.enter_context(_reparametrize_module(module, mapping))
             if args.optimizers:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
-            for index, (entry, leaf) in enumerate(zip(args.lifted, state)):
-                if entry.kind == "parameter" and leaf.requires_grad:
-                    hook = leaf.register_post_accumulate_grad_hook(functools.partial(guard.grad_produced, index))
-                    stack.callback(hook.remove)
+            for index, grad in zip(candidates, incoming_grads):
+                state[index].grad = grad
             with torch.enable_grad(), guard:
                 result = fn(*call_args)
             _check_state_not_rebound(args.modules, mappings)
         out_leaves, out_spec = pytree.tree_flatten(result)
-        guard.note_grad_reads(out_leaves)  # fn returning p.grad reads it too
-        recorded["reads_grad"] = sorted(guard.reads_grad)
+        recorded["ran_autograd"] = guard.ran_autograd
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
         _check_gradients_reach_only_parameters(args, state, tensors)
-        recorded["grad_state"] = [
-            i
-            for i, (entry, leaf) in enumerate(zip(args.lifted, state))
-            if entry.kind == "parameter" and leaf.grad is not None
-        ]
+        recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
+        recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None]
         outputs = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
@@ -661,7 +755,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
 
     inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
         _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
-    ] + _optimizer_example_inputs(args)
+    ] + _trailing_example_inputs(args)
     try:
         graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
     except PrecompileError:
@@ -748,6 +842,7 @@ class _SymbolicAttempt:
         # Free sizes are graph inputs too: AOTAutograd needs a binding for each symbol.
         self.sizes = [fake_leaves[f.leaf].shape[f.dim] for f in free_dims]
         self.symbols = {size.node.expr: i for i, size in enumerate(self.sizes)}
+        self.trailing = [fakify(t, f"grad{i}") for i, t in enumerate(_trailing_example_inputs(args))]
         self.shape_env.pending_fresh_unbacked_symbols.clear()
 
     def trace(self, flat_fn: Callable, decompositions) -> tuple:
@@ -756,14 +851,17 @@ class _SymbolicAttempt:
 
         graph = make_fx(
             flat_fn, decomposition_table=decompositions, tracing_mode="symbolic", record_stack_traces=True
-        )(*self.inputs, *self.sizes)
+        )(*self.inputs, *self.sizes, *self.trailing)
         self.refuse_specialization()
         insert_deferred_runtime_asserts(graph, self.shape_env, "torch.compiler.precompile")
         graph.recompile()
         graph, constants = _enforce_contract(graph)
-        example = [t.detach() for t in self.inputs] + list(self.sizes) + [
-            self.fake_mode.from_tensor(c) for c in constants
-        ]
+        example = (
+            [t.detach() for t in self.inputs]
+            + list(self.sizes)
+            + [t.detach() for t in self.trailing]
+            + [self.fake_mode.from_tensor(c) for c in constants]
+        )
         return graph, example, self.size_sources(), constants
 
     def describe(self, index: int) -> str:
@@ -900,12 +998,13 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         )
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModeReads(args) as mode_reads:
+    with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModuleReads(args) as module_reads:
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
             graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
-    optimizers, grad_inputs = _finish_optimizer_inputs(graph, example, args, backend)
+    first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
+    optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
 
     outputs, graph_index = [], 0
     for i, leaf in enumerate(recorded["out_leaves"]):
@@ -931,7 +1030,13 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 parameters=tuple(n for n, _ in m.named_parameters(remove_duplicate=False)),
                 buffers=tuple(n for n, _ in m.named_buffers(remove_duplicate=False)),
                 submodules=tuple(
-                    (name, sub.training if mode_reads.read(sub) else None) for name, sub in m.named_modules()
+                    (name, sub.training if module_reads.read_mode(sub) else None) for name, sub in m.named_modules()
+                ),
+                classes=tuple(runtime.class_name(type(sub)) for _, sub in m.named_modules()),
+                attributes=tuple(
+                    (name, attribute, value)
+                    for name, sub in m.named_modules()
+                    for attribute, value in module_reads.read_attributes(sub)
                 ),
             )
             for position, m in zip(args.module_positions, args.modules)
@@ -949,20 +1054,20 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         ),
         output_spec=_dump_structure("fn's output", recorded["out_spec"]),
         outputs=tuple(outputs),
-        grad_state=tuple(recorded["grad_state"]),
+        grad_state=grads["grad_state"],
         sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
         constants=tuple(_constant_spec(c) for c in constants),
-        # Any autograd in the graph makes grad mode and every requires_grad part
-        # of the contract; a pure forward computes the same values either way.
-        needs_grad=bool(recorded["grad_state"])
-        or any(args.input_leaves[i].requires_grad for i in args.tensor_indices),
+        # Autograd in the graph (backward(), autograd.grad) makes grad mode and
+        # every requires_grad part of the contract; a pure forward computes the
+        # same values either way.
+        needs_grad=recorded["ran_autograd"],
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
         autocast=runtime.autocast_state(),
-        reads_grad=tuple(recorded["reads_grad"]),
         optimizers=optimizers,
-        grad_inputs=grad_inputs,
-        assign_grads=bool(optimizers),
+        grad_inputs=grads["grad_inputs"],
+        grads_assigned=grads["grads_assigned"],
+        grads_cleared=grads["grads_cleared"],
     )
     return _Capture(graph, convention, example)
 
@@ -1020,21 +1125,22 @@ def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
                 )
 
 
-class _ModeReads:
-    """Records which submodules' ``training`` flag fn reads while it is traced.
+class _ModuleReads:
+    """Records what of each submodule fn reads while it is traced: ``training``
+    flags and plain attributes (``eps``, ``p``, ``momentum``: values in the
+    instance ``__dict__`` that a calling convention can hold as literals).
 
-    Only a flag that was read can have shaped the graph (control flow is
-    specialized, and every other value eager reads is checked), so only those
-    are checked at every call (Note invariant 11).  Each submodule's class is
-    swapped, for the trace only, for a subclass whose ``training`` property
-    logs reads; a module whose class cannot be swapped counts as read.  During
-    the trace ``type(module)`` is that subclass (``isinstance`` still holds,
-    names are kept).  fn changing a mode (``model.eval()`` inside fn) is
-    refused: the artifact would not reproduce that side effect.
+    Only what was read can have shaped the graph, so only that is recorded and
+    checked at every call (Note invariant 11).  Each submodule's class is
+    swapped, for the trace only, for a subclass that logs reads; a module whose
+    class cannot be swapped counts as having read its flag.  During the trace
+    ``type(module)`` is that subclass (``isinstance`` still holds, names are
+    kept).  fn changing a mode (``model.eval()`` inside fn) is refused: the
+    artifact would not reproduce that side effect.
     """
 
     _probes: dict = {}  # original class -> its probe subclass
-    _tracing = threading.local()  # .reads: ids of the modules read by this thread's capture
+    _tracing = threading.local()  # .reads: {id(module): names read} of this thread's capture
 
     def __init__(self, args: _Arguments):
         self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
@@ -1042,18 +1148,27 @@ class _ModeReads:
             for name, sub in module.named_modules():
                 path = f"args[{position}]" + (f".{name}" if name else "")
                 self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
-        self.reads: set = set()
+        self.reads: dict = collections.defaultdict(set)
 
-    def read(self, module: torch.nn.Module) -> bool:
-        return id(module) in self.reads
+    def read_mode(self, module: torch.nn.Module) -> bool:
+        return "training" in self.reads.get(id(module), ())
 
-    def __enter__(self) -> "_ModeReads":
+    def read_attributes(self, module: torch.nn.Module) -> list:
+        """(name, value) of the plain attributes fn read, in name order."""
+        values = vars(module)
+        return [
+            (name, values[name])
+            for name in sorted(self.reads.get(id(module), ()))
+            if name != "training" and name in values and runtime.is_literal(values[name])
+        ]
+
+    def __enter__(self) -> "_ModuleReads":
         self._tracing.reads = self.reads
         for _, sub, cls, _ in self.modules.values():
             try:
                 sub.__class__ = self._probe(cls)
             except TypeError:  # __slots__, script modules, a class's own `training`: assume read
-                self.reads.add(id(sub))
+                self.reads[id(sub)].add("training")
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -1071,22 +1186,37 @@ class _ModeReads:
             )
 
     @classmethod
+    def _note_read(cls, module: torch.nn.Module, name: str) -> None:
+        reads = getattr(cls._tracing, "reads", None)
+        if reads is not None:  # None: read by another thread, not by fn's trace
+            reads[id(module)].add(name)
+
+    @classmethod
     def _probe(cls, module_class: type) -> type:
         if any("training" in vars(k) for k in module_class.__mro__):
             raise TypeError(f"{module_class.__name__} defines its own `training`")
         probe = cls._probes.get(module_class)
         if probe is None:
+            get_attribute = module_class.__getattribute__
 
-            def get(module):
-                reads = getattr(cls._tracing, "reads", None)
-                if reads is not None:  # None: read by another thread, not by fn's trace
-                    reads.add(id(module))
+            def get_training(module):
+                cls._note_read(module, "training")
                 return module.__dict__["training"]
 
-            def set_(module, value):
+            def set_training(module, value):
                 module.__dict__["training"] = value
 
-            probe = type(module_class.__name__, (module_class,), {"training": property(get, set_)})
+            def getattribute(module, name):
+                value = get_attribute(module, name)
+                if name[0] != "_" and name in get_attribute(module, "__dict__"):
+                    cls._note_read(module, name)
+                return value
+
+            probe = type(
+                module_class.__name__,
+                (module_class,),
+                {"training": property(get_training, set_training), "__getattribute__": getattribute},
+            )
             probe.__module__, probe.__qualname__ = module_class.__module__, module_class.__qualname__
             cls._probes[module_class] = probe
         return probe
@@ -1225,7 +1355,7 @@ def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: 
     return {key: _clone_leaf(existing[key]) for key in keys}
 
 
-def _optimizer_example_inputs(args: _Arguments) -> list:
+def _trailing_example_inputs(args: _Arguments) -> list:
     """Flat graph inputs after the sizes: per optimizer lrs then state; then incoming grads."""
     inputs = []
     for lifted in args.optimizers:
@@ -1236,9 +1366,7 @@ def _optimizer_example_inputs(args: _Arguments) -> list:
             for group in lifted.optimizer.param_groups
         ]
         inputs += [tensor for entry in lifted.state for tensor in entry.values()]
-    if args.optimizers:
-        inputs += [torch.zeros_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
-    return inputs
+    return inputs + [torch.zeros_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
 
 
 def _grad_candidates(args: _Arguments) -> list:
@@ -1272,9 +1400,6 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
             optimizer.state = traced_state
             handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
             handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
-        for index in _grad_candidates(args):
-            # A graph input, so backward without zero_grad accumulates onto it in-graph.
-            state[index].grad = next(inputs)
         yield
     finally:
         torch.compiler._is_compiling_flag = compiling
@@ -1294,20 +1419,37 @@ def _set_compiling(value: bool) -> None:
 _PROFILER_OPS = ("profiler._record_function_enter_new", "profiler._record_function_exit")
 
 
-def _finish_optimizer_inputs(graph: torch.fx.GraphModule, example: list, args: _Arguments, backend: str) -> tuple:
-    """Drop the step's profiler ranges and the optimizer inputs fn never read.
+def _finish_trailing_inputs(
+    graph: torch.fx.GraphModule, example: list, args: _Arguments, recorded: dict, backend: str, position: int
+) -> tuple:
+    """Settle the inputs after the sizes (optimizers', incoming grads): keep only what fn read.
 
-    State of a parameter that got no gradient (eager creates none) and incoming
-    grads that fn cleared with zero_grad are unused placeholders: erase them, so
-    the runtime neither creates that state nor passes those grads.
+    ``position`` is the first of them among the placeholders.  Returns the
+    OptimizerSpecs and the grad bookkeeping of the convention.
+    """
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    optimizers, unused, position = _finish_optimizer_inputs(graph, placeholders, args, backend, position)
+    grad_nodes = placeholders[position : position + len(_grad_candidates(args))]
+    grads = _finish_grad_inputs(graph, grad_nodes, args, recorded)
+    unused.update(position + i for i, node in enumerate(grad_nodes) if not node.users)
+    for i in sorted(unused, reverse=True):
+        graph.graph.erase_node(placeholders[i])
+        del example[i]
+    graph.recompile()
+    return optimizers, grads
+
+
+def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, backend: str, position: int) -> tuple:
+    """Drop the step's profiler ranges; find the optimizer state inputs fn never read.
+
+    State of a parameter that got no gradient (eager creates none) is an
+    unused placeholder: the runtime does not create it.
     """
     if not args.optimizers:
-        return (), ()
+        return (), set(), position
     for node in reversed(list(graph.graph.nodes)):
         if node.op == "call_function" and str(node.target).startswith(_PROFILER_OPS):
             graph.graph.erase_node(node)
-    placeholders = list(graph.graph.find_nodes(op="placeholder"))
-    position = len(args.lifted) + len(args.tensor_indices)  # real trace: no free sizes
     unused = set()
     specs = []
     for lifted in args.optimizers:
@@ -1333,18 +1475,65 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, example: list, args: _
                 tensors=tuple(tensors),
             )
         )
-    grad_inputs = []
-    for index in _grad_candidates(args):
-        if placeholders[position].users:
-            grad_inputs.append(index)
+    return tuple(specs), unused, position
+
+
+def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, recorded: dict) -> dict:
+    """Decide, per parameter, how the runnable writes ``.grad`` (Note invariant 13).
+
+    fn was traced with each parameter's ``.grad`` set to its own graph input,
+    the incoming gradient, so every use fn makes of it is in the graph.  Then:
+
+    - ``.grad`` still that input, untouched: fn left it alone; no output.
+    - its one use is backward's accumulation ``incoming.add_(g)``: output
+      ``g`` and let the runnable accumulate like eager (assign when None,
+      else add), with no incoming input (the common training step).
+    - ``.grad`` None at the end: fn cleared it (``zero_grad()`` after backward).
+    - otherwise the graph's gradient is final and is assigned: fn cleared the
+      incoming one before backward (its input is unused), or read it
+      (``clip_grad_norm_`` over accumulated gradients; the input stays).
+    """
+    output = graph.graph.output_node()
+    results = list(output.args[0])
+    grad_state = list(recorded["grad_state"])
+    first = len(results) - len(grad_state)
+    assigned = []
+    for index, node in zip(_grad_candidates(args), placeholders):
+        if index not in grad_state:
+            continue
+        slot = first + grad_state.index(index)
+        produced = results[slot]
+        if produced is node:
+            del results[slot]
+            grad_state.remove(index)
+        elif _is_plain_accumulation(produced, node, results):
+            results[slot] = produced.args[1]
+            output.args = (tuple(results),)
+            graph.graph.erase_node(produced)
         else:
-            unused.add(position)
-        position += 1
-    for i in sorted(unused, reverse=True):
-        graph.graph.erase_node(placeholders[i])
-        del example[i]
-    graph.recompile()
-    return tuple(specs), tuple(grad_inputs)
+            assigned.append(index)
+    output.args = (tuple(results),)
+    return {
+        "grad_state": tuple(grad_state),
+        "grads_assigned": tuple(assigned),
+        "grads_cleared": tuple(recorded["grads_cleared"]),
+        "grad_inputs": tuple(i for i, node in zip(_grad_candidates(args), placeholders) if node.users),
+    }
+
+
+def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list) -> bool:
+    """``produced`` is autograd's ``incoming.add_(g)`` and nothing else reads either."""
+    return (
+        isinstance(produced, torch.fx.Node)
+        and produced.target in (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor)
+        and len(produced.args) == 2
+        and not produced.kwargs
+        and produced.args[0] is incoming
+        and isinstance(produced.args[1], torch.fx.Node)
+        and len(incoming.users) == 1
+        and list(produced.users) == [incoming.graph.output_node()]
+        and results.count(produced) == 1
+    )
 
 
 # ---------------------------------------------------------------------------

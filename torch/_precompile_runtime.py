@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import importlib.util
 import math
+import operator
 import os
 import sys
 import warnings
@@ -26,6 +27,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
+from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
 
 
 # sys.modules, not torch.compiler: the in-tree torch.compiler imports this module
@@ -93,6 +96,9 @@ class ModuleSpec(NamedTuple):
     # the module itself ("") first.  The flag is None where fn never read it
     # at capture (it cannot have shaped the graph): only read flags are checked.
     submodules: tuple[tuple[str, bool | None], ...]
+    classes: tuple[str, ...] = ()  # class_name() of each submodule, same order
+    # (submodule name, attribute, value) of each plain attribute fn read (eps, p, ...).
+    attributes: tuple[tuple[str, str, Any], ...] = ()
 
 
 class LeafSpec(NamedTuple):
@@ -167,16 +173,16 @@ class CallingConvention(NamedTuple):
     mutated: tuple[int, ...]
     default_dtype: str  # torch.get_default_dtype() at capture, e.g. "float32"
     autocast: tuple[tuple[str, str], ...]  # (device type, dtype) of each enabled autocast
-    # grad_state entries whose gradient fn reads after backward() (clip_grad_norm_):
-    # captured with .grad None, so a call finding .grad set is refused.
-    reads_grad: tuple[int, ...] = ()
     # Optimizer arguments (see OptimizerSpec); their inputs follow the sizes.
     optimizers: tuple[OptimizerSpec, ...] = ()
     # State indices whose incoming .grad is a graph input (after the optimizers'
-    # inputs; zeros when None), so fn's backward accumulates onto it in-graph.
+    # inputs; zeros when None): fn reads it, or accumulates onto it in-graph.
     grad_inputs: tuple[int, ...] = ()
-    # True: the graph's gradients are the final .grad (assigned, not accumulated).
-    assign_grads: bool = False
+    # grad_state entries whose graph gradient is the final .grad (fn cleared or
+    # read the incoming one): assigned; the others accumulate like backward().
+    grads_assigned: tuple[int, ...] = ()
+    # Parameters whose .grad fn sets to None (zero_grad() after its backward).
+    grads_cleared: tuple[int, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -250,6 +256,7 @@ def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
 
 # The Python values a pytree leaf of fn's inputs or outputs may be (baked at capture).
 LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
+_MISSING = object()
 
 # Device types whose autocast state is recorded at capture (torch.is_autocast_enabled).
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
@@ -264,6 +271,17 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     )
 
 
+def is_literal(value: Any) -> bool:
+    """A value a calling convention holds as a literal: a leaf value or a tuple of them."""
+    if type(value) is tuple:
+        return all(map(is_literal, value))
+    return isinstance(value, LEAF_VALUE_TYPES)
+
+
+def class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def same_value(got: Any, want: Any) -> bool:
     """Whether a Python leaf equals the value baked at capture.
 
@@ -272,6 +290,8 @@ def same_value(got: Any, want: Any) -> bool:
     """
     if type(got) is not type(want):
         return False
+    if type(want) is tuple:
+        return len(got) == len(want) and all(map(same_value, got, want))
     if type(want) is not float:
         return got == want
     if math.isnan(want):
@@ -347,7 +367,7 @@ def validate_convention(c: "CallingConvention") -> None:
         fail("format_version / backend / arity")
     if not all(
         isinstance(x, tuple)
-        for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants, c.reads_grad)
+        for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants)
     ):
         fail("a list field is not a list")
     names: dict = {}  # (module index, name) -> kind
@@ -361,6 +381,16 @@ def validate_convention(c: "CallingConvention") -> None:
             for e in m.submodules
         ):
             fail(f"modules[{index}].submodules")
+        if not isinstance(m.classes, tuple) or len(m.classes) != len(m.submodules) or not all(
+            type(n) is str for n in m.classes
+        ):
+            fail(f"modules[{index}].classes")
+        submodule_names = {name for name, _ in m.submodules}
+        if not isinstance(m.attributes, tuple) or not all(
+            isinstance(e, tuple) and len(e) == 3 and e[0] in submodule_names and type(e[1]) is str and is_literal(e[2])
+            for e in m.attributes
+        ):
+            fail(f"modules[{index}].attributes")
         for kind, fqns in (("parameter", m.parameters), ("buffer", m.buffers)):
             if not isinstance(fqns, tuple) or not all(type(n) is str and n for n in fqns):
                 fail(f"modules[{index}] {kind} names")
@@ -402,12 +432,17 @@ def validate_convention(c: "CallingConvention") -> None:
     if graph_outputs != list(range(len(graph_outputs))):
         fail(f"output graph indices {graph_outputs!r}")
     load_spec("output_spec", c.output_spec, len(c.outputs))
-    if list(c.grad_state) != sorted(set(c.grad_state)) or not all(
-        is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in c.grad_state
-    ):
-        fail(f"grad_state {c.grad_state!r}")
-    if not all(is_int(i) for i in c.reads_grad) or not set(c.reads_grad) <= set(c.grad_state):
-        fail(f"reads_grad {c.reads_grad!r}")
+    def check_indices(field: str, indices: Any, within: Any) -> None:
+        if not isinstance(indices, tuple) or list(indices) != sorted(set(indices)) or not all(
+            is_int(i) and i in within for i in indices
+        ):
+            fail(f"{field} {indices!r}")
+
+    parameters = [i for i, s in enumerate(c.state) if s.kind == "parameter"]
+    check_indices("grad_state", c.grad_state, parameters)
+    check_indices("grad_inputs", c.grad_inputs, parameters)
+    check_indices("grads_assigned", c.grads_assigned, c.grad_state)
+    check_indices("grads_cleared", c.grads_cleared, set(parameters) - set(c.grad_state))
     for index, size in enumerate(c.sizes):
         if not (
             isinstance(size, tuple)
@@ -421,10 +456,6 @@ def validate_convention(c: "CallingConvention") -> None:
         ):
             fail(f"sizes[{index}]")
     _validate_optimizers(c, fail, is_int, check_tensor_spec, positions)
-    if not isinstance(c.assign_grads, bool) or list(c.grad_inputs) != sorted(set(c.grad_inputs)) or not all(
-        is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in c.grad_inputs
-    ):
-        fail(f"grad_inputs {c.grad_inputs!r} / assign_grads {c.assign_grads!r}")
     for index, k in enumerate(c.constants):
         if not isinstance(k, ConstantSpec) or not isinstance(k.shape, tuple) or not all(is_int(s) for s in k.shape):
             fail(f"constants[{index}]")
@@ -519,6 +550,22 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
     ]
 
 
+# __torch_function__ of tensors whose Python logic the graph does not skip: plain
+# tensors' and the disabled one (Parameter, DTensor: traced through dispatch).
+_PLAIN_TORCH_FUNCTIONS = (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl)
+
+
+def check_plain_torch_function(what: str, value: torch.Tensor) -> None:
+    """A tensor subclass with its own ``__torch_function__`` (Note invariant 11)."""
+    override = type(value).__torch_function__
+    if getattr(override, "__func__", override) not in _PLAIN_TORCH_FUNCTIONS:
+        raise PrecompileError(
+            f"{what} is a {type(value).__name__}, a tensor subclass with its own __torch_function__: "
+            "its Python logic would run once at capture and the graph would skip it at every call. "
+            "Pass a plain tensor (x.as_subclass(torch.Tensor))"
+        )
+
+
 def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_requires_grad: bool = False) -> None:
     """Raise a PrecompileError naming ``what`` if ``value`` does not fit ``spec``."""
     if not isinstance(value, torch.Tensor):
@@ -530,6 +577,7 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
             f"{what}: expected a dense (strided) Tensor, got layout {value.layout}; "
             "pass .to_dense()"
         )
+    check_plain_torch_function(what, value)
     shape = tuple(value.shape)
     if len(shape) != len(spec.shape) or any(
         want is not None and want != got for want, got in zip(spec.shape, shape)
@@ -612,6 +660,7 @@ _STRUCTURE = _structure_counter()
 
 # Read at every call: bound once, saving the attribute lookups.
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+_is_anomaly_enabled = torch.is_anomaly_enabled
 _get_default_dtype = torch.get_default_dtype
 
 
@@ -635,6 +684,9 @@ class _ModuleCache(NamedTuple):
     parent_vars: list  # vars() of every submodule that has children
     children: list  # ... and its _modules dict
     sizes: list  # ... and that dict's length
+    attribute_vars: list  # vars() of the submodule of each checked plain attribute
+    attribute_names: list  # ... the attribute's name
+    attribute_values: list  # ... and the value object checked (compared by identity)
 
 
 def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
@@ -661,6 +713,36 @@ def tensor_guard(tensors: list, specs: list):
         dynamic_dims_sizes=[list(s.shape) for s in specs],
         dynamic_dims_strides=[_checked_strides(s) for s in specs],
     )
+
+
+# Hooks run by eager but not by the graph (Note invariant 11); keyed by the attribute holding them.
+_MODULE_HOOKS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+}
+_TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
+
+
+def find_hook(named_modules: Any, named_tensors: Any) -> str | None:
+    """Describe a module or tensor hook on what fn receives, or return None.
+
+    Every hook registration makes a ``RemovableHandle``, so the driver rescans
+    only when ``RemovableHandle.next_id`` moved since its last clean scan.
+    """
+    for attribute, kind in _MODULE_HOOKS.items():
+        if getattr(_nn_module, "_global" + attribute, None):
+            return f"a global module {kind} (torch.nn.modules.module.register_module_{kind.replace(' ', '_').replace('-', '_')})"
+    for path, module in named_modules:
+        for attribute, kind in _MODULE_HOOKS.items():
+            if getattr(module, attribute, None):
+                return f"{path} has a {kind}"
+    for path, tensor in named_tensors:
+        for attribute, kind in _TENSOR_HOOKS.items():
+            if getattr(tensor, attribute, None):
+                return f"{path} has a {kind}"
+    return None
 
 
 def guard_passes(guard: Any, tensors: list) -> bool:
@@ -713,6 +795,8 @@ class PrecompiledFunction:
         self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
         self._num_outputs = sum(1 for leaf in convention.outputs if leaf.graph_output is not None)
         self._num_graph_outputs = self._num_outputs + len(convention.grad_state)
+        self._writes_grads = bool(convention.grad_state or convention.grads_cleared)
+        self._grads_assigned = frozenset(convention.grads_assigned)
         self._output_indices = [leaf.graph_output for leaf in convention.outputs]
         self._plain_outputs = all(i is not None for i in self._output_indices) and (
             self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
@@ -722,6 +806,7 @@ class PrecompiledFunction:
         # tuple(id(module)) -> _ModuleCache; stale entries are pruned.
         self._state_cache: dict[tuple, _ModuleCache] = {}
         self._guard = None  # TensorGuards armed by the last fully checked call
+        self._hooks_scanned_at = -1  # RemovableHandle.next_id at the last scan that found no hook
         self._training = [flag for m in convention.modules for _, flag in m.submodules if flag is not None]
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
@@ -766,11 +851,13 @@ class PrecompiledFunction:
             self._any_autocast  # captured under autocast: compared in full at every call
             or _is_any_autocast_enabled()
             or _get_default_dtype() is not self._default_dtype
-            or (self._needs_grad and not grad_enabled)
+            or (self._needs_grad and (not grad_enabled or _is_anomaly_enabled()))
         ):
             self._check_global_state(grad_enabled)
         modules = [args[i] for i in self._module_positions]
         state = self._state_tensors(modules)
+        if RemovableHandle.next_id != self._hooks_scanned_at:
+            self._refuse_hooks(modules, state)
         user_args = [args[i] for i in self._user_positions]
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         tensors = state + [leaves[i] for i in self._tensor_inputs]
@@ -783,17 +870,29 @@ class PrecompiledFunction:
             self._check_aliasing(tensors, self._input_alias_pairs)
         if self._free_inputs:
             tensors += self._free_sizes(leaves)
-        if self.convention.reads_grad and not self.convention.assign_grads:  # else .grad is a graph input
-            self._refuse_accumulated_grads(state)
         for optimizer in self._optimizers:
             tensors += optimizer.inputs(args[optimizer.spec.position], state)
         if self.convention.grad_inputs:
             tensors += self._prior_grads(state)
         # The graph already contains any backward: run it without autograd
-        # recording (Inductor's out= kernels refuse inputs that require grad).
+        # recording (Inductor's out= kernels refuse inputs that require grad),
+        # and write .grad as the autograd engine does, with grad mode off.
         torch._C._set_grad_enabled(False)
         try:
-            outputs = self._run_graph(tensors + self._constants)
+            outputs = self._run_checked_graph(tensors + self._constants)
+            if self._writes_grads:
+                self._write_grads(state, outputs)
+        finally:
+            torch._C._set_grad_enabled(grad_enabled)
+        if self._single_output:
+            return outputs[0]
+        if self._plain_outputs:
+            return tuple([outputs[i] for i in self._output_indices])
+        return self._rebuild_outputs(outputs)
+
+    def _run_checked_graph(self, inputs: list) -> Any:
+        try:
+            outputs = self._run_graph(inputs)
         except AssertionError as error:
             if self.convention.backend != "inductor":
                 raise
@@ -803,20 +902,12 @@ class PrecompiledFunction:
                 f"the compiled graph rejected its inputs: {error}; pass tensors with the "
                 "captured shapes and layout, or precompile with backend='eager'"
             ) from error
-        finally:
-            torch._C._set_grad_enabled(grad_enabled)
         if len(outputs) != self._num_graph_outputs:
             raise PrecompileError(
                 f"the captured graph returned {len(outputs)} outputs but the calling convention "
                 f"describes {self._num_graph_outputs}: python_code was edited"
             )
-        if self.convention.grad_state:
-            self._accumulate_grads(state, outputs[self._num_outputs :])
-        if self._single_output:
-            return outputs[0]
-        if self._plain_outputs:
-            return tuple([outputs[i] for i in self._output_indices])
-        return self._rebuild_outputs(outputs)
+        return outputs
 
     def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
         if kwargs:
@@ -830,14 +921,36 @@ class PrecompiledFunction:
 
     # -- global state ----------------------------------------------------------
 
+    def _refuse_hooks(self, modules: list, state: list) -> None:
+        handles_made = RemovableHandle.next_id
+        named_modules = [
+            (f"args[{spec.position}]" + (f".{name}" if name else ""), sub)
+            for spec, module in zip(self.convention.modules, modules)
+            for name, sub in module.named_modules()
+        ]
+        hook = find_hook(named_modules, zip(map(self._tensor_path, range(len(state))), state))
+        if hook is not None:
+            raise PrecompileError(
+                f"{hook}, registered after capture: the graph does not run it, eager would. Remove "
+                "it (handle.remove()) before calling, or call fn eagerly"
+            )
+        self._hooks_scanned_at = handles_made
+
     def _check_global_state(self, grad_enabled: bool) -> None:
         """Grad mode, autocast and default dtype as captured, or a PrecompileError."""
         if self._needs_grad and not grad_enabled:
             where = "torch.inference_mode()" if torch.is_inference_mode_enabled() else "torch.no_grad()"
             raise PrecompileError(
-                f"called under {where}, but this artifact runs autograd (fn calls .backward() or "
-                "uses input gradients), which eager cannot do there: call it with grad mode "
-                "enabled, outside no_grad() / inference_mode()"
+                f"called under {where}, but this artifact runs autograd (fn calls backward() or "
+                "torch.autograd.grad) and was captured with grad mode enabled; whether fn would "
+                "enable grad itself is not recorded: call it with grad mode enabled, outside "
+                "no_grad() / inference_mode()"
+            )
+        if self._needs_grad and _is_anomaly_enabled():
+            raise PrecompileError(
+                "called with autograd anomaly detection enabled, but this artifact's backward is "
+                "compiled and cannot check for anomalies: disable torch.autograd.detect_anomaly / "
+                "set_detect_anomaly, or call fn eagerly to debug"
             )
         captured, now = self.convention.autocast, autocast_state()
         if now != captured:
@@ -876,6 +989,7 @@ class PrecompiledFunction:
             cached.generation != _STRUCTURE[0]
             or [ref() for ref in cached.refs] != modules
             or (self._training and list(map(dict.get, cached.module_vars, repeat("training"))) != self._training)
+            or not all(map(operator.is_, map(dict.get, cached.attribute_vars, cached.attribute_names), cached.attribute_values))
         ):
             return False
         if not cached.parent_vars:
@@ -888,7 +1002,8 @@ class PrecompiledFunction:
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
         accessors = [walked[m][0][slot] for m, slot in self._state_slots]
-        submodules = [sub for _, subs in walked for sub in subs]
+        submodules = [sub for _, subs, _ in walked for sub in subs]
+        attributes = [entry for _, _, checked in walked for entry in checked]
         flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
         parents = [sub for sub in submodules if sub._modules]
         cached = _ModuleCache(
@@ -901,6 +1016,9 @@ class PrecompiledFunction:
             parent_vars=[vars(parent) for parent in parents],
             children=[parent._modules for parent in parents],
             sizes=[len(parent._modules) for parent in parents],
+            attribute_vars=[values for values, _ in attributes],
+            attribute_names=[name for _, name in attributes],
+            attribute_values=[values[name] for values, name in attributes],
         )
         if self._state_alias_pairs:
             self._check_aliasing(list(map(dict.__getitem__, cached.tables, cached.names)), self._state_alias_pairs)
@@ -911,8 +1029,8 @@ class PrecompiledFunction:
         self._state_cache[tuple(map(id, modules))] = cached
         return cached
 
-    def _walk_module(self, index: int, module: Any) -> tuple[list, list]:
-        """(owner dict, name) of each parameter and buffer, and the submodules."""
+    def _walk_module(self, index: int, module: Any) -> tuple[list, list, list]:
+        """(owner dict, name) of each parameter and buffer, the submodules, the checked attributes."""
         spec = self.convention.modules[index]
         where = f"args[{spec.position}]"
         if not isinstance(module, torch.nn.Module):
@@ -946,10 +1064,29 @@ class PrecompiledFunction:
                     f"Dropout & co. compute differently): call .{'train' if want else 'eval'}() "
                     "on it, or precompile again in this mode"
                 )
+        subs = dict(named)
+        for (name, _), want, (_, sub) in zip(spec.submodules, spec.classes, named):
+            if class_name(type(sub)) != want:
+                raise PrecompileError(
+                    f"{where}{'.' + name if name else ''} is a {class_name(type(sub))}, but was a {want} "
+                    "at capture (its forward is baked into the graph): put back a module of that class, "
+                    "or precompile again"
+                )
+        checked = []
+        for name, attribute, want in spec.attributes:
+            values = vars(subs[name])
+            got = values.get(attribute, _MISSING)
+            if got is _MISSING or not same_value(got, want):
+                raise PrecompileError(
+                    f"{where}{'.' + name if name else ''}.{attribute} is "
+                    f"{'missing' if got is _MISSING else repr(got)}, but was {want!r} at capture (fn "
+                    "read it, so it is baked into the graph): set it back, or precompile again"
+                )
+            checked.append((values, attribute))
         accessors = [_owner_dict(module, n, "parameter") for n in params] + [
             _owner_dict(module, n, "buffer") for n in buffers
         ]
-        return accessors, [sub for _, sub in named]
+        return accessors, [sub for _, sub in named], checked
 
     def _raise_untied(self, state_index: int, module_index: int, fqn: str) -> None:
         first_module, first_name = self.convention.state[state_index].names[0]
@@ -1054,16 +1191,6 @@ class PrecompiledFunction:
 
     # -- results -------------------------------------------------------------
 
-    def _refuse_accumulated_grads(self, state: list) -> None:
-        for index in self.convention.reads_grad:
-            if state[index].grad is not None:
-                module_index, name = self.convention.state[index].names[0]
-                raise PrecompileError(
-                    f"args[{self._module_positions[module_index]}].{name} already has a .grad, but fn "
-                    "reads its gradient after backward() (e.g. clip_grad_norm_) and was captured with "
-                    ".grad None: eager would read the accumulated gradient, the artifact only this "
-                    "call's. Call optimizer.zero_grad(set_to_none=True) before the call"
-                )
     def _prior_grads(self, state: list) -> list:
         """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g)."""
         grads = []
@@ -1081,16 +1208,18 @@ class PrecompiledFunction:
             grads.append(grad)
         return grads
 
-    def _accumulate_grads(self, state: list, grads: Any) -> None:
-        # Like eager .backward(): assign when None, else accumulate in place;
-        # assign_grads: the graph already accumulated onto the incoming .grad.
-        assign = self.convention.assign_grads
-        for index, grad in zip(self.convention.grad_state, grads):
+    def _write_grads(self, state: list, outputs: Any) -> None:
+        # Like eager backward(): assign when None, else accumulate in place;
+        # grads_assigned: the graph's gradient is already the final .grad.
+        assigned = self._grads_assigned
+        for index, grad in zip(self.convention.grad_state, outputs[self._num_outputs :]):
             param = state[index]
-            if assign or param.grad is None:
+            if index in assigned or param.grad is None:
                 param.grad = grad
             else:
                 param.grad.add_(grad)
+        for index in self.convention.grads_cleared:
+            state[index].grad = None
 
     def _rebuild_outputs(self, outputs: Any) -> Any:
         leaves = [
