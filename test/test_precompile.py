@@ -792,7 +792,7 @@ class TestFreeDims(TestCase):
             self.train(m, torch.randn(3, 8), torch.randn(4, 4))
         with self.assertRaisesRegex(PrecompileError, r"args\[2\]: dim 0 has size 65, outside the bounds \[0, 64\]"):
             self.train(m, torch.randn(65, 8), torch.randn(65, 4))
-        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected a contiguous tensor.*\.contiguous\(\)"):
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected a tensor in contiguous_format memory format.*\.contiguous\(memory_format=torch\.contiguous_format\)"):
             self.forward(m, torch.randn(8, 3).t())
 
     def test_convention_records_free_dims(self):
@@ -802,7 +802,7 @@ class TestFreeDims(TestCase):
         self.assertEqual(x_spec.free_dims, ((0, 0, 0, None),))
         self.assertEqual(y_spec.free_dims, ((0, 0, 0, 64),))  # same shape group as x
         self.assertEqual(convention.sizes, ((0, 0), (1, 0)))
-        self.assertTrue(x_spec.contiguous)
+        self.assertEqual(x_spec.memory_format, "contiguous_format")
 
     def test_shape_id_shares_one_group(self):
         x = _marked(torch.randn(4, 8), 0, shape_id="batch")
@@ -837,7 +837,7 @@ class TestFreeDims(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: dims \[0\] are marked with mark_dynamic.*use torch._dynamo.decorators.mark_unbacked"):
             precompile(_forward, self.model, dynamic)
         strided = _marked(torch.randn(8, 5).t(), 0)
-        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: an input with marked dims must be contiguous.*x.contiguous\(\)"):
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: an input with marked dims must be dense in a memory format.*x.contiguous\(\)"):
             precompile(_forward, self.model, strided)
 
         class Wrapped(torch.Tensor):

@@ -166,7 +166,7 @@ class TestInspectReport(InspectTestCase):
         self.assertEqual(inputs["args[1]"]["dtype"], "float32")
         self.assertEqual(inputs["args[1]"]["device"], "cpu")
         self.assertEqual(inputs["args[1]"]["free_dims"], [])
-        self.assertFalse(inputs["args[1]"]["contiguous"])
+        self.assertIsNone(inputs["args[1]"]["memory_format"])
         self.assertEqual(inputs["args[1]"]["bytes"], 80)
         self.assertEqual(inputs["args[2]['target']"]["shape"], [5, 3])
         self.assertEqual(inputs["args[2]['scale']"], {"path": "args[2]['scale']", "kind": "value", "value": "0.5"})
@@ -267,7 +267,7 @@ class TestInspectReport(InspectTestCase):
             x = convention["inputs"][0]["tensor"]  # args[1], captured as (5, 4)
             x["shape"][0] = None
             x["free_dims"] = [[0, 0, 2, 64]]
-            x["contiguous"] = True
+            x["memory_format"] = "contiguous_format"
             convention["state"][2]["names"].append([0, "1.weight_alias"])
             convention["modules"][0]["parameters"].append("1.weight_alias")  # keep it consistent
 
@@ -277,10 +277,10 @@ class TestInspectReport(InspectTestCase):
         x = report["inputs"][0]
         self.assertEqual((x["path"], x["shape"], x["bytes"]), ("args[1]", [None, 4], None))
         self.assertEqual(x["free_dims"], [{"dim": 0, "size_group": 0, "min": 2, "max": 64}])
-        self.assertTrue(x["contiguous"])
+        self.assertEqual(x["memory_format"], "contiguous_format")
         self.assertEqual(report["tied"], [["args[0].1.weight", "args[0].1.weight_alias"]])
         text = _main(edited, cache_file).stdout
-        self.assertIn("args[1]: (*, 4) float32 cpu contiguous; dim 0 free in [2, 64] (size group 0)", text)
+        self.assertIn("args[1]: (*, 4) float32 cpu contiguous_format; dim 0 free in [2, 64] (size group 0)", text)
         self.assertIn("tied                args[0].1.weight = args[0].1.weight_alias", text)
 
     def test_does_not_execute_the_artifact(self):

@@ -398,6 +398,28 @@ class TestFreeDims(TestCase):
             torch.testing.assert_close(runnable(model, y), step(ref, y), **TOLERANCE)
             _assert_same_state(ref, model, f"batch {batch}")
 
+    def test_channels_last_conv_net_batch_dim(self):
+        # A free dim pins the input's memory format (its strides vary with the size).
+        def step(model, x):
+            loss = model(x).square().mean()
+            loss.backward()
+            return loss.detach()
+
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+        model = model.to(memory_format=torch.channels_last)
+        x = _images(0).contiguous(memory_format=torch.channels_last)
+        mark_unbacked(x, 0, min=1)
+        runnable = _precompiled("channels_last_free_batch", step, model, x, backend="inductor")
+        self.assertEqual(runnable.convention.inputs[0].tensor.memory_format, "channels_last")
+        ref = copy.deepcopy(model)
+        for batch in (2, 5):
+            y = _images(batch, batch).contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(runnable(model, y), step(ref, y), **TOLERANCE)
+            _assert_same_state(ref, model, f"batch {batch}")
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected a tensor in channels_last memory format"):
+            runnable(model, _images(2, 2))
+
     def test_transformer_sequence_dim(self):
         torch.manual_seed(0)
         layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)

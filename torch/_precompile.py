@@ -35,7 +35,10 @@ says who guarantees it and, where it is enforced, which tests (in
    and the equalities the graph needs between marked dims are checked at
    every call, and a graph that guards on it is refused at capture.
    Marks sharing a ``shape_id`` are one size with the tightest of their
-   bounds.  Input and output pytree structures must be recordable
+   bounds.  A marked input's strides vary with its sizes, so its layout is
+   pinned as a memory format instead (``contiguous_format``,
+   ``channels_last``); the graph's outputs are then dense but may be in
+   another memory format than eager's (values are equal).  Input and output pytree structures must be recordable
    (registered types with a serialized_type_name, keys and a JSON context),
    else capture refuses them by argument.
    Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py,
@@ -483,14 +486,22 @@ def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> Tensor
     free = {dim for dim, *_ in free_dims}
     return TensorSpec(
         shape=tuple(None if d in free else size for d, size in enumerate(t.shape)),
-        # Free dims: strides vary with the size, so the layout is pinned as contiguous.
+        # Free dims: strides vary with the size, so the layout is pinned as a memory format.
         stride=tuple(t.stride()) if backend == "inductor" and not free else None,
         dtype=str(t.dtype).removeprefix("torch."),
         device=str(t.device),
         free_dims=tuple(free_dims),
-        contiguous=bool(free),
+        memory_format=_memory_format(t) if free else None,
         requires_grad=t.requires_grad,
     )
+
+
+def _memory_format(t: torch.Tensor) -> str | None:
+    """The first memory format ``t`` is dense in (row-major first), or None."""
+    for name, memory_format in runtime.MEMORY_FORMATS.items():
+        if t.is_contiguous(memory_format=memory_format):
+            return name
+    return None
 
 
 def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
@@ -539,10 +550,11 @@ def _read_marks(args: _Arguments, backend: str) -> list:
                 f"{what}: mark_unbacked on a tensor subclass ({type(tensor).__name__}) is not "
                 "supported; pass a plain torch.Tensor"
             )
-        if not tensor.is_contiguous():
+        if _memory_format(tensor) is None:
             raise PrecompileError(
-                f"{what}: an input with marked dims must be contiguous (its strides depend on "
-                f"the free sizes); got strides {tuple(tensor.stride())}: pass x.contiguous()"
+                f"{what}: an input with marked dims must be dense in a memory format (its strides "
+                f"depend on the free sizes); got strides {tuple(tensor.stride())}: pass "
+                "x.contiguous() or x.contiguous(memory_format=torch.channels_last)"
             )
         bounds = getattr(tensor, "_dynamo_unbacked_bounds", {})
         shape_ids = getattr(tensor, "_dynamo_shape_ids", {})

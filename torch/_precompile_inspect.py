@@ -157,7 +157,7 @@ def _tensor_report(spec: TensorSpec) -> dict[str, Any]:
         "free_dims": [
             {"dim": d, "size_group": group, "min": low, "max": high} for d, group, low, high in spec.free_dims
         ],
-        "contiguous": spec.contiguous,
+        "memory_format": spec.memory_format,
         "bytes": _nbytes(spec.shape, spec.dtype),
     }
 
@@ -253,8 +253,8 @@ def _tensor_text(entry: dict) -> str:
     text = f"{_shape_text(entry['shape'])} {entry['dtype']} {entry['device']}"
     if entry["stride"] is not None:
         text += f" stride {_shape_text(entry['stride'])}"
-    if entry["contiguous"]:
-        text += " contiguous"
+    if entry["memory_format"]:
+        text += f" {entry['memory_format']}"
     for free in entry["free_dims"]:
         high = "inf" if free["max"] is None else free["max"]
         text += f"; dim {free['dim']} free in [{free['min']}, {high}] (size group {free['size_group']})"

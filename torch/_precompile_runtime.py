@@ -70,7 +70,9 @@ class TensorSpec(NamedTuple):
     # Free dims as ((dim, shape group, min, max), ...); max None = unbounded.
     # Dims in one shape group must have equal sizes.
     free_dims: tuple[tuple[int, int, int, int | None], ...] = ()
-    contiguous: bool = False  # layout pinned as contiguous (inputs with free dims)
+    # Inputs with free dims: their strides vary with the sizes, so the layout is
+    # pinned as a memory format instead ("contiguous_format", "channels_last", ...).
+    memory_format: str | None = None
     requires_grad: bool = False  # checked when the convention's needs_grad is set
 
     def describe_shape(self) -> str:
@@ -258,6 +260,13 @@ def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
 LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
 _MISSING = object()
 
+# Memory formats an input with free dims may be pinned to, by name.
+MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d,
+}
+
 # Device types whose autocast state is recorded at capture (torch.is_autocast_enabled).
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
 
@@ -348,8 +357,8 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"{where}.free_dims {t.free_dims!r}")
         if len({f[0] for f in t.free_dims}) != sum(s is None for s in t.shape):
             fail(f"{where}: free dims and shape disagree")
-        if type(t.contiguous) is not bool:
-            fail(f"{where}.contiguous {t.contiguous!r}")
+        if t.memory_format is not None and t.memory_format not in MEMORY_FORMATS:
+            fail(f"{where}.memory_format {t.memory_format!r}")
         if type(t.requires_grad) is not bool:
             fail(f"{where}.requires_grad {t.requires_grad!r}")
 
@@ -616,10 +625,11 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
             f"eager would compute different gradients: set requires_grad_({spec.requires_grad}), or "
             "precompile again with the tensors as they are now"
         )
-    if spec.contiguous and not value.is_contiguous():
+    if spec.memory_format is not None and not value.is_contiguous(memory_format=MEMORY_FORMATS[spec.memory_format]):
         raise PrecompileError(
-            f"{what}: expected a contiguous tensor (it has free dims), got strides "
-            f"{tuple(value.stride())}; pass .contiguous()"
+            f"{what}: expected a tensor in {spec.memory_format} memory format (it has free dims, "
+            f"so its layout is pinned as a format), got strides {tuple(value.stride())}; pass "
+            f".contiguous(memory_format=torch.{spec.memory_format})"
         )
     want = _checked_strides(spec)
     got = value.stride()
@@ -1138,7 +1148,7 @@ class PrecompiledFunction:
         groups: dict[int, tuple[int, int, int]] = {}  # group -> (size, leaf, dim)
         for index, spec in self._free_inputs:
             tensor = leaves[index]
-            if not tensor.is_contiguous():
+            if not tensor.is_contiguous(memory_format=MEMORY_FORMATS[spec.memory_format]):
                 check_tensor(self._input_path(index), tensor, spec, self.convention.backend)
             for dim, group, low, high in spec.free_dims:
                 size = tensor.shape[dim]
