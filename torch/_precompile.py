@@ -260,6 +260,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import inspect
 import io
@@ -2600,6 +2601,10 @@ class _Precompile:
 
     def load(self, python_code: str, cache: bytes) -> Callable:
         """Rebuild the runnable from ``(python_code, cache)``; executes python_code."""
+        with _gc_paused():
+            return self._load(python_code, cache)
+
+    def _load(self, python_code: str, cache: bytes) -> Callable:
         timer = _StageTimer("load")
         with timer("verify"):
             constants = _read_constants(python_code)
@@ -2629,6 +2634,20 @@ class _Precompile:
                 raise PrecompileError("python_code does not define a callable `forward`")
         timer.done(f"backend={convention.backend} kernels={len(kernel_files)}")
         return forward
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Parsing and compiling python_code allocate many short-lived objects, which
+    trigger collections over everything a process with torch imported holds
+    (measured: 147 ms instead of 24 ms for a 93 KB header's first ast.parse)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _caller_rng_kept():
