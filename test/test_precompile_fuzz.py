@@ -774,8 +774,8 @@ class TestFuzzCall(TestCase):
     @settings(FUZZ, max_examples=12 * _SCALE)
     @given(data=st.data())
     def test_fuzzed_soundness_call(self, backend, kind, data):
-        """Module modes, aliasing, requires_grad, module edits and global state
-        changed after a first call: eager's result, or a PrecompileError that
+        """Module modes, aliasing, requires_grad, module edits and classes, hooks,
+        an existing .grad and global state changed after a first call: eager's result, or a PrecompileError that
         leaves everything as it was (Note invariant 11)."""
         fn, make_inputs = KINDS[kind]
         runnable = precompile.load(*pair(kind, backend))
@@ -792,6 +792,8 @@ class TestFuzzCall(TestCase):
                 if change in SOUNDNESS_CONTEXTS:
                     stack.enter_context(SOUNDNESS_CONTEXTS[change]())
             ref_model, ref_args = copy.deepcopy((model, args))
+            for ours, theirs in zip(model.parameters(), ref_model.parameters()):  # deepcopy drops .grad
+                theirs.grad = None if ours.grad is None else ours.grad.clone()
             try:
                 expected, eager_error = fn(ref_model, *ref_args), None
             except Exception as error:  # eager refuses too: the artifact must
@@ -830,6 +832,13 @@ def _redefine_fc1(model, args):
     model.fc1 = nn.Linear(8, 16)
 
 
+class _ScaledLinear(nn.Linear):
+    """Same parameters as nn.Linear, another forward: a swapped class must be refused."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
 def _alias_inputs(model, args):
     # detach(): still x's memory, but a leaf (deepcopy, for the eager reference, needs one).
     if isinstance(args[1], dict):  # pytree_fn: extra["a"] becomes a view of x
@@ -850,6 +859,10 @@ SOUNDNESS_EDITS = {
     "del_fc2": lambda model, args: delattr(model, "fc2"),
     "del_bias": lambda model, args: delattr(model.fc1, "bias"),
     "redefine_fc1": _redefine_fc1,
+    "swap_fc2_class": lambda model, args: setattr(model, "fc2", _ScaledLinear(16, 4)),
+    "forward_hook": lambda model, args: model.fc1.register_forward_hook(lambda module, inputs, out: out * 2),
+    "grad_hook": lambda model, args: model.fc2.weight.register_hook(lambda grad: grad * 3),
+    "existing_grad": lambda model, args: setattr(model.fc1.weight, "grad", torch.ones_like(model.fc1.weight)),
     # Last: the views above need a leaf that does not require grad (deepcopy).
     "input_requires_grad": lambda model, args: args[0].requires_grad_(),
 }
@@ -859,6 +872,7 @@ SOUNDNESS_CONTEXTS = {
     "inference_mode": torch.inference_mode,
     "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
     "default_dtype": _set_default_dtype(torch.float64),
+    "anomaly": lambda: torch.autograd.detect_anomaly(check_nan=False),
 }
 
 
