@@ -96,7 +96,8 @@ says who guarantees it and, where it is enforced, which tests (in
    every call, or REFUSED at capture.  Tests are in
    test_precompile_soundness.py TestSoundness unless named otherwise; the
    fuzzer (test_precompile_fuzz.py test_fuzzed_soundness_call) flips modes,
-   aliasing, requires_grad, module structure and global state between calls.
+   aliasing, requires_grad, module structure and classes, hooks, an existing
+   ``.grad`` and global state between calls.
 
    Argument tensors
    - values: LIFTED.  Shape, dtype, device: CHECKED (invariants 1, 3;
