@@ -202,9 +202,20 @@ class CallingConvention(NamedTuple):
 
 
 def _to_literal(value: Any) -> Any:
-    """Records -> dicts of plain literals that ``ast.literal_eval`` reads."""
+    """Records -> dicts of plain literals that ``ast.literal_eval`` reads.
+
+    Fields equal to their defaults are left out (a smaller header parses
+    faster at load); a LeafSpec keeps exactly its one payload, the tag of the
+    union, so a baked ``None`` reads ``{'value': None}``.
+    """
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return {name: _to_literal(getattr(value, name)) for name in value._fields}
+        defaults = value._field_defaults
+        names = [_leaf_kind(value)] if isinstance(value, LeafSpec) else [
+            name
+            for name in value._fields
+            if name not in defaults or not _is_default(getattr(value, name), defaults[name])
+        ]
+        return {name: _to_literal(getattr(value, name)) for name in names}
     if isinstance(value, (tuple, list)):
         return [_to_literal(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -212,11 +223,25 @@ def _to_literal(value: Any) -> Any:
     return value
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default
+
+
+def _leaf_kind(leaf: "LeafSpec") -> str:
+    if leaf.tensor is not None:
+        return "tensor"
+    return "value" if leaf.graph_output is None else "graph_output"
+
+
 def _from_literal(cls: Any, literal: Any) -> Any:
     """Inverse of ``_to_literal`` for the records above."""
     if not isinstance(literal, dict):
         raise PrecompileError(
             f"calling convention: expected a dict for {cls.__name__}, got {type(literal).__name__}"
+        )
+    if cls is LeafSpec and len(literal) != 1:
+        raise PrecompileError(
+            f"calling convention: a LeafSpec holds exactly one of tensor, graph_output, value; got {sorted(literal)}"
         )
     unknown = set(literal) - set(cls._fields)
     missing = set(cls._fields) - set(cls._field_defaults) - set(literal)
