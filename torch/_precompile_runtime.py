@@ -696,6 +696,7 @@ _STRUCTURE = _structure_counter()
 # Read at every call: bound once, saving the attribute lookups.
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 _is_anomaly_enabled = torch.is_anomaly_enabled
+_dereference = weakref.ref.__call__
 _get_default_dtype = torch.get_default_dtype
 
 
@@ -914,7 +915,12 @@ class PrecompiledFunction:
         # and write .grad as the autograd engine does, with grad mode off.
         torch._C._set_grad_enabled(False)
         try:
-            outputs = self._run_checked_graph(tensors + self._constants)
+            try:
+                outputs = self._run_graph(tensors + self._constants)
+            except AssertionError as error:
+                self._raise_rejected(error)
+            if len(outputs) != self._num_graph_outputs:
+                self._raise_edited(outputs)
             if self._writes_grads:
                 self._write_grads(state, outputs)
         finally:
@@ -925,24 +931,21 @@ class PrecompiledFunction:
             return tuple([outputs[i] for i in self._output_indices])
         return self._rebuild_outputs(outputs)
 
-    def _run_checked_graph(self, inputs: list) -> Any:
-        try:
-            outputs = self._run_graph(inputs)
-        except AssertionError as error:
-            if self.convention.backend != "inductor":
-                raise
-            # Inductor's own size/stride asserts: the checks above should have
-            # caught this first; never leak a bare AssertionError.
-            raise PrecompileError(
-                f"the compiled graph rejected its inputs: {error}; pass tensors with the "
-                "captured shapes and layout, or precompile with backend='eager'"
-            ) from error
-        if len(outputs) != self._num_graph_outputs:
-            raise PrecompileError(
-                f"the captured graph returned {len(outputs)} outputs but the calling convention "
-                f"describes {self._num_graph_outputs}: python_code was edited"
-            )
-        return outputs
+    def _raise_rejected(self, error: AssertionError) -> None:
+        if self.convention.backend != "inductor":
+            raise error
+        # Inductor's own size/stride asserts: the checks above should have
+        # caught this first; never leak a bare AssertionError.
+        raise PrecompileError(
+            f"the compiled graph rejected its inputs: {error}; pass tensors with the "
+            "captured shapes and layout, or precompile with backend='eager'"
+        ) from error
+
+    def _raise_edited(self, outputs: Any) -> None:
+        raise PrecompileError(
+            f"the captured graph returned {len(outputs)} outputs but the calling convention "
+            f"describes {self._num_graph_outputs}: python_code was edited"
+        )
 
     def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
         if kwargs:
@@ -1022,9 +1025,12 @@ class PrecompiledFunction:
         # Each comparison is one C-level pass; list == compares by identity first.
         if (
             cached.generation != _STRUCTURE[0]
-            or [ref() for ref in cached.refs] != modules
+            or list(map(_dereference, cached.refs)) != modules
             or (self._training and list(map(dict.get, cached.module_vars, repeat("training"))) != self._training)
-            or not all(map(operator.is_, map(dict.get, cached.attribute_vars, cached.attribute_names), cached.attribute_values))
+            or (
+                cached.attribute_vars
+                and not all(map(operator.is_, map(dict.get, cached.attribute_vars, cached.attribute_names), cached.attribute_values))
+            )
         ):
             return False
         if not cached.parent_vars:
