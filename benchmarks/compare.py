@@ -261,7 +261,7 @@ def main() -> None:
     if args.from_json:
 
         def factory(dump):
-            done_w = [w for w in WORKLOADS if any(k.startswith(f"{w}/") for k in dump)]
+            done_w = [w for w in C.WORKLOADS if any(k.startswith(f"{w}/") for k in dump)]  # gpt2_* too
             done_p = [m for m in ORDER if any(k.endswith(f"/{m}") for k in dump)]
             hidden = ["aot_compile_1t"] if "aot_compile" in done_p else []
             return C.Plan(None, METHODS, done_w, done_p + hidden), done_w, done_p
@@ -444,7 +444,7 @@ def _split_table(plan: C.Plan, w: str, peers: list) -> str:
     return (
         "\nWarm start split (medians of each part over the fresh processes, so the parts need not add up to the "
         "total's median): **model + inputs** = building the model and its inputs (the same for every peer; "
-        "random init of the weights), **load** = the peer's load / wrap, **first call** = to the first result.\n\n"
+        "random init of the weights), **load** = the peer's load / wrap (precompile: with the first access of `torch.compiler.precompile`, which imports it), **first call** = to the first result.\n\n"
         + C.markdown_table(
             ["peer", "cache", "threads", "runs", "model + inputs", "load", "first call", "load + first call", "total start"],
             rows,
