@@ -261,7 +261,7 @@ def main() -> None:
     if args.from_json:
 
         def factory(dump):
-            done_w = [w for w in WORKLOADS if any(k.startswith(f"{w}/") for k in dump)]
+            done_w = [w for w in C.WORKLOADS if any(k.startswith(f"{w}/") for k in dump)]  # gpt2_* too
             done_p = [m for m in ORDER if any(k.endswith(f"/{m}") for k in dump)]
             hidden = ["aot_compile_1t"] if "aot_compile" in done_p else []
             return C.Plan(None, METHODS, done_w, done_p + hidden), done_w, done_p
@@ -411,6 +411,7 @@ def render(plan: C.Plan, workloads: list, peers: list) -> str:
              "steady", "steady / eager", "steady / precompile", "artifact", "weights baked", "grads accumulate", "notes"],
             rows,
         ))
+        out.append(_split_table(plan, w, peers))
         # Who wins.
         compiled = [m for m in peers if m != "eager"]
         best_start = _best(plan, w, compiled, lambda c, m: _warm(c, m))
@@ -420,6 +421,36 @@ def render(plan: C.Plan, workloads: list, peers: list) -> str:
             f"fastest steady state: {best_steady}.\n"
         )
     return "\n".join(out) + "\n"
+
+
+def _split_table(plan: C.Plan, w: str, peers: list) -> str:
+    """The headline warm start split into model + input creation, load and first call (medians)."""
+    rows = []
+    for m in peers:
+        cell = plan.cell(w, m)
+        if cell.skipped:
+            continue
+        for mode in (_main_mode(m), f"{_main_mode(m)}@1"):
+            if not any(s.get("ok") for s in cell.starts.get(mode, [])):
+                continue
+            fields = [cell.start_field(mode, f) for f in ("setup_s", "load_s", "first_call_s", "first_result_s")]
+            load_call = None if None in fields[1:3] else fields[1] + fields[2]
+            runs = sum(1 for s in cell.starts[mode] if s.get("ok"))
+            threads = "1" if mode.endswith("@1") else "default"
+            rows.append([METHODS[m].label, mode.split("@")[0], threads, runs,
+                         *(C.fmt_time(v) for v in fields[:3]), C.fmt_time(load_call), C.fmt_time(fields[3])])
+    if not rows:
+        return ""
+    return (
+        "\nWarm start split (medians of each part over the fresh processes, so the parts need not add up to the "
+        "total's median): **model + inputs** = building the model and its inputs (the same for every peer; "
+        "random init of the weights), **load** = the peer's load / wrap (precompile: with the first access of `torch.compiler.precompile`, which imports it), **first call** = to the first result.\n\n"
+        + C.markdown_table(
+            ["peer", "cache", "threads", "runs", "model + inputs", "load", "first call", "load + first call", "total start"],
+            rows,
+        )
+        + "\n"
+    )
 
 
 def _best(plan, w, peers, value) -> str:

@@ -364,6 +364,42 @@ class TestRealModels(TestCase):
             torch.testing.assert_close(ours[key], theirs[key], **TOLERANCE)
 
 
+class TestNumerics(TestCase):
+    """Issue 13 item 4: where the eager backend differed from eager PyTorch, and why."""
+
+    def test_mobilenet_train_first_call_after_capture(self):
+        # Seen once: backend="eager" 0.015 apart from eager PyTorch on mobilenet_v3_small,
+        # train mode, batch 2.  Measured cause: not BatchNorm over 2 samples, hardswish
+        # or the decompositions, but the classifier's Dropout(0.2).  The capture runs
+        # fn for real, and before commit 638ffc4 its dropout drew from the caller's
+        # global generator, so `manual_seed(s); precompile(...); load(...)(...)` used
+        # other masks than `manual_seed(s); fn(...)`.  Measured with the code before
+        # that commit: this net (batch 2, 3x16x16) loss 0.0125 apart, grads up to
+        # 0.106; a plain-torch copy of torchvision's mobilenet_v3_small (batch 2,
+        # 3x224x224) logits 0.016 apart -- the spread of eager itself under two
+        # seeds (0.019).  Capture now restores the caller's RNG: loss, grads and
+        # running stats measured bit-identical (difference 0.0, also for
+        # mobilenet_v3_small at 32, 64 and 224 pixels and after 3 SGD / AdamW
+        # steps); TOLERANCE leaves room for kernels picked by buffer alignment.
+        torch.manual_seed(0)
+        model = TinyMobileNetV3().train()
+        x, y = _images(0), _labels(0)
+        ref = copy.deepcopy(model)
+        torch.manual_seed(0)
+        expected = _classify_train(ref, x, y)
+        torch.manual_seed(0)
+        runnable = torch.compiler.precompile.load(
+            *torch.compiler.precompile(_classify_train, copy.deepcopy(model), x, y, backend="eager")
+        )
+        loss = runnable(model, x, y)
+        torch.testing.assert_close(loss, expected, **TOLERANCE)
+        _assert_same_state(ref, model, "first call after capture")
+        # The check can fail: other dropout masks move the loss far beyond TOLERANCE.
+        other = copy.deepcopy(ref)
+        torch.manual_seed(1)
+        self.assertGreater((_classify_train(other, x, y) - expected).abs().item(), 1e-3)
+
+
 class TestFreeDims(TestCase):
     """mark_unbacked dims on real nets (backend='inductor')."""
 
