@@ -433,6 +433,38 @@ class TestArtifact(TestCase):
             self.assertIn("def call(self, args)", sections["graph"][1])  # Inductor's module
             self.assertIn("cpp_pybinding(['float*", sections["graph"][1])
 
+    def test_eager_graph_is_annotated(self):
+        class TwoLayers(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+            def forward(self, x):
+                return self.fc2(torch.relu(self.fc1(x)))  # the line the graph cites
+
+        code, _ = precompile(_train_step, TwoLayers(), torch.randn(3, 8), torch.randn(3, 4), backend="eager")
+        graph = precompile_module._split_sections(code)["graph"][1]
+        # Placeholders named after what they hold, each value with its dtype[shape].
+        for name, shape in (("p_fc1_weight", "16, 8"), ("p_fc1_bias", "16"), ("args_1", "3, 8"), ("args_2", "3, 4")):
+            self.assertIn(f'    {name}: "f32[{shape}]",\n', graph)
+        self.assertIn('mse_loss: "f32[]" = torch.ops.aten.mse_loss.default(', graph)
+        self.assertNotIn("arg0_1", graph)
+        # The model's own line, not the F.linear call inside nn.Linear.
+        self.assertIn(f"# File: {__file__}:", graph)
+        self.assertIn("code: return self.fc2(torch.relu(self.fc1(x)))  # the line the graph cites", graph)
+        self.assertNotIn("linear.py", graph)
+
+    def test_eager_graph_drops_dead_code_keeps_mutations(self):
+        def fn(m, x):
+            unused = x.detach() * 2  # noqa: F841
+            return m(x)
+
+        m = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))
+        code, _ = precompile(fn, m, torch.randn(3, 8), backend="eager")
+        graph = precompile_module._split_sections(code)["graph"][1]
+        self.assertNotIn("aten.mul", graph)
+        self.assertIn("aten.add_.Tensor", graph)  # num_batches_tracked += 1, used by nothing
+
     def test_traceback_shows_artifact_lines(self):
         # An op failing on a bad value inside the graph: the traceback's frame in
         # the artifact shows the artifact's line, under one name per artifact.
@@ -448,7 +480,7 @@ class TestArtifact(TestCase):
         filename = f"<precompile artifact {precompile_module._code_hash(code)[:12]}>"
         frames = [f for f in trace if f.filename == filename]
         self.assertEqual([f.name for f in frames], ["eager_graph"])
-        self.assertIn("torch.ops.aten.embedding.default(", frames[0].line)
+        self.assertIn("torch.ops.aten.embedding.default(p_weight, args_1)", frames[0].line)
         self.assertEqual(frames[0].line, code.splitlines()[frames[0].lineno - 1].strip())
 
     @parametrize("backend", BACKENDS)

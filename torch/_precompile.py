@@ -1472,18 +1472,80 @@ class _Lowered:
 def _lower_eager(capture: _Capture) -> _Lowered:
     from torch.fx.graph import _custom_builtins
 
-    code = capture.graph.graph.python_code(root_module="self")
+    graph = capture.graph.graph
+    _name_graph_inputs(graph, capture.convention)
+    _keep_user_frames(graph)
+    graph.eliminate_dead_code()  # keeps in-place and random ops (Node.is_impure)
+    # verbose: each node's shape/dtype and, where capture recorded one, its source line.
+    code = graph.python_code(root_module="self", verbose=True, expanded_def=True)
     imports = sorted(
         {_custom_builtins[name].import_str for name in code.globals if name in _custom_builtins}
     )
     unknown = sorted(set(code.globals) - set(_custom_builtins))
     if unknown:
         raise PrecompileError(f"the captured graph refers to globals the artifact cannot render: {unknown}")
-    source = code.src.replace("def forward(self, ", "def eager_graph(", 1).replace(
-        "def forward(self)", "def eager_graph()", 1
+    source = re.sub(r"\bdef forward\(\s*self,?\s*", "def eager_graph(\n    ", code.src.strip(), count=1)
+    graph_code = (
+        "# The captured ATen graph: inputs in the calling convention's order (p_ parameters,\n"
+        "# b_ buffers, then fn's tensors by argument), each value's dtype[shape], and the\n"
+        "# source line of fn or the model that produced it where capture recorded one.\n"
+        + "\n".join(imports)
+        + "\n\n\n"
+        + source
+        + "\n"
     )
-    graph_code = "# The captured ATen graph.\n" + "\n".join(imports) + "\n\n\n" + source.strip() + "\n"
     return _Lowered(graph_code, '_run_graph = _driver["eager_runner"](eager_graph)\n')
+
+
+def _name_graph_inputs(graph: torch.fx.Graph, convention: CallingConvention) -> None:
+    """Name each placeholder after what the driver passes there (FX makes them identifiers)."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    names = _graph_input_names(convention)
+    if len(names) != len(placeholders):
+        raise AssertionError(f"the calling convention names {len(names)} graph inputs, the graph has {len(placeholders)}")
+    for node, name in zip(placeholders, names):
+        node._rename(name)
+        node.target = node.name  # FX renders a placeholder's parameter from its target
+
+
+def _graph_input_names(convention: CallingConvention) -> list[str]:
+    """What each graph input is, in CallingConvention's input order."""
+
+    def fqn(state_index: int) -> str:
+        return convention.state[state_index].names[0][1]
+
+    user_spec = pytree.treespec_loads(convention.input_spec)
+    paths = [
+        f"args_{convention.user_positions[position.idx]}{pytree.keystr(tuple(rest))}"
+        for (position, *rest), _ in pytree.tree_flatten_with_path(
+            pytree.tree_unflatten([None] * user_spec.num_leaves, user_spec)
+        )[0]
+    ]
+    names = [f"{'p' if s.kind == 'parameter' else 'b'}_{fqn(i)}" for i, s in enumerate(convention.state)]
+    names += [paths[i] for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
+    names += [f"size_{paths[leaf]}_dim{dim}" for leaf, dim in convention.sizes]
+    for optimizer in convention.optimizers:
+        names += [f"lr_group{g}" for g in range(len(optimizer.groups))]
+        for group, index in optimizer.stepped:
+            names += [f"{key}_{fqn(optimizer.groups[group][index])}" for key in optimizer.keys]
+    names += [f"grad_{fqn(i)}" for i in convention.grad_inputs]
+    names += [f"constant{i}" for i in range(len(convention.constants))]
+    return names
+
+
+def _keep_user_frames(graph: torch.fx.Graph) -> None:
+    """Reduce each node's recorded stack trace to its innermost frame in fn's or the model's code.
+
+    FX's verbose codegen shows a trace's innermost frame: for an nn.Linear that
+    is torch's linear.py, not the model line that called it.
+    """
+    from torch.fx.graph import _parse_stack_trace
+
+    for node in graph.nodes:
+        frame = _parse_stack_trace(node.stack_trace, lambda file, name, code: _is_user_file(file))
+        node.stack_trace = (
+            "".join(traceback.format_list([(frame.file, int(frame.lineno), frame.name, frame.code)])) if frame else None
+        )
 
 
 # Inductor config pinned for lowering (see ../shared/design.md section 2): kernels
