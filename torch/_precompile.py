@@ -94,6 +94,10 @@ says who guarantees it and, where it is enforced, which tests (in
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
+   ``precompile()`` calls run one at a time (a process-wide lock): capture
+   disables MKLDNN, sets torch.compiler's compiling flags, swaps the module
+   arguments' tensors for traced leaves and forks the global RNG, and lowering
+   patches Inductor's global config (test_two_threads_capture_one_at_a_time).
 11. Nothing baked goes unchecked.  A call either computes what eager fn
    computes on it, or raises a PrecompileError naming the argument, what was
    captured and what was passed, before any state changes (no buffer update,
@@ -2534,6 +2538,11 @@ def _driver_namespace(filename: str, line_offset: int, source: str) -> dict:
     return namespace
 
 
+# Capture and lowering change process-global state (Note invariant 10): one
+# precompile() at a time.  Reentrant: fn calling precompile() must not deadlock.
+_PRECOMPILE_LOCK = threading.RLock()
+
+
 class _Precompile:
     """``torch.compiler.precompile``: a callable with a ``load`` method."""
 
@@ -2556,7 +2565,7 @@ class _Precompile:
             raise PrecompileError(f"precompile: fn must be callable, got {type(fn).__name__}")
 
         timer = _StageTimer("precompile")
-        with _caller_rng_kept():
+        with _PRECOMPILE_LOCK, _caller_rng_kept():
             with timer("capture+enforce"):
                 capture = _capture(fn, example_inputs, backend, decompositions)
             with timer("lower"):
