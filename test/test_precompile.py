@@ -465,6 +465,13 @@ class TestArtifact(TestCase):
         self.assertNotIn("aten.mul", graph)
         self.assertIn("aten.add_.Tensor", graph)  # num_batches_tracked += 1, used by nothing
 
+    def test_driver_may_not_rebind_names_of_the_other_sections(self):
+        # Run alone, the sections share one namespace.
+        graph = "import os\nimport torch.utils._pytree as pytree\ndef tensor_guard():\n    pass\n"
+        with self.assertRaisesRegex(AssertionError, r"rebinds names .* \['tensor_guard'\]"):
+            precompile_module._check_names_disjoint("", {"graph": graph, "forward": ""})
+        precompile_module._check_names_disjoint("", {"graph": graph.split("def")[0], "forward": ""})
+
     def test_traceback_shows_artifact_lines(self):
         # An op failing on a bad value inside the graph: the traceback's frame in
         # the artifact shows the artifact's line, under one name per artifact.

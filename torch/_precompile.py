@@ -223,7 +223,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import inspect
 import io
 import linecache
 import logging
@@ -1506,7 +1505,9 @@ def _name_graph_inputs(graph: torch.fx.Graph, convention: CallingConvention) -> 
     placeholders = list(graph.find_nodes(op="placeholder"))
     names = _graph_input_names(convention)
     if len(names) != len(placeholders):
-        raise AssertionError(f"the calling convention names {len(names)} graph inputs, the graph has {len(placeholders)}")
+        raise AssertionError(
+            f"the calling convention names {len(names)} graph inputs, the graph has {len(placeholders)}"
+        )
     for node, name in zip(placeholders, names):
         node._rename(name)
         node.target = node.name  # FX renders a placeholder's parameter from its target
@@ -1902,15 +1903,15 @@ CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_di
 
 
 def _check_names_disjoint(header: str, sections: dict[str, str]) -> None:
-    """Run alone, the sections share one namespace: the driver must not rebind a name the others bind.
-
-    Importing the same module twice is the one overlap allowed.
-    """
+    """Run alone, the sections share one namespace: the driver must not rebind a name the others bind."""
     driver = _driver_names()
     others: dict[str, str | None] = {}
     for source in (header, sections["graph"], sections["forward"]):
         others.update(_top_level_names(source))
-    clashes = sorted(name for name in driver.keys() & others.keys() if driver[name] is None or driver[name] != others[name])
+    # The same import twice is harmless; anything else would rebind the other's name.
+    clashes = sorted(
+        name for name in driver.keys() & others.keys() if driver[name] is None or driver[name] != others[name]
+    )
     if clashes:
         raise AssertionError(f"the driver section rebinds names the artifact's other sections bind: {clashes}")
 
@@ -1934,22 +1935,19 @@ def _top_level_names(source: str) -> dict[str, str | None]:
                 names.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names[node.name] = None
-            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-                names.update(dict.fromkeys(_stored_names(getattr(node, "target", None) or getattr(node, "items", []))))
-                for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+            elif isinstance(node, (ast.If, ast.Try)):  # as the driver's choice of PrecompileError
+                handlers = [handler.body for handler in getattr(node, "handlers", [])]
+                for block in (node.body, node.orelse, getattr(node, "finalbody", []), *handlers):
                     visit(block)
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-            else:
+            else:  # assignments; over-approximated for other compound statements
                 names.update(dict.fromkeys(_stored_names(node)))
 
     visit(_parse(source).body)
     return names
 
 
-def _stored_names(node: Any) -> list[str]:
-    nodes = node if isinstance(node, list) else [node]
-    return [n.id for item in nodes for n in ast.walk(item) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+def _stored_names(node: ast.stmt) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
 
 
 # ---------------------------------------------------------------------------
@@ -2003,7 +2001,8 @@ def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
     """
     hashes = {key: hashlib.sha256(blob).hexdigest() for key, blob in sorted(kernels.items())}
     header_end = python_code.index(_marker("graph"))
-    return f"{python_code[:header_end]}\nKERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n{python_code[header_end:]}"
+    recorded = f"\nKERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n"
+    return python_code[:header_end] + recorded + python_code[header_end:]
 
 
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
@@ -2503,7 +2502,9 @@ def _split_sections(python_code: str) -> dict[str, tuple[int, str]]:
     for name in _SECTIONS:
         at = python_code.find(_marker(name), starts[-1][1] if starts else 0)
         if at < 0:
-            raise PrecompileError(f"python_code has no {name} section (marker {_marker(name).strip()!r}); it was edited")
+            raise PrecompileError(
+                f"python_code has no {name} section (marker {_marker(name).strip()!r}); it was edited"
+            )
         starts.append((name, at))
     ends = [at for _, at in starts[1:]] + [len(python_code)]
     sections = {}
