@@ -8,6 +8,7 @@ class (``_artifact`` caches them by key) and models stay tiny.
 
 import ast
 import copy
+import inspect
 import io
 import json
 import logging
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import traceback
 
 import torch
 import torch.nn as nn
@@ -30,6 +32,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch._precompile as precompile_module
+import torch._precompile_runtime as runtime
 from torch.compiler import PrecompileError
 
 
@@ -419,10 +422,85 @@ class TestArtifact(TestCase):
         self.assertEqual(convention["inputs"][0]["tensor"]["shape"], [3, 8])
         self.assertEqual(convention["grad_state"], [])
         compile(code, "artifact", "exec")  # valid Python on its own
+        sections = precompile_module._split_sections(code)
+        self.assertEqual(list(sections), ["graph", "driver", "forward"])
+        self.assertEqual(sections["driver"][1], precompile_module._driver_source())
+        for _, text in sections.values():
+            compile(text, "section", "exec")  # each section is code, not a string literal
         if backend == "eager":
-            self.assertIn("def eager_graph(", code)
+            self.assertIn("def eager_graph(", sections["graph"][1])
         else:
-            self.assertIn("INDUCTOR_GRAPH", code)
+            self.assertIn("def call(self, args)", sections["graph"][1])  # Inductor's module
+            self.assertIn("cpp_pybinding(['float*", sections["graph"][1])
+
+    def test_eager_graph_is_annotated(self):
+        class TwoLayers(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+            def forward(self, x):
+                return self.fc2(torch.relu(self.fc1(x)))  # the line the graph cites
+
+        code, _ = precompile(_train_step, TwoLayers(), torch.randn(3, 8), torch.randn(3, 4), backend="eager")
+        graph = precompile_module._split_sections(code)["graph"][1]
+        # Placeholders named after what they hold, each value with its dtype[shape].
+        for name, shape in (("p_fc1_weight", "16, 8"), ("p_fc1_bias", "16"), ("args_1", "3, 8"), ("args_2", "3, 4")):
+            self.assertIn(f'    {name}: "f32[{shape}]",\n', graph)
+        self.assertIn('mse_loss: "f32[]" = torch.ops.aten.mse_loss.default(', graph)
+        self.assertNotIn("arg0_1", graph)
+        # The model's own line, not the F.linear call inside nn.Linear.
+        self.assertIn(f"# File: {__file__}:", graph)
+        self.assertIn("code: return self.fc2(torch.relu(self.fc1(x)))  # the line the graph cites", graph)
+        self.assertNotIn("linear.py", graph)
+
+    def test_eager_graph_drops_dead_code_keeps_mutations(self):
+        def fn(m, x):
+            unused = x.detach() * 2  # noqa: F841
+            return m(x)
+
+        m = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))
+        code, _ = precompile(fn, m, torch.randn(3, 8), backend="eager")
+        graph = precompile_module._split_sections(code)["graph"][1]
+        self.assertNotIn("aten.mul", graph)
+        self.assertIn("aten.add_.Tensor", graph)  # num_batches_tracked += 1, used by nothing
+
+    def test_driver_may_not_rebind_names_of_the_other_sections(self):
+        # Run alone, the sections share one namespace.
+        graph = "import os\nimport torch.utils._pytree as pytree\ndef tensor_guard():\n    pass\n"
+        with self.assertRaisesRegex(AssertionError, r"rebinds names .* \['tensor_guard'\]"):
+            precompile_module._check_names_disjoint("", {"graph": graph, "forward": ""})
+        precompile_module._check_names_disjoint("", {"graph": graph.split("def")[0], "forward": ""})
+
+    def test_traceback_shows_artifact_lines(self):
+        # An op failing on a bad value inside the graph: the traceback's frame in
+        # the artifact shows the artifact's line, under one name per artifact.
+        m, ids = nn.Embedding(10, 4), torch.tensor([[1, 2], [3, 4]])
+        code, cache = precompile(lambda m, ids: m(ids).sum(), m, ids, backend="eager")
+        runnable = precompile.load(code, cache)
+        try:  # not assertRaises: it drops the traceback
+            runnable(m, torch.tensor([[1, 2], [3, 40]]))
+        except IndexError as error:
+            trace = traceback.extract_tb(error.__traceback__)
+        else:
+            self.fail("an out-of-range index was accepted")
+        filename = f"<precompile artifact {precompile_module._code_hash(code)[:12]}>"
+        frames = [f for f in trace if f.filename == filename]
+        self.assertEqual([f.name for f in frames], ["eager_graph"])
+        self.assertIn("torch.ops.aten.embedding.default(p_weight, args_1)", frames[0].line)
+        self.assertEqual(frames[0].line, code.splitlines()[frames[0].lineno - 1].strip())
+
+    @parametrize("backend", BACKENDS)
+    def test_source_of_graph_functions(self, backend):
+        # pdb and inspect find the artifact's lines: the graph function's source is
+        # python_code's text at the line its code object names.
+        m, x = _mlp(), torch.randn(3, 8)
+        code, _ = _artifact("mlp_forward", _forward, m, x, backend=backend)
+        namespace = precompile_module._exec_artifact(code, precompile_module._read_constants(code), {})
+        graph = namespace["eager_graph"] if backend == "eager" else namespace["call"]
+        source = inspect.getsource(graph)
+        self.assertIn(source, code)
+        self.assertEqual(code.count("\n", 0, code.index(source)) + 1, graph.__code__.co_firstlineno)
 
     @parametrize("backend", BACKENDS)
     def test_cache_envelope_is_weights_only_readable(self, backend):
@@ -486,17 +564,18 @@ class TestArtifact(TestCase):
     @parametrize("backend", BACKENDS)
     def test_embedded_driver_runs_when_installed_one_differs(self, backend):
         m, x = _mlp(), torch.randn(3, 8)
-        code, _ = _artifact("mlp_forward", _forward, m, x, backend=backend)
-        installed = {}
-        exec(code, installed)
-        self.assertEqual(installed["_driver"]["__name__"], "torch._precompile_runtime")
-        other = re.sub(r"DRIVER_SHA256 = '[0-9a-f]+'", "DRIVER_SHA256 = 'another version'", code)
-        embedded = {}
-        exec(other, embedded)
-        self.assertEqual(embedded["_driver"]["__name__"], "torch_precompile_driver")
-        torch.testing.assert_close(embedded["forward"](m, x), m(x))
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
+        self.assertIs(type(precompile.load(code, cache)), runtime.PrecompiledFunction)
+        # Another driver version: the driver section is compiled and runs instead.
+        marker = precompile_module._marker("forward")
+        other = code.replace(marker, "\n# another driver version" + marker, 1)
+        kernels = torch.load(io.BytesIO(cache), weights_only=True)["artifact"]["kernels"]
+        embedded = precompile.load(other, precompile_module._package(other, backend, kernels))
+        self.assertIsNot(type(embedded), runtime.PrecompiledFunction)
+        self.assertEqual(type(embedded).__module__, "torch_precompile_driver")
+        torch.testing.assert_close(embedded(m, x), m(x))
         with self.assertRaisesRegex(PrecompileError, "expected shape"):
-            embedded["forward"](m, torch.randn(2, 8))
+            embedded(m, torch.randn(2, 8))
 
 
 class TestLoad(TestCase):

@@ -11,6 +11,7 @@ same model* -- concurrent training steps on separate models are fine.
 * training steps on separate models from 4 threads match serial eager;
 * several ``load()`` calls of the same pair in one process (also from 4
   threads at once) give independent, correct runnables;
+* two threads calling ``precompile()`` at once capture one after the other;
 * 4 processes loading the same pair into one shared, empty
   ``TORCHINDUCTOR_CACHE_DIR`` at the same moment all succeed with correct
   results (and, for inductor, without compiling anything).
@@ -175,6 +176,48 @@ class TestThreads(TestCase):
                 else:
                     os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
         self.assertTrue(all(callable(r) for r in runnables))
+
+
+class TestConcurrentPrecompile(TestCase):
+    def test_two_threads_capture_one_at_a_time(self):
+        # Capture flips process-global state (MKLDNN off, torch.compiler's compiling
+        # flag, the model's tensors swapped for traced leaves): a second precompile()
+        # waits for the first instead of tracing under, or undoing, its state.
+        model, x, y = _model(), _x(0), _y(0)
+        reference = copy.deepcopy(model)
+        events, tracing, artifacts = [], threading.Event(), {}
+
+        def observe(what):
+            events.append((what, torch._C._get_mkldnn_enabled(), torch.compiler.is_compiling()))
+
+        def slow_infer(model, x):
+            observe("infer starts")
+            tracing.set()
+            time.sleep(0.5)  # the other thread calls precompile() meanwhile
+            observe("infer ends")
+            return _infer(model, x)
+
+        def train(model, x, y):
+            observe("train")
+            return _train(model, x, y)
+
+        def work(i):
+            if i == 0:
+                artifacts["infer"] = precompile(slow_infer, model, x, backend="eager")
+            else:
+                self.assertTrue(tracing.wait(timeout=60))
+                artifacts["train"] = precompile(train, model, x, y, backend="eager")
+
+        run_threads(work, count=2)
+        self.assertEqual(
+            events, [("infer starts", False, True), ("infer ends", False, True), ("train", False, True)]
+        )
+        self.assertTrue(torch._C._get_mkldnn_enabled())
+        self.assertFalse(torch.compiler.is_compiling())
+        torch.testing.assert_close(precompile.load(*artifacts["infer"])(model, x), _infer(reference, x))
+        torch.testing.assert_close(precompile.load(*artifacts["train"])(model, x, y), _train(reference, x, y))
+        for p, q in zip(reference.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
 
 
 class TestSeveralLoads(TestCase):

@@ -382,7 +382,7 @@ class TestCacheEnvelope(_StoreTestCase):
     def test_code_without_kernel_hashes_compiles_its_kernels(self):
         # An artifact of an older version: its kernels cannot be bound to their keys.
         start = self.code.index("KERNEL_SHA256 = ")
-        older = self.code[:start] + self.code[self.code.index("\n\n# ---", start) + 1 :]
+        older = self.code[:start] + self.code[self.code.index("\n\n# ====", start) + 1 :]
         envelope = _envelope(self.cache)
         envelope["code_hash"] = precompile_module._code_hash(older)
         with self.assertWarnsRegex(UserWarning, "records no hashes of its compiled kernels"):
@@ -431,7 +431,7 @@ class TestPythonCodeHeader(TestCase):
         for value in ("[]", "{'k': 'not a sha256'}", "{1: '" + "0" * 64 + "'}"):
             with self.subTest(value=value):
                 start = code.index("KERNEL_SHA256 = ")
-                edited = code[:start] + f"KERNEL_SHA256 = {value}\n" + code[code.index("\n\n# ---", start) + 1 :]
+                edited = code[:start] + f"KERNEL_SHA256 = {value}\n" + code[code.index("\n\n# ====", start) + 1 :]
                 with self.assertRaisesRegex(PrecompileError, "KERNEL_SHA256 is malformed"):
                     precompile.load(edited, b"")
 

@@ -63,7 +63,16 @@ says who guarantees it and, where it is enforced, which tests (in
    other-version cache is ignored with a warning; one bound to other code
    raises.  Kernels run only from verified files in a private store.
    Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
-   test_precompile_kernel_store.py).
+   test_precompile_kernel_store.py).  Layout: a header of literal constants
+   (format, backend, calling convention, kernel hashes), then code sections in
+   reading order -- ``graph`` (the eager ATen graph, or Inductor's module),
+   ``driver`` (``torch/_precompile_runtime.py`` verbatim) and ``forward`` (binds
+   them) -- each opened by a marker line.  Run alone they share one namespace,
+   so the driver may not rebind the other sections' names (checked at render).
+   ``load`` compiles them one by one under ``<precompile artifact sha[:12]>``,
+   registered with ``linecache`` so tracebacks and pdb show the artifact's
+   lines, and reuses the installed driver when it is the section's exact text
+   (TestArtifact test_traceback_shows_artifact_lines).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
    ``ast`` and the cache with ``torch.load(weights_only=True)`` before
@@ -88,6 +97,10 @@ says who guarantees it and, where it is enforced, which tests (in
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
+   ``precompile()`` calls run one at a time (a process-wide lock): capture
+   disables MKLDNN, sets torch.compiler's compiling flags, swaps the module
+   arguments' tensors for traced leaves and forks the global RNG, and lowering
+   patches Inductor's global config (test_two_threads_capture_one_at_a_time).
 11. Nothing baked goes unchecked.  A call either computes what eager fn
    computes on it, or raises a PrecompileError naming the argument, what was
    captured and what was passed, before any state changes (no buffer update,
@@ -263,8 +276,8 @@ import dataclasses
 import functools
 import gc
 import hashlib
-import inspect
 import io
+import linecache
 import logging
 import operator
 import os
@@ -305,8 +318,9 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = "torch.compiler.precompile"
 # Version of the artifact layout and of its CallingConvention record.  2: the
 # convention records module modes read, aliasing, requires_grad, global state
-# (Note invariant 11 on); 3: submodule classes and read attributes, and how
-# each .grad is written (invariant 13); older artifacts lack them.
+# (Note invariant 11 on); 3: submodule classes and read attributes, how each
+# .grad is written (invariant 13), and the graph and the driver are code
+# sections, no longer string literals; older artifacts lack them.
 FORMAT_VERSION = 3
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
@@ -1664,18 +1678,82 @@ class _Lowered:
 def _lower_eager(capture: _Capture) -> _Lowered:
     from torch.fx.graph import _custom_builtins
 
-    code = capture.graph.graph.python_code(root_module="self")
+    graph = capture.graph.graph
+    _name_graph_inputs(graph, capture.convention)
+    _keep_user_frames(graph)
+    graph.eliminate_dead_code()  # keeps in-place and random ops (Node.is_impure)
+    # verbose: each node's shape/dtype and, where capture recorded one, its source line.
+    code = graph.python_code(root_module="self", verbose=True, expanded_def=True)
     imports = sorted(
         {_custom_builtins[name].import_str for name in code.globals if name in _custom_builtins}
     )
     unknown = sorted(set(code.globals) - set(_custom_builtins))
     if unknown:
         raise PrecompileError(f"the captured graph refers to globals the artifact cannot render: {unknown}")
-    source = code.src.replace("def forward(self, ", "def eager_graph(", 1).replace(
-        "def forward(self)", "def eager_graph()", 1
+    source = re.sub(r"\bdef forward\(\s*self,?\s*", "def eager_graph(\n    ", code.src.strip(), count=1)
+    graph_code = (
+        "# The captured ATen graph: inputs in the calling convention's order (p_ parameters,\n"
+        "# b_ buffers, then fn's tensors by argument), each value's dtype[shape], and the\n"
+        "# source line of fn or the model that produced it where capture recorded one.\n"
+        + "\n".join(imports)
+        + "\n\n\n"
+        + source
+        + "\n"
     )
-    graph_code = "\n".join(imports) + "\n\n" + source.strip() + "\n"
     return _Lowered(graph_code, '_run_graph = _driver["eager_runner"](eager_graph)\n')
+
+
+def _name_graph_inputs(graph: torch.fx.Graph, convention: CallingConvention) -> None:
+    """Name each placeholder after what the driver passes there (FX makes them identifiers)."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    names = _graph_input_names(convention)
+    if len(names) != len(placeholders):
+        raise AssertionError(
+            f"the calling convention names {len(names)} graph inputs, the graph has {len(placeholders)}"
+        )
+    for node, name in zip(placeholders, names):
+        node._rename(name)
+        node.target = node.name  # FX renders a placeholder's parameter from its target
+
+
+def _graph_input_names(convention: CallingConvention) -> list[str]:
+    """What each graph input is, in CallingConvention's input order."""
+
+    def fqn(state_index: int) -> str:
+        return convention.state[state_index].names[0][1]
+
+    user_spec = pytree.treespec_loads(convention.input_spec)
+    paths = [
+        f"args_{convention.user_positions[position.idx]}{pytree.keystr(tuple(rest))}"
+        for (position, *rest), _ in pytree.tree_flatten_with_path(
+            pytree.tree_unflatten([None] * user_spec.num_leaves, user_spec)
+        )[0]
+    ]
+    names = [f"{'p' if s.kind == 'parameter' else 'b'}_{fqn(i)}" for i, s in enumerate(convention.state)]
+    names += [paths[i] for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
+    names += [f"size_{paths[leaf]}_dim{dim}" for leaf, dim in convention.sizes]
+    for optimizer in convention.optimizers:
+        names += [f"lr_group{g}" for g in range(len(optimizer.groups))]
+        for group, index in optimizer.stepped:
+            names += [f"{key}_{fqn(optimizer.groups[group][index])}" for key in optimizer.keys]
+    names += [f"grad_{fqn(i)}" for i in convention.grad_inputs]
+    names += [f"constant{i}" for i in range(len(convention.constants))]
+    return names
+
+
+def _keep_user_frames(graph: torch.fx.Graph) -> None:
+    """Reduce each node's recorded stack trace to its innermost frame in fn's or the model's code.
+
+    FX's verbose codegen shows a trace's innermost frame: for an nn.Linear that
+    is torch's linear.py, not the model line that called it.
+    """
+    from torch.fx.graph import _parse_stack_trace
+
+    for node in graph.nodes:
+        frame = _parse_stack_trace(node.stack_trace, lambda file, name, code: _is_user_file(file))
+        node.stack_trace = (
+            "".join(traceback.format_list([(frame.file, int(frame.lineno), frame.name, frame.code)])) if frame else None
+        )
 
 
 # Inductor config pinned for lowering (see ../shared/design.md section 2): kernels
@@ -1863,16 +1941,33 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         # input, detached or viewed): the captured graph itself is the program.
         return _lower_eager(capture)
     source = _strip_stand_in_imports(compiled[0][0].source_code)
-    extern_table = _extern_kernel_table(source)
     graph_code = (
-        f"EXTERN_KERNELS = {pprint.pformat(extern_table)}\n\n"
-        f"INDUCTOR_GRAPH = {_render_string(source)}\n"
+        "# Inductor's generated module, verbatim but for its imports from torch._inductor\n"
+        "# (a 2 s import): the driver binds stand-ins for them in the forward section below.\n"
+        f"EXTERN_KERNELS = {pprint.pformat(_extern_kernel_table(source))}\n\n\n"
+        f"{_DEFERRED_KERNELS}\n\n{source}"
     )
     bind = (
-        '_call, _kernel_loader = _driver["load_inductor_module"](INDUCTOR_GRAPH, EXTERN_KERNELS, _kernel_files)\n'
-        "_run_graph = _call  # Inductor's call(list_of_inputs) -> outputs\n"
+        '_kernel_loader = _driver["bind_inductor_graph"](globals(), EXTERN_KERNELS, _kernel_files)\n'
+        "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
     )
     return _Lowered(graph_code, bind)
+
+
+# Stands in for Inductor's AsyncCompile while the graph section runs, before the
+# driver: kernels are loaded when the forward section binds them.
+_DEFERRED_KERNELS = '''\
+class PendingKernel(tuple):
+    """(argtypes, C++ source) of a kernel Inductor's module requests; bind_inductor_graph loads it."""
+
+
+class AsyncCompile:
+    def cpp_pybinding(self, argtypes, source):
+        return PendingKernel((argtypes, source))
+
+    def wait(self, scope):
+        pass
+'''
 
 
 def _strip_stand_in_imports(source: str) -> str:
@@ -1913,48 +2008,26 @@ def _torch_name(obj: Any) -> str | None:
         return None
 
 
-def _render_string(text: str) -> str:
-    """A long string as one literal per line, so the artifact stays readable."""
-    lines = text.splitlines(keepends=True)
-    return "(\n" + "".join(f"    {line!r}\n" for line in lines) + ")"
-
-
 # ---------------------------------------------------------------------------
-# Render: python_code = header + calling convention + graph + driver + binding.
+# Render: python_code = header (calling convention) + graph + driver + forward.
 # ---------------------------------------------------------------------------
 
 
-_GRAPH_MARKER = "\n# " + "-" * 20 + " captured graph " + "-" * 20
+# After the header, python_code is sections of plain code in reading order, each
+# opened by its marker line.  Run alone, they share one namespace; load() compiles
+# them one by one and skips the driver when the installed one is the same text.
+_SECTIONS = ("graph", "driver", "forward")
 
 
+def _marker(section: str) -> str:
+    return f"\n# {'=' * 20} {section} {'=' * 20}\n"
+
+
+@functools.lru_cache(maxsize=None)
 def _driver_source() -> str:
+    """The installed driver's source: what artifacts embed, and what load() compares them with."""
     with open(runtime.__file__, encoding="utf-8") as f:
         return f.read()
-
-
-def _driver_namespace(source: str, sha256: str) -> dict:
-    """The artifact's driver: the installed module when it is this exact source.
-
-    Importing ``torch._precompile_runtime`` reuses Python's cached bytecode;
-    compiling the embedded copy costs ~8 ms per load.  Without the patch
-    installed (or with another version of it) the embedded source runs.
-    """
-    import hashlib
-
-    try:
-        import torch._precompile_runtime as installed
-    except ImportError:
-        installed = None
-    if installed is not None:
-        installed_sha256 = getattr(installed, "_source_sha256", None)
-        if installed_sha256 is None:
-            with open(installed.__file__, encoding="utf-8") as f:
-                installed_sha256 = installed._source_sha256 = hashlib.sha256(f.read().encode()).hexdigest()
-        if installed_sha256 == sha256:
-            return vars(installed)
-    namespace = {"__name__": "torch_precompile_driver"}
-    exec(compile(source, "<precompile driver>", "exec"), namespace)
-    return namespace
 
 
 def _describe_call(convention: CallingConvention) -> str:
@@ -1993,7 +2066,6 @@ def _describe_leaf(leaf: LeafSpec) -> str:
 
 
 def _render(convention: CallingConvention, lowered: _Lowered) -> str:
-    driver = _driver_source()
     header = f"""\
 # torch.compiler.precompile artifact -- format {FORMAT_VERSION}, backend {convention.backend!r}.
 # Generated by torch {torch.__version__}. Do not edit: the cache is bound to this
@@ -2005,33 +2077,80 @@ def _render(convention: CallingConvention, lowered: _Lowered) -> str:
 #     exec(open("this_file.py").read(), namespace)
 #     out = namespace["forward"](model, *inputs)
 #
+# Sections: the constants, then {", ".join(_SECTIONS)}.
 # Calling convention (positional arguments only):
 {_describe_call(convention)}
 # Pass the model(s) again at every call; no weights are stored here.
+
+FORMAT_VERSION = {FORMAT_VERSION}
+
+BACKEND = {convention.backend!r}
+
+CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}
 """
-    sections = [
-        header,
-        f"FORMAT_VERSION = {FORMAT_VERSION}\n",
-        f"BACKEND = {convention.backend!r}\n",
-        f"CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}\n",
-        _GRAPH_MARKER.lstrip("\n") + "\n",
-        lowered.graph_code,
-        "# " + "-" * 20 + " driver: torch/_precompile_runtime.py, verbatim " + "-" * 20 + "\n",
-        f"DRIVER_SHA256 = {hashlib.sha256(driver.encode()).hexdigest()!r}\n",
-        f"DRIVER_SOURCE = {_render_string(driver)}\n",
-        "import torch  # used by the driver bootstrap below\n\n",
-        inspect.getsource(_driver_namespace),
-        "# " + "-" * 20 + " binding " + "-" * 20 + "\n",
-        "_driver = _driver_namespace(DRIVER_SOURCE, DRIVER_SHA256)\n"
-        "# load() passes the cached kernels' files; run alone, kernels are compiled.\n"
+    forward = (
+        "# Binds the graph to the driver.  load() passes its driver (the installed\n"
+        "# torch._precompile_runtime when it is the driver section's exact text) and the\n"
+        "# cached kernels' files; run alone, the driver section above and no files.\n"
+        '_driver = globals().get("__precompile_driver__") or globals()\n'
         '_kernel_files = globals().get("__precompile_kernel_files__", {})\n'
         + lowered.bind_code
         + '_convention = _driver["CallingConvention"].from_literal(CALLING_CONVENTION)\n'
         'forward = _driver["PrecompiledFunction"](\n'
         '    _convention, _run_graph, _driver["materialize_constants"](_convention.constants)\n'
-        ")\n",
-    ]
-    return "\n".join(sections)
+        ")\n"
+    )
+    sections = {"graph": lowered.graph_code, "driver": _driver_source(), "forward": forward}
+    _check_names_disjoint(header, sections)
+    return header + "".join(_marker(name) + sections[name] for name in _SECTIONS)
+
+
+def _check_names_disjoint(header: str, sections: dict[str, str]) -> None:
+    """Run alone, the sections share one namespace: the driver must not rebind a name the others bind."""
+    driver = _driver_names()
+    others: dict[str, str | None] = {}
+    for source in (header, sections["graph"], sections["forward"]):
+        others.update(_top_level_names(source))
+    # The same import twice is harmless; anything else would rebind the other's name.
+    clashes = sorted(
+        name for name in driver.keys() & others.keys() if driver[name] is None or driver[name] != others[name]
+    )
+    if clashes:
+        raise AssertionError(f"the driver section rebinds names the artifact's other sections bind: {clashes}")
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_names() -> dict[str, str | None]:
+    return _top_level_names(_driver_source())
+
+
+def _top_level_names(source: str) -> dict[str, str | None]:
+    """Names a module binds at top level -> the module an import binds there (None: anything else)."""
+    names: dict[str, str | None] = {}
+
+    def visit(statements: list) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    bound = alias.name if alias.asname else alias.name.partition(".")[0]
+                    names[alias.asname or bound] = bound
+            elif isinstance(node, ast.ImportFrom):
+                names.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names[node.name] = None
+            elif isinstance(node, (ast.If, ast.Try)):  # as the driver's choice of PrecompileError
+                handlers = [handler.body for handler in getattr(node, "handlers", [])]
+                for block in (node.body, node.orelse, getattr(node, "finalbody", []), *handlers):
+                    visit(block)
+            else:  # assignments; over-approximated for other compound statements
+                names.update(dict.fromkeys(_stored_names(node)))
+
+    visit(_parse(source).body)
+    return names
+
+
+def _stored_names(node: ast.stmt) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
 
 
 # ---------------------------------------------------------------------------
@@ -2084,14 +2203,14 @@ def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
     key to its bytes: load() never runs a kernel under another kernel's key.
     """
     hashes = {key: hashlib.sha256(blob).hexdigest() for key, blob in sorted(kernels.items())}
-    header_end = python_code.index(_GRAPH_MARKER)
-    return f"{python_code[:header_end]}KERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n{python_code[header_end:]}"
+    header_end = python_code.index(_marker("graph"))
+    recorded = f"\nKERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n"
+    return python_code[:header_end] + recorded + python_code[header_end:]
 
 
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
     """Run the artifact once (JIT, Inductor's cache is warm) and keep its kernels."""
-    namespace: dict[str, Any] = {}
-    exec(compile(python_code, "<precompile artifact>", "exec"), namespace)
+    namespace = _exec_artifact(python_code, _read_constants(python_code), {})
     kernels = {}
     loader = namespace.get("_kernel_loader")  # none when Inductor generated no module
     for key, path in (loader.compiled if loader else {}).items():
@@ -2137,7 +2256,7 @@ def _read_constants(python_code: str) -> dict[str, Any]:
         raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
     # The constants precede the graph: parsing only that header keeps load()
     # fast for large graphs; the rest is compiled when executed.
-    header_end = python_code.find(_GRAPH_MARKER)
+    header_end = python_code.find(_marker("graph"))
     try:
         module = _parse(python_code if header_end < 0 else python_code[:header_end])
     except (SyntaxError, ValueError) as error:
@@ -2561,6 +2680,73 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _exec_artifact(python_code: str, constants: dict[str, Any], kernel_files: dict[str, str]) -> dict:
+    """Run python_code as ``exec`` would, compiling only the sections this process needs.
+
+    The header's constants were read with ``ast`` already; the driver section is
+    compiled only when the installed driver is not its exact text.
+    """
+    sections = _split_sections(python_code)
+    filename = _register_source(python_code)
+    namespace = {
+        "__name__": "torch_precompile_artifact",
+        **constants,
+        "__precompile_kernel_files__": kernel_files,
+    }
+    exec(_compile_section(filename, *sections["graph"]), namespace)
+    namespace["__precompile_driver__"] = _driver_namespace(filename, *sections["driver"])
+    exec(_compile_section(filename, *sections["forward"]), namespace)
+    return namespace
+
+
+def _split_sections(python_code: str) -> dict[str, tuple[int, str]]:
+    """Section name -> (lines before it in python_code, its text)."""
+    starts = []
+    for name in _SECTIONS:
+        at = python_code.find(_marker(name), starts[-1][1] if starts else 0)
+        if at < 0:
+            raise PrecompileError(
+                f"python_code has no {name} section (marker {_marker(name).strip()!r}); it was edited"
+            )
+        starts.append((name, at))
+    ends = [at for _, at in starts[1:]] + [len(python_code)]
+    sections = {}
+    for (name, at), end in zip(starts, ends):
+        body = at + len(_marker(name))
+        sections[name] = (python_code.count("\n", 0, body), python_code[body:end])
+    return sections
+
+
+def _compile_section(filename: str, line_offset: int, text: str) -> Any:
+    # Blank lines in front: tracebacks give the line numbers of python_code as a whole.
+    return compile("\n" * line_offset + text, filename, "exec", dont_inherit=True)
+
+
+def _register_source(python_code: str) -> str:
+    """A stable file name for python_code, whose lines tracebacks and pdb then show (as torch.fx does)."""
+    filename = f"<precompile artifact {_code_hash(python_code)[:12]}>"
+    linecache.cache[filename] = (len(python_code), None, python_code.splitlines(keepends=True), filename)
+    return filename
+
+
+def _driver_namespace(filename: str, line_offset: int, source: str) -> dict:
+    """The artifact's driver: the installed module when the driver section is its exact text.
+
+    Importing ``torch._precompile_runtime`` reuses Python's cached bytecode;
+    compiling the section costs ~8 ms per load.
+    """
+    if source == _driver_source():
+        return vars(runtime)
+    namespace = {"__name__": "torch_precompile_driver"}
+    exec(_compile_section(filename, line_offset, source), namespace)
+    return namespace
+
+
+# Capture and lowering change process-global state (Note invariant 10): one
+# precompile() at a time.  Reentrant: fn calling precompile() must not deadlock.
+_PRECOMPILE_LOCK = threading.RLock()
+
+
 class _Precompile:
     """``torch.compiler.precompile``: a callable with a ``load`` method."""
 
@@ -2583,7 +2769,7 @@ class _Precompile:
             raise PrecompileError(f"precompile: fn must be callable, got {type(fn).__name__}")
 
         timer = _StageTimer("precompile")
-        with _caller_rng_kept():
+        with _PRECOMPILE_LOCK, _caller_rng_kept():
             with timer("capture+enforce"):
                 capture = _capture(fn, example_inputs, backend, decompositions)
             with timer("lower"):
@@ -2620,9 +2806,8 @@ class _Precompile:
             len(kernel_files),
         )
         with timer("exec"):
-            namespace = {"__name__": "torch_precompile_artifact", "__precompile_kernel_files__": kernel_files}
             try:
-                exec(compile(python_code, "<precompile artifact>", "exec"), namespace)
+                namespace = _exec_artifact(python_code, constants, kernel_files)
             except PrecompileError:
                 raise
             except Exception as error:

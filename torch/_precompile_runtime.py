@@ -41,8 +41,13 @@ if __name__ == "torch._precompile_runtime":
     # this half-initialized module (a circular import, reported as a warning).
     _PrecompileError = vars(_compiler).get("PrecompileError") if _compiler is not None else None
 else:
-    # A copy embedded in an artifact: share the installed class if there is one.
-    _PrecompileError = getattr(_compiler, "PrecompileError", None)
+    # A copy embedded in an artifact: share the installed driver's class if there
+    # is one.  Importing the driver, not reading torch.compiler.PrecompileError,
+    # whose lazy attribute would import the whole patch into an artifact run alone.
+    try:
+        from torch._precompile_runtime import PrecompileError as _PrecompileError
+    except ImportError:
+        _PrecompileError = None
 if _PrecompileError is None:
     # Running without the patch installed (a bare artifact in a plain torch
     # environment): define the class the installed patch would provide.
@@ -1438,7 +1443,7 @@ def jit_compile_kernel(argtypes: list[str], source: str) -> Callable:
 
 
 class KernelLoader:
-    """Stand-in for Inductor's ``AsyncCompile`` inside a generated module.
+    """Serves the kernels Inductor's generated module requests (``bind_inductor_graph``).
 
     Each ``cpp_pybinding`` request is served from the cache's compiled kernels
     when present, else compiled (and recorded, so precompile can harvest it).
@@ -1471,9 +1476,6 @@ class KernelLoader:
             ) from error
         self.compiled[key] = kernel.__self__.__file__
         return kernel
-
-    def wait(self, scope: dict) -> None:
-        pass  # kernels are loaded synchronously
 
 
 class ExternKernels:
@@ -1518,21 +1520,27 @@ def _run_intermediate_hooks(name: str, value: Any) -> None:
     pass  # only emitted with inductor's generate_intermediate_hooks, never pinned on
 
 
-def load_inductor_module(
-    source: str, extern_table: dict[str, str], kernel_files: dict[str, str]
-) -> tuple[Callable[[list], Any], KernelLoader]:
-    """Execute Inductor's generated module with light stand-ins; return ``call``."""
+def bind_inductor_graph(
+    namespace: dict, extern_table: dict[str, str], kernel_files: dict[str, str]
+) -> KernelLoader:
+    """Give Inductor's generated module (the artifact's graph section) what it imports from Inductor.
+
+    The section requested its kernels from a deferred ``AsyncCompile`` (the
+    driver runs after it); each ``PendingKernel`` it left in ``namespace`` is
+    replaced by the kernel, loaded from the cache's files or compiled.
+    """
     loader = KernelLoader(kernel_files)
-    namespace = {
-        "__name__": "torch_precompile_inductor_graph",
-        "AsyncCompile": lambda: loader,
-        "extern_kernels": ExternKernels(extern_table),
-        "align": _align,
-        "maybe_profile": _maybe_profile,
-        "run_intermediate_hooks": _run_intermediate_hooks,
-    }
-    exec(compile(source, "<precompile inductor graph>", "exec"), namespace)
-    return namespace["call"], loader
+    pending = namespace["PendingKernel"]
+    for name, value in list(namespace.items()):
+        if type(value) is pending:
+            namespace[name] = loader.cpp_pybinding(*value)
+    namespace.update(
+        extern_kernels=ExternKernels(extern_table),
+        align=_align,
+        maybe_profile=_maybe_profile,
+        run_intermediate_hooks=_run_intermediate_hooks,
+    )
+    return loader
 
 
 def eager_runner(graph: Callable) -> Callable[[list], Any]:
