@@ -2090,12 +2090,15 @@ CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_di
 """
     forward = (
         "# Binds the graph to the driver.  load() passes its driver (the installed\n"
-        "# torch._precompile_runtime when it is the driver section's exact text) and the\n"
-        "# cached kernels' files; run alone, the driver section above and no files.\n"
+        "# torch._precompile_runtime when it is the driver section's exact text), the\n"
+        "# cached kernels' files and the calling convention it already decoded and\n"
+        "# validated; run alone, the driver section above, no files, and it is decoded here.\n"
         '_driver = globals().get("__precompile_driver__") or globals()\n'
         '_kernel_files = globals().get("__precompile_kernel_files__", {})\n'
         + lowered.bind_code
-        + '_convention = _driver["CallingConvention"].from_literal(CALLING_CONVENTION)\n'
+        + '_convention = globals().get("__precompile_convention__") or _driver["CallingConvention"].from_literal(\n'
+        "    CALLING_CONVENTION\n"
+        ")\n"
         'forward = _driver["PrecompiledFunction"](\n'
         '    _convention, _run_graph, _driver["materialize_constants"](_convention.constants)\n'
         ")\n"
@@ -2680,10 +2683,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _exec_artifact(python_code: str, constants: dict[str, Any], kernel_files: dict[str, str]) -> dict:
+def _exec_artifact(
+    python_code: str, constants: dict[str, Any], kernel_files: dict[str, str], convention: CallingConvention | None = None
+) -> dict:
     """Run python_code as ``exec`` would, compiling only the sections this process needs.
 
-    The header's constants were read with ``ast`` already; the driver section is
+    The header's constants were read with ``ast`` already (and ``convention``,
+    when given, decoded and validated from them); the driver section is
     compiled only when the installed driver is not its exact text.
     """
     sections = _split_sections(python_code)
@@ -2694,7 +2700,9 @@ def _exec_artifact(python_code: str, constants: dict[str, Any], kernel_files: di
         "__precompile_kernel_files__": kernel_files,
     }
     exec(_compile_section(filename, *sections["graph"]), namespace)
-    namespace["__precompile_driver__"] = _driver_namespace(filename, *sections["driver"])
+    driver = namespace["__precompile_driver__"] = _driver_namespace(filename, *sections["driver"])
+    if convention is not None and driver is vars(runtime):  # the installed driver's records: no second decode
+        namespace["__precompile_convention__"] = convention
     exec(_compile_section(filename, *sections["forward"]), namespace)
     return namespace
 
@@ -2807,7 +2815,7 @@ class _Precompile:
         )
         with timer("exec"):
             try:
-                namespace = _exec_artifact(python_code, constants, kernel_files)
+                namespace = _exec_artifact(python_code, constants, kernel_files, convention)
             except PrecompileError:
                 raise
             except Exception as error:
