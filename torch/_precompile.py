@@ -1394,7 +1394,9 @@ def _trailing_example_inputs(args: _Arguments) -> list:
             for group in lifted.optimizer.param_groups
         ]
         inputs += [tensor for entry in lifted.state for tensor in entry.values()]
-    return inputs + [torch.zeros_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
+    # Incoming grads: empty, not zeros, so a fn that never touches .grad (a
+    # forward) costs no resident memory (untouched pages); values are not read.
+    return inputs + [torch.empty_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
 
 
 def _grad_candidates(args: _Arguments) -> list:
