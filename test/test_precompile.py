@@ -34,30 +34,14 @@ from torch.testing._internal.common_utils import (
 import torch._precompile as precompile_module
 import torch._precompile_runtime as runtime
 from torch.compiler import PrecompileError
+from _precompile_testing import Artifacts, load, small_mlp
 
 
 precompile = torch.compiler.precompile
 BACKENDS = ("eager", "inductor")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_ARTIFACTS: dict = {}
-
-
-def _artifact(key, fn, *example_inputs, backend="inductor"):
-    """Build each (python_code, cache) pair once per test process."""
-    full_key = (key, backend)
-    if full_key not in _ARTIFACTS:
-        _ARTIFACTS[full_key] = precompile(fn, *example_inputs, backend=backend)
-    return _ARTIFACTS[full_key]
-
-
-def _load(pair):
-    return precompile.load(*pair)
-
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+_artifact = Artifacts()
 
 
 def _forward(m, x):
@@ -100,15 +84,15 @@ class TestAPI(TestCase):
 
     def test_tracer_dynamo_not_implemented(self):
         with self.assertRaisesRegex(NotImplementedError, "tracer='dynamo'"):
-            precompile(_forward, _mlp(), torch.randn(2, 8), tracer="dynamo")
+            precompile(_forward, small_mlp(), torch.randn(2, 8), tracer="dynamo")
 
     def test_unknown_backend_names_choices(self):
         with self.assertRaisesRegex(ValueError, r"unknown backend 'tvm'.*'inductor', 'eager'"):
-            precompile(_forward, _mlp(), torch.randn(2, 8), backend="tvm")
+            precompile(_forward, small_mlp(), torch.randn(2, 8), backend="tvm")
 
     def test_unknown_tracer_names_choices(self):
         with self.assertRaisesRegex(ValueError, r"unknown tracer 'jit'.*'make_fx', 'dynamo'"):
-            precompile(_forward, _mlp(), torch.randn(2, 8), tracer="jit")
+            precompile(_forward, small_mlp(), torch.randn(2, 8), tracer="jit")
 
     def test_decompositions_reach_make_fx(self):
         calls = []
@@ -118,7 +102,7 @@ class TestAPI(TestCase):
             return torch.clamp_min(x, 0)
 
         table = {torch.ops.aten.relu.default: relu_as_clamp}
-        m, x = _mlp(), torch.randn(2, 8)
+        m, x = small_mlp(), torch.randn(2, 8)
         code, cache = precompile(_forward, m, x, backend="eager", decompositions=table)
         self.assertEqual(calls, [torch.Size([2, 16])])
         self.assertIn("aten.clamp_min", code)
@@ -129,11 +113,11 @@ class TestAPI(TestCase):
 class TestCapture(TestCase):
     @parametrize("backend", BACKENDS)
     def test_inference_matches_eager(self, backend):
-        m, x = _mlp(), torch.randn(3, 8)
-        f = _load(_artifact("mlp_forward", _forward, m, x, backend=backend))
+        m, x = small_mlp(), torch.randn(3, 8)
+        f = load(_artifact("mlp_forward", _forward, m, x, backend=backend))
         torch.testing.assert_close(f(m, x), m(x))
         # New weights at runtime are used: the artifact holds none.
-        m2 = _mlp(seed=1)
+        m2 = small_mlp(seed=1)
         torch.testing.assert_close(f(m2, x), m2(x))
 
     @parametrize("backend", BACKENDS)
@@ -151,7 +135,7 @@ class TestCapture(TestCase):
 
         x = torch.randn(2, 4)
         args = (2.0, encoder, {"x": x, "tag": "a"}, decoder, "train")
-        f = _load(_artifact("multi", fn, *args, backend=backend))
+        f = load(_artifact("multi", fn, *args, backend=backend))
         expected = fn(*args)
         result = f(*args)
         self.assertEqual(result, expected)
@@ -180,7 +164,7 @@ class TestCapture(TestCase):
         torch.manual_seed(0)
         m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
         x = torch.randn(2, 3, 6, 6)
-        f = _load(_artifact("bn_train", _forward, m, x, backend=backend))
+        f = load(_artifact("bn_train", _forward, m, x, backend=backend))
         reference = copy.deepcopy(m)
         for _ in range(2):
             torch.testing.assert_close(f(m, x), reference(x))
@@ -196,7 +180,7 @@ class TestCapture(TestCase):
 
         x, y = torch.randn(2, 3), torch.randn(2, 3)
         pair = _artifact("mutation", fn, x, y, backend=backend)
-        f = _load(pair)
+        f = load(pair)
         x_ref, x_run = x.clone(), x.clone()
         expected = fn(x_ref, y)
         flat, head, same = f(x_run, y)
@@ -211,7 +195,7 @@ class TestCapture(TestCase):
         m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
         x = torch.randn(4, 8)
         pair = _artifact("dropout", _forward, m, x, backend=backend)
-        first, second = _load(pair), _load(pair)
+        first, second = load(pair), load(pair)
         torch.manual_seed(123)
         a = first(m, x)
         torch.manual_seed(123)
@@ -226,8 +210,8 @@ class TestCapture(TestCase):
 class TestTraining(TestCase):
     @parametrize("backend", BACKENDS)
     def test_grads_accumulate_like_eager(self, backend):
-        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
-        f = _load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
         reference = copy.deepcopy(m)
         for _ in range(2):  # None -> assign, then add in place
             torch.testing.assert_close(f(m, x, y), _train_step(reference, x, y).detach())
@@ -247,7 +231,7 @@ class TestTraining(TestCase):
             return loss
 
         x = torch.randn(2, 4)
-        f = _load(_artifact("frozen", step, m, x, backend=backend))
+        f = load(_artifact("frozen", step, m, x, backend=backend))
         reference = copy.deepcopy(m)
         f(m, x)
         step(reference, x)
@@ -278,13 +262,13 @@ class TestTraining(TestCase):
 
         x = torch.randn(2, 8, requires_grad=True)
         with self.assertRaisesRegex(PrecompileError, r"args\[1\] would receive a gradient.*x.detach\(\)"):
-            precompile(step, _mlp(), x, backend="eager")
+            precompile(step, small_mlp(), x, backend="eager")
 
     def test_bare_backward_returns_none(self):
         def step(m, x):
             m(x).sum().backward()
 
-        m, x = _mlp(), torch.randn(2, 8)
+        m, x = small_mlp(), torch.randn(2, 8)
         f = precompile.load(*precompile(step, m, x, backend="eager"))
         self.assertIsNone(f(m, x))
         self.assertIsNotNone(m[0].weight.grad)
@@ -387,7 +371,7 @@ class TestCaptureContract(TestCase):
             m(x).sum().backward()
             raise error
 
-        m = _mlp()
+        m = small_mlp()
         before = _snapshot(m)
         with self.assertRaises(Boom) as raised:
             precompile(step, m, torch.randn(2, 8), backend="eager")
@@ -410,7 +394,7 @@ class TestCaptureContract(TestCase):
 class TestArtifact(TestCase):
     @parametrize("backend", BACKENDS)
     def test_python_code_layout_and_constants(self, backend):
-        m, x = _mlp(), torch.randn(3, 8)
+        m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
         self.assertTrue(code.startswith("# torch.compiler.precompile artifact"))
         self.assertIn('namespace["forward"](model, *inputs)', code)
@@ -494,7 +478,7 @@ class TestArtifact(TestCase):
     def test_source_of_graph_functions(self, backend):
         # pdb and inspect find the artifact's lines: the graph function's source is
         # python_code's text at the line its code object names.
-        m, x = _mlp(), torch.randn(3, 8)
+        m, x = small_mlp(), torch.randn(3, 8)
         code, _ = _artifact("mlp_forward", _forward, m, x, backend=backend)
         namespace = precompile_module._exec_artifact(code, precompile_module._read_constants(code), {})
         graph = namespace["eager_graph"] if backend == "eager" else namespace["call"]
@@ -504,7 +488,7 @@ class TestArtifact(TestCase):
 
     @parametrize("backend", BACKENDS)
     def test_cache_envelope_is_weights_only_readable(self, backend):
-        m, x = _mlp(), torch.randn(3, 8)
+        m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
         envelope = torch.load(io.BytesIO(cache), weights_only=True)
         self.assertEqual(envelope["format"], "torch.compiler.precompile")
@@ -524,7 +508,7 @@ class TestArtifact(TestCase):
         # "Running an artifact without load()" does, with the patch hidden
         # (autoload off) and with it installed (autoload on: no warning, and
         # the artifact's errors are torch.compiler.PrecompileError).
-        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
         code, _ = _artifact("mlp_train", _train_step, m, x, y, backend=backend)
         with tempfile.TemporaryDirectory() as tmp:
             paths = {name: os.path.join(tmp, name) for name in ("artifact.py", "state.pt", "out.pt")}
@@ -563,7 +547,7 @@ class TestArtifact(TestCase):
 
     @parametrize("backend", BACKENDS)
     def test_embedded_driver_runs_when_installed_one_differs(self, backend):
-        m, x = _mlp(), torch.randn(3, 8)
+        m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
         self.assertIs(type(precompile.load(code, cache)), runtime.PrecompiledFunction)
         # Another driver version: the driver section is compiled and runs instead.
@@ -582,7 +566,7 @@ class TestLoad(TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.model, cls.x = _mlp(), torch.randn(3, 8)
+        cls.model, cls.x = small_mlp(), torch.randn(3, 8)
         cls.code, cls.cache = _artifact("mlp_forward", _forward, cls.model, cls.x, backend="eager")
 
     def test_warns_on_every_load(self):
@@ -653,8 +637,8 @@ class TestLoad(TestCase):
 class TestRuntimeChecks(TestCase):
     @parametrize("backend", BACKENDS)
     def test_call_errors_name_the_argument(self, backend):
-        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
-        f = _load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
         cases = [
             ((m, x), {}, r"expected 3 positional arguments \(as captured\), got 2"),
             ((m, x), {"y": y}, r"keyword arguments are not supported \(got \['y'\]\)"),
@@ -672,8 +656,8 @@ class TestRuntimeChecks(TestCase):
 
     @parametrize("backend", BACKENDS)
     def test_model_structure_checked(self, backend):
-        m, x, y = _mlp(), torch.randn(3, 8), torch.randn(3, 4)
-        f = _load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
         renamed = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
         renamed.add_module("out", nn.Linear(16, 4))  # same count, other names
         with self.assertRaisesRegex(PrecompileError, r"args\[0\]: the module's parameters differ.*missing \['2.weight', '2.bias'\]"):
@@ -690,19 +674,19 @@ class TestRuntimeChecks(TestCase):
             f(m, x, y)
 
     def test_layout_specialization_inductor_only(self):
-        m, x = _mlp(), torch.randn(3, 8)
-        f = _load(_artifact("mlp_forward", _forward, m, x, backend="inductor"))
+        m, x = small_mlp(), torch.randn(3, 8)
+        f = load(_artifact("mlp_forward", _forward, m, x, backend="inductor"))
         transposed = torch.randn(8, 3).t()
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected strides \(8, 1\), got \(1, 3\).*contiguous\(\).*backend='eager'"):
             f(m, transposed)
         torch.testing.assert_close(f(m, transposed.contiguous()), m(transposed))
         # Size-1 dims may have any stride (Inductor's own exemption).
         one = torch.randn(1, 8)
-        g = _load(_artifact("mlp_forward_b1", _forward, m, one, backend="inductor"))
+        g = load(_artifact("mlp_forward_b1", _forward, m, one, backend="inductor"))
         odd = torch.randn(8, 1).t()
         self.assertEqual(odd.stride(), (1, 1))  # captured (8, 1): differs only in the size-1 dim
         torch.testing.assert_close(g(m, odd), m(odd))
-        eager = _load(_artifact("mlp_forward", _forward, m, x, backend="eager"))
+        eager = load(_artifact("mlp_forward", _forward, m, x, backend="eager"))
         torch.testing.assert_close(eager(m, transposed), m(transposed))
 
     @parametrize("backend", BACKENDS)
@@ -710,9 +694,9 @@ class TestRuntimeChecks(TestCase):
         def fn(m, batch):
             return m(batch["x"][0]) + batch["bias"]
 
-        m, x = _mlp(), torch.randn(3, 8)
+        m, x = small_mlp(), torch.randn(3, 8)
         batch = {"x": [x], "bias": torch.zeros(4)}
-        f = _load(_artifact("pytree_paths", fn, m, batch, backend=backend))
+        f = load(_artifact("pytree_paths", fn, m, batch, backend=backend))
         torch.testing.assert_close(f(m, batch), fn(m, batch))
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]\['x'\]\[0\]: expected shape \(3, 8\), got \(2, 8\)"):
             f(m, {"x": [torch.randn(2, 8)], "bias": torch.zeros(4)})
@@ -728,7 +712,7 @@ class TestInductorCache(TestCase):
         super().setUpClass()
         cls.tmp = tempfile.TemporaryDirectory()
         torch.manual_seed(0)
-        cls.model = _mlp()
+        cls.model = small_mlp()
         cls.x, cls.y = torch.randn(3, 8), torch.randn(3, 4)
         code, cache = _artifact("mlp_train", _train_step, cls.model, cls.x, cls.y, backend="inductor")
         cls.paths = {n: os.path.join(cls.tmp.name, n) for n in ("a.py", "a.cache", "data.pt", "stubs")}
@@ -844,13 +828,13 @@ class TestFreeDims(TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.model = _mlp()
+        cls.model = small_mlp()
         # Independently marked x and y: mse_loss requires their batch sizes equal,
         # which capture turns into one shape group the driver checks.
         x = _marked(torch.randn(5, 8), 0)
         y = _marked(torch.randn(5, 4), 0, max=64)
-        cls.train = _load(_artifact("free_train", _train_step, cls.model, x, y))
-        cls.forward = _load(_artifact("free_forward", _forward, cls.model, _marked(torch.randn(5, 8), 0)))
+        cls.train = load(_artifact("free_train", _train_step, cls.model, x, y))
+        cls.forward = load(_artifact("free_forward", _forward, cls.model, _marked(torch.randn(5, 8), 0)))
 
     def test_forward_and_training_across_sizes(self):
         for n in (1, 3, 5, 17, 64, 0):
@@ -886,7 +870,7 @@ class TestFreeDims(TestCase):
     def test_shape_id_shares_one_group(self):
         x = _marked(torch.randn(4, 8), 0, shape_id="batch")
         y = _marked(torch.randn(4, 4), 0, shape_id="batch", min=2)
-        f = _load(_artifact("free_shape_id", lambda m, x, y: m(x) + y, self.model, x, y))
+        f = load(_artifact("free_shape_id", lambda m, x, y: m(x) + y, self.model, x, y))
         groups = [leaf.tensor.free_dims[0][1] for leaf in f.convention.inputs]
         self.assertEqual(groups[0], groups[1])
         x2, y2 = torch.randn(6, 8), torch.randn(6, 4)

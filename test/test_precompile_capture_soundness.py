@@ -24,30 +24,14 @@ from torch.testing._internal.common_utils import (
 
 import torch._precompile as precompile_module
 from torch.compiler import PrecompileError
+from _precompile_testing import Artifacts, load, small_mlp
 
 
 precompile = torch.compiler.precompile
 BACKENDS = ("eager", "inductor")
 THIS_FILE = re.escape(__file__)
 
-_ARTIFACTS: dict = {}
-
-
-def _artifact(key, fn, *example_inputs, backend="inductor"):
-    """Build each (python_code, cache) pair once per test process."""
-    full_key = (key, backend)
-    if full_key not in _ARTIFACTS:
-        _ARTIFACTS[full_key] = precompile(fn, *example_inputs, backend=backend)
-    return _ARTIFACTS[full_key]
-
-
-def _load(pair):
-    return precompile.load(*pair)
-
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+_artifact = Artifacts()
 
 
 def _snapshot(module, optimizer=None):
@@ -81,7 +65,7 @@ class TestCaptureSoundness(TestCase):
 
     def _trained(self):
         """A model and an Adam optimizer that both hold state, and a batch."""
-        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        m, x, y = small_mlp(), torch.randn(4, 8), torch.randn(4, 4)
         optimizer = torch.optim.Adam(m.parameters(), lr=0.1)
         F.mse_loss(m(x), y).backward()
         optimizer.step()
@@ -151,9 +135,9 @@ class TestCaptureSoundness(TestCase):
 
     @parametrize("backend", BACKENDS)
     def test_clip_grad_norm_matches_eager_after_zero_grad(self, backend):
-        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        m, x, y = small_mlp(), torch.randn(4, 8), torch.randn(4, 4)
         reference = copy.deepcopy(m)
-        f = _load(_artifact("clip", _clip_step, m, x, y, backend=backend))
+        f = load(_artifact("clip", _clip_step, m, x, y, backend=backend))
         for _ in range(2):  # the usual loop: zero_grad(set_to_none=True), step, update
             for model in (m, reference):
                 model.zero_grad(set_to_none=True)
@@ -180,9 +164,9 @@ class TestCaptureSoundness(TestCase):
 
         x, y = torch.randn(4, 8), torch.randn(4, 4)
         for fn in (_clip_step, zero_grad_first, zero_grad_last):
-            m = _mlp()
+            m = small_mlp()
             reference = copy.deepcopy(m)
-            f = _load(_artifact(fn.__name__, fn, m, x, y, backend=backend))
+            f = load(_artifact(fn.__name__, fn, m, x, y, backend=backend))
             for _ in range(3):
                 torch.testing.assert_close(f(m, x, y), fn(reference, x, y))
                 for ours, theirs in zip(m.parameters(), reference.parameters()):
@@ -190,9 +174,9 @@ class TestCaptureSoundness(TestCase):
 
     @parametrize("backend", BACKENDS)
     def test_grad_that_requires_grad_accumulates_like_eager(self, backend):
-        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        m, x, y = small_mlp(), torch.randn(4, 8), torch.randn(4, 4)
         reference = copy.deepcopy(m)
-        f = _load(_artifact("train", _train_step, m, x, y, backend=backend))
+        f = load(_artifact("train", _train_step, m, x, y, backend=backend))
         for model in (m, reference):
             model[0].weight.grad = torch.ones_like(model[0].weight, requires_grad=True)
         f(m, x, y)
@@ -221,7 +205,7 @@ class TestCaptureSoundness(TestCase):
             m.zero_grad()
 
         everything = (0, 1, 2, 3)
-        m, x, y = _mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        m, x, y = small_mlp(), torch.randn(4, 8), torch.randn(4, 4)
         # fn -> (grad_state, grad_inputs, grads_assigned, grads_cleared)
         expected = {
             forward: ((), (), (), ()),
@@ -244,7 +228,7 @@ class TestCaptureSoundness(TestCase):
         x = torch.randn(16, 8)
         torch.manual_seed(7)
         state = torch.get_rng_state()
-        f = _load(precompile(lambda m, x: m(x), m, x, backend=backend))
+        f = load(precompile(lambda m, x: m(x), m, x, backend=backend))
         self.assertEqual(torch.get_rng_state(), state, atol=0, rtol=0)
         ours = f(m, x)
         torch.manual_seed(7)
@@ -301,7 +285,7 @@ class TestCaptureSoundness(TestCase):
             (lambda x: x.view(-1), False),
             (lambda x: (x, x.t()), False),
         ):
-            f = _load(precompile(fn, x, backend=backend))
+            f = load(precompile(fn, x, backend=backend))
             x_run = torch.randn(2, 3)
             ours, eager = f(x_run), fn(x_run)
             torch.testing.assert_close(ours, eager)

@@ -22,6 +22,7 @@ from torch.testing._internal.common_utils import (
 )
 
 from torch.compiler import PrecompileError
+from _precompile_testing import small_mlp
 
 
 precompile = torch.compiler.precompile
@@ -33,11 +34,6 @@ TOLERANCE = {"atol": 1e-6, "rtol": 1e-5}
 BIT_EXACT_ON_EAGER = ("sgd", "sgd_nesterov")
 
 _ARTIFACTS: dict = {}
-
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
 def _groups(model):
@@ -90,7 +86,7 @@ def _data(seed=1, n=5):
 def _artifact(key, fn, config, backend):
     """Captured from a fresh model and optimizer; built once per process."""
     if (key, config, backend) not in _ARTIFACTS:
-        model = _mlp()
+        model = small_mlp()
         opt = OPTIMIZERS[config](model)
         x, y = _data()[0]
         _ARTIFACTS[(key, config, backend)] = precompile(fn, model, opt, x, y, backend=backend)
@@ -101,7 +97,7 @@ def _pair(config):
     """Two identical (model, optimizer, scheduler) triples: artifact side, eager side."""
     triples = []
     for _ in range(2):
-        model = _mlp()
+        model = small_mlp()
         opt = OPTIMIZERS[config](model)
         triples.append((model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)))
     return triples
@@ -185,7 +181,7 @@ class TestOptimizerSemantics(OptimizerTestCase):
         self.assert_same_training_state(model, opt, eager_model, eager_opt)
 
     def test_capture_with_existing_state_leaves_caller_untouched(self):
-        model = _mlp()
+        model = small_mlp()
         opt = OPTIMIZERS["adam"](model)
         x, y = _data()[0]
         train_step(model, opt, x, y)  # state exists at capture
@@ -211,7 +207,7 @@ class TestOptimizerSemantics(OptimizerTestCase):
             train_step(model, opt, x, y)
             raise ValueError("boom")
 
-        model = _mlp()
+        model = small_mlp()
         opt = OPTIMIZERS["sgd_nesterov"](model)
         groups, state = opt.param_groups[0].copy(), opt.state
         with self.assertRaisesRegex(ValueError, "boom"):
@@ -229,7 +225,7 @@ class TestOptimizerSemantics(OptimizerTestCase):
             model[0](x).sum().backward()
             opt.step()
 
-        model = _mlp()
+        model = small_mlp()
         opt = OPTIMIZERS["adamw"](model)
         x, _ = _data()[0]
         ref_model = copy.deepcopy(model)
@@ -246,7 +242,7 @@ class TestOptimizerContract(TestCase):
     """Refused at capture, or at the call, with the argument, group and key named."""
 
     def capture(self, opt_fn, fn=train_step, model=None):
-        model = model or _mlp()
+        model = model or small_mlp()
         x, y = _data()[0]
         return precompile(fn, model, opt_fn(model), x, y, backend="eager")
 
@@ -272,7 +268,7 @@ class TestOptimizerContract(TestCase):
             self.capture(lambda m: torch.optim.SGD([*m.parameters(), stray], lr=0.1))
 
     def test_free_dims_are_refused(self):
-        model = _mlp()
+        model = small_mlp()
         x, y = _data()[0]
         torch._dynamo.decorators.mark_unbacked(x, 0)
         with self.assertRaisesRegex(PrecompileError, "optimizer argument together with mark_unbacked"):
@@ -288,13 +284,13 @@ class TestOptimizerContract(TestCase):
             self.capture(with_hook)
 
     def test_runtime_optimizer_is_checked(self):
-        model = _mlp()
+        model = small_mlp()
         x, y = _data()[0]
         step = precompile.load(*precompile(train_step, model, OPTIMIZERS["adamw"](model), x, y, backend="eager"))
         cases = [
             (lambda m: torch.optim.Adam(m.parameters()), r"expected a torch.optim.AdamW"),
             (lambda m: torch.optim.AdamW(_groups(m)), r"expected 1 param groups"),
-            (lambda m: torch.optim.AdamW(_mlp().parameters()), r"param_groups\[0\]\['params'\]"),
+            (lambda m: torch.optim.AdamW(small_mlp().parameters()), r"param_groups\[0\]\['params'\]"),
             (lambda m: torch.optim.AdamW(m.parameters(), betas=(0.8, 0.999)), r"param_groups\[0\]\['betas'\]: expected \(0.9, 0.999\)"),
             (lambda m: torch.optim.AdamW(m.parameters(), weight_decay=0.5), r"param_groups\[0\]\['weight_decay'\]"),
         ]
