@@ -737,13 +737,15 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
     caller_tensors = _caller_tensors(args)
     candidates = _grad_candidates(args)
-    num_trailing = len(_trailing_example_inputs(args))
+    num_optimizer_inputs = sum(
+        len(lifted.groups) + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
+    )
 
     def flat_fn(*flat):
         state = flat[:num_state]
         tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
-        trailing = flat[len(flat) - num_trailing :]
-        optimizer_inputs, incoming_grads = trailing[: num_trailing - len(candidates)], trailing[len(trailing) - len(candidates) :]
+        trailing = flat[len(flat) - num_optimizer_inputs - len(candidates) :]
+        optimizer_inputs, incoming_grads = trailing[:num_optimizer_inputs], trailing[num_optimizer_inputs:]
         leaves = list(args.input_leaves)
         for index, tensor in zip(args.tensor_indices, tensors):
             leaves[index] = tensor
