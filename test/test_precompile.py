@@ -8,6 +8,8 @@ class (``_artifact`` caches them by key) and models stay tiny.
 
 import ast
 import copy
+import hashlib
+import importlib.util
 import inspect
 import io
 import json
@@ -20,6 +22,8 @@ import tempfile
 import textwrap
 import threading
 import traceback
+import warnings
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -468,7 +472,8 @@ class TestArtifact(TestCase):
             trace = traceback.extract_tb(error.__traceback__)
         else:
             self.fail("an out-of-range index was accepted")
-        filename = f"<precompile artifact {precompile_module._code_hash(code)[:12]}>"
+        filename = precompile_module._register_source(code)
+        self.assertRegex(filename, r"^<precompile artifact [0-9a-f]{12}>$")
         frames = [f for f in trace if f.filename == filename]
         self.assertEqual([f.name for f in frames], ["eager_graph"])
         self.assertIn("torch.ops.aten.embedding.default(p_weight, args_1)", frames[0].line)
@@ -497,9 +502,47 @@ class TestArtifact(TestCase):
         self.assertEqual(envelope["code_hash"], precompile_module._code_hash(code))
         self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(envelope["artifact"]["kernels"]))
         if backend == "eager":
-            self.assertEqual(envelope["artifact"], {"kernels": {}})
+            self.assertEqual(envelope["artifact"]["kernels"], {})
         else:
             self.assertGreater(len(envelope["artifact"]["kernels"]), 0)
+        bytecode = envelope["artifact"]["bytecode"]
+        self.assertEqual(bytecode["magic"], importlib.util.MAGIC_NUMBER.hex())
+        self.assertEqual(
+            precompile_module._read_constants(code)["BYTECODE_SHA256"], hashlib.sha256(bytecode["code"]).hexdigest()
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_warm_load_compiles_no_python(self, backend):
+        """The cache carries python_code's compiled sections, pinned by BYTECODE_SHA256."""
+        m, x = small_mlp(), torch.randn(3, 8)
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
+
+        def refuse(*args):
+            raise AssertionError("load() compiled a section the cache holds")
+
+        with mock.patch.object(precompile_module, "_compile_section", refuse):
+            f = load((code, cache))
+        torch.testing.assert_close(f(m, x), m(x))
+
+    def test_cached_bytecode_is_used_only_when_python_code_pins_it(self):
+        m, x = small_mlp(), torch.randn(3, 8)
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend="eager")
+        envelope = torch.load(io.BytesIO(cache), weights_only=True)
+        _, other_cache = precompile(lambda m, x: m(x) * 3, m, x, backend="eager")
+        other = torch.load(io.BytesIO(other_cache), weights_only=True)
+        for bytecode, warns in (
+            (other["artifact"]["bytecode"], True),  # another artifact's code: not what python_code pins
+            ({**other["artifact"]["bytecode"], "magic": "0d0d0a0a"}, False),  # another Python's: unused
+        ):
+            envelope["artifact"]["bytecode"] = bytecode
+            buffer = io.BytesIO()
+            torch.save(envelope, buffer)
+            precompile_module._warn_once.cache_clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                f = load((code, buffer.getvalue()))
+            self.assertEqual(any("compiled Python does not match" in str(w.message) for w in caught), warns)
+            torch.testing.assert_close(f(m, x), m(x))  # not m(x) * 3: compiled from python_code
 
     @parametrize("autoload", [False, True])
     @parametrize("backend", BACKENDS)

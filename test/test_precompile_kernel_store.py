@@ -93,8 +93,7 @@ class _StoreTestCase(TestCase):
         """key -> (sha256, bytes) as load() would place them."""
         constants = precompile_module._read_constants(self.code)
         convention = precompile_module._convention_from(constants)
-        hashes = precompile_module._kernel_hashes(constants)
-        return precompile_module._usable_kernels(self.code, convention, hashes, cache or self.cache)
+        return precompile_module._usable_cache(self.code, convention, constants, cache or self.cache)[0]
 
     def some_kernel(self):
         digest, blob = next(iter(self.kernels().values()))
@@ -433,6 +432,16 @@ class TestPythonCodeHeader(TestCase):
                 start = code.index("KERNEL_SHA256 = ")
                 edited = code[:start] + f"KERNEL_SHA256 = {value}\n" + code[code.index("\n\n# ====", start) + 1 :]
                 with self.assertRaisesRegex(PrecompileError, "KERNEL_SHA256 is malformed"):
+                    precompile.load(edited, b"")
+
+    def test_malformed_bytecode_hash(self):
+        code, _ = _artifact()
+        start = code.index("BYTECODE_SHA256 = ")
+        end = code.index("\n", start)
+        for value in ("'not a sha256'", "1", "b'" + "0" * 64 + "'"):
+            with self.subTest(value=value):
+                edited = code[:start] + f"BYTECODE_SHA256 = {value}" + code[end:]
+                with self.assertRaisesRegex(PrecompileError, "BYTECODE_SHA256 is malformed"):
                     precompile.load(edited, b"")
 
 

@@ -59,20 +59,25 @@ says who guarantees it and, where it is enforced, which tests (in
    only torch installed, compiling kernels on first use) and is the single
    source of truth for the calling convention; ``cache`` only accelerates and
    is bound to the code by its sha256, its payload by another, each kernel
-   by the sha256 python_code records for it.  A damaged, foreign or
+   and the sections' compiled Python (marshalled for the Python that built
+   them) by the sha256 python_code records for it.  A damaged, foreign or
    other-version cache is ignored with a warning; one bound to other code
    raises.  Kernels run only from verified files in a private store.
    Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
    test_precompile_kernel_store.py).  Layout: a header of literal constants
-   (format, backend, calling convention, kernel hashes), then code sections in
+   (format, backend, bytecode and kernel hashes, calling convention), then code sections in
    reading order -- ``graph`` (the eager ATen graph, or Inductor's module),
    ``driver`` (``torch/_precompile_runtime.py`` verbatim) and ``forward`` (binds
    them) -- each opened by a marker line.  Run alone they share one namespace,
    so the driver may not rebind the other sections' names (checked at render).
-   ``load`` compiles them one by one under ``<precompile artifact sha[:12]>``,
+   ``load`` takes them from the cache when it holds this Python's code objects
+   and python_code pins their bytes (BYTECODE_SHA256; otherwise it compiles
+   them) under ``<precompile artifact sha[:12]>``, named after the sections,
    registered with ``linecache`` so tracebacks and pdb show the artifact's
    lines, and reuses the installed driver when it is the section's exact text
-   (TestArtifact test_traceback_shows_artifact_lines).
+   (TestArtifact test_traceback_shows_artifact_lines,
+   test_warm_load_compiles_no_python,
+   test_cached_bytecode_is_used_only_when_python_code_pins_it).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
    ``ast`` and the cache with ``torch.load(weights_only=True)`` before
@@ -276,9 +281,11 @@ import dataclasses
 import functools
 import gc
 import hashlib
+import importlib.util
 import io
 import linecache
 import logging
+import marshal
 import operator
 import os
 import platform
@@ -2090,6 +2097,7 @@ FORMAT_VERSION = {FORMAT_VERSION}
 
 BACKEND = {convention.backend!r}
 
+{_NO_BYTECODE}
 CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}
 """
     forward = (
@@ -2188,7 +2196,7 @@ def _code_hash(python_code: str) -> str:
     return hashlib.sha256(python_code.encode()).hexdigest()
 
 
-def _package(python_code: str, backend: str, kernels: dict[str, bytes]) -> bytes:
+def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode: bytes | None = None) -> bytes:
     envelope = {
         "format": CACHE_FORMAT,
         "version": FORMAT_VERSION,
@@ -2196,7 +2204,7 @@ def _package(python_code: str, backend: str, kernels: dict[str, bytes]) -> bytes
         "code_hash": _code_hash(python_code),
         "build_env": _build_environment(),
         "payload_sha256": _payload_hash(kernels),
-        "artifact": {"kernels": kernels},
+        "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
     }
     buffer = io.BytesIO()
     torch.save(envelope, buffer)
@@ -2213,6 +2221,47 @@ def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
     header_end = python_code.index(_marker("graph"))
     recorded = f"\nKERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n"
     return python_code[:header_end] + recorded + python_code[header_end:]
+
+
+# python_code's sections compiled for this interpreter travel in the cache, so a
+# warm load() compiles no Python either.  python_code pins them by sha256 (like
+# its kernels): the cache cannot substitute other code.
+_NO_BYTECODE = "BYTECODE_SHA256 = None"
+_BYTECODE_MAGIC = importlib.util.MAGIC_NUMBER.hex()
+
+
+def _record_bytecode(python_code: str) -> tuple[str, bytes]:
+    """python_code with BYTECODE_SHA256 set, and the marshalled sections it pins.
+
+    The sections are compiled first: replacing the placeholder line keeps every
+    line number and the sections' text, so their code objects stay exact.
+    """
+    compiled = _compile_sections(python_code)
+    bytecode = marshal.dumps(tuple(compiled[name] for name in _SECTIONS))
+    recorded = f"BYTECODE_SHA256 = {hashlib.sha256(bytecode).hexdigest()!r}"
+    return python_code.replace(_NO_BYTECODE, recorded, 1), bytecode
+
+
+def _bytecode_hash(constants: dict[str, Any]) -> str | None:
+    recorded = constants.get("BYTECODE_SHA256")
+    if recorded is not None and not (isinstance(recorded, str) and _SHA256_HEX.fullmatch(recorded)):
+        raise PrecompileError("python_code: BYTECODE_SHA256 is malformed (expected a sha256 hex or None); it was edited")
+    return recorded
+
+
+def _cached_bytecode(envelope: dict, recorded: str | None) -> dict[str, Any]:
+    """Section -> code object from the cache, when python_code pins exactly these bytes."""
+    entry = envelope["artifact"].get("bytecode")
+    if recorded is None or not isinstance(entry, dict) or entry.get("magic") != _BYTECODE_MAGIC:
+        return {}  # none pinned, or built by another Python: compile python_code
+    bytecode = entry.get("code")
+    if not isinstance(bytecode, bytes) or hashlib.sha256(bytecode).hexdigest() != recorded:
+        _warn_once(
+            "torch.compiler.precompile: the cache's compiled Python does not match the sha256 python_code "
+            "records for it; compiling python_code instead"
+        )
+        return {}
+    return dict(zip(_SECTIONS, marshal.loads(bytecode)))
 
 
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
@@ -2250,7 +2299,7 @@ _AST_LOCK = threading.Lock()
 
 _REQUIRED_CONSTANTS = ("FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION")
 # Recorded after the kernels are harvested; absent in artifacts of older versions.
-_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256")
+_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256", "BYTECODE_SHA256")
 
 
 def _parse(source: str) -> ast.Module:
@@ -2430,10 +2479,12 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, stacklevel=4)
 
 
-def _usable_kernels(
-    python_code: str, convention: CallingConvention, hashes: dict[str, str] | None, cache: bytes
-) -> dict:
-    """Key -> (sha256, bytes) of the cached kernels this load may use; warns about the rest."""
+def _usable_cache(
+    python_code: str, convention: CallingConvention, constants: dict[str, Any], cache: bytes
+) -> tuple[dict, dict]:
+    """What this load may use of the cache, warning about the rest: key -> (sha256,
+    bytes) of the kernels, and section -> code object of python_code's compiled sections."""
+    hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
     try:
         envelope = _read_envelope(cache)
         kernels = _verify(python_code, convention, envelope)
@@ -2443,7 +2494,11 @@ def _usable_kernels(
             "instead (slower first call)",
             stacklevel=3,
         )
-        return {}
+        return {}, {}
+    return _usable_kernels(envelope, kernels, hashes), _cached_bytecode(envelope, bytecode_hash)
+
+
+def _usable_kernels(envelope: dict, kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
     if not kernels:
         return {}
     here = _build_environment()
@@ -2688,26 +2743,36 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _exec_artifact(
-    python_code: str, constants: dict[str, Any], kernel_files: dict[str, str], convention: CallingConvention | None = None
+    python_code: str,
+    constants: dict[str, Any],
+    kernel_files: dict[str, str],
+    convention: CallingConvention | None = None,
+    compiled: dict[str, Any] | None = None,
 ) -> dict:
     """Run python_code as ``exec`` would, compiling only the sections this process needs.
 
     The header's constants were read with ``ast`` already (and ``convention``,
     when given, decoded and validated from them); the driver section is
-    compiled only when the installed driver is not its exact text.
+    compiled only when the installed driver is not its exact text, and a
+    section is not compiled at all when ``compiled`` (the cache's) has it.
     """
     sections = _split_sections(python_code)
     filename = _register_source(python_code)
+    compiled = compiled or {}
+
+    def code(name: str) -> Any:
+        return compiled.get(name) or _compile_section(filename, *sections[name])
+
     namespace = {
         "__name__": "torch_precompile_artifact",
         **constants,
         "__precompile_kernel_files__": kernel_files,
     }
-    exec(_compile_section(filename, *sections["graph"]), namespace)
-    driver = namespace["__precompile_driver__"] = _driver_namespace(filename, *sections["driver"])
+    exec(code("graph"), namespace)
+    driver = namespace["__precompile_driver__"] = _driver_namespace(sections["driver"][1], lambda: code("driver"))
     if convention is not None and driver is vars(runtime):  # the installed driver's records: no second decode
         namespace["__precompile_convention__"] = convention
-    exec(_compile_section(filename, *sections["forward"]), namespace)
+    exec(code("forward"), namespace)
     return namespace
 
 
@@ -2734,23 +2799,36 @@ def _compile_section(filename: str, line_offset: int, text: str) -> Any:
     return compile("\n" * line_offset + text, filename, "exec", dont_inherit=True)
 
 
+def _compile_sections(python_code: str) -> dict[str, Any]:
+    filename = _register_source(python_code)
+    return {name: _compile_section(filename, *text) for name, text in _split_sections(python_code).items()}
+
+
 def _register_source(python_code: str) -> str:
-    """A stable file name for python_code, whose lines tracebacks and pdb then show (as torch.fx does)."""
-    filename = f"<precompile artifact {_code_hash(python_code)[:12]}>"
+    """A stable file name for python_code, whose lines tracebacks and pdb then show (as torch.fx does).
+
+    Named after the sections and where they start, not the header's hashes:
+    the compiled sections, which carry the name, are made before those are set.
+    """
+    body = python_code.index(_marker(_SECTIONS[0]))
+    lines_before = python_code.count("\n", 0, body)
+    located = f"{lines_before}:{python_code[body:]}"
+    filename = f"<precompile artifact {_code_hash(located)[:12]}>"
     linecache.cache[filename] = (len(python_code), None, python_code.splitlines(keepends=True), filename)
     return filename
 
 
-def _driver_namespace(filename: str, line_offset: int, source: str) -> dict:
+def _driver_namespace(source: str, compiled: Callable[[], Any]) -> dict:
     """The artifact's driver: the installed module when the driver section is its exact text.
 
     Importing ``torch._precompile_runtime`` reuses Python's cached bytecode;
-    compiling the section costs ~8 ms per load.
+    otherwise ``compiled()`` gives the section's code (the cache's, or compiled
+    now: ~8 ms).
     """
     if source == _driver_source():
         return vars(runtime)
     namespace = {"__name__": "torch_precompile_driver"}
-    exec(_compile_section(filename, line_offset, source), namespace)
+    exec(compiled(), namespace)
     return namespace
 
 
@@ -2791,7 +2869,8 @@ class _Precompile:
             with timer("package"):
                 kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
                 python_code = _record_kernel_hashes(python_code, kernels)
-                cache = _package(python_code, backend, kernels)
+                python_code, bytecode = _record_bytecode(python_code)
+                cache = _package(python_code, backend, kernels, bytecode)
         timer.done(
             f"backend={backend} graph_inputs={len(capture.example_inputs)} kernels={len(kernels)} "
             f"python_code={len(python_code)}B cache={len(cache)}B"
@@ -2808,7 +2887,7 @@ class _Precompile:
         with timer("verify"):
             constants = _read_constants(python_code)
             convention = _convention_from(constants)
-            kernels = _usable_kernels(python_code, convention, _kernel_hashes(constants), cache)
+            kernels, compiled = _usable_cache(python_code, convention, constants, cache)
         with timer("prime"):
             kernel_files = _prime_kernels(kernels)
         log.warning(
@@ -2819,7 +2898,7 @@ class _Precompile:
         )
         with timer("exec"):
             try:
-                namespace = _exec_artifact(python_code, constants, kernel_files, convention)
+                namespace = _exec_artifact(python_code, constants, kernel_files, convention, compiled)
             except PrecompileError:
                 raise
             except Exception as error:
