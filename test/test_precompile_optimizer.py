@@ -55,21 +55,17 @@ OPTIMIZERS = {
 }
 
 
-def train_step(model, opt, x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss.detach()
-
-
 def train_step_no_zero_grad(model, opt, x, y):
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     return loss.detach()
+
+
+def train_step(model, opt, x, y):
+    opt.zero_grad(set_to_none=True)
+    return train_step_no_zero_grad(model, opt, x, y)
 
 
 def train_step_zero_grad_last(model, opt, x, y):

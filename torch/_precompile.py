@@ -461,11 +461,7 @@ def _refuse_hooks(modules: list, module_positions: list, lifted: list) -> None:
     The trace would inline what a hook computes once, and the artifact could
     not tell if it is removed later (or repeat its Python side effects).
     """
-    named_modules = [
-        (f"args[{position}]" + (f".{name}" if name else ""), sub)
-        for position, module in zip(module_positions, modules)
-        for name, sub in module.named_modules()
-    ]
+    named_modules = runtime.named_submodules(module_positions, modules)
     named_tensors = [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.tensor) for e in lifted]
     hook = runtime.find_hook(named_modules, named_tensors)
     if hook is not None:
@@ -1181,10 +1177,8 @@ class _ModuleReads:
 
     def __init__(self, args: _Arguments):
         self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
-        for position, module in zip(args.module_positions, args.modules):
-            for name, sub in module.named_modules():
-                path = f"args[{position}]" + (f".{name}" if name else "")
-                self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
+        for path, sub in runtime.named_submodules(args.module_positions, args.modules):
+            self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
         self.reads: dict = collections.defaultdict(set)
 
     def read_mode(self, module: torch.nn.Module) -> bool:

@@ -766,6 +766,15 @@ _MODULE_HOOKS = {
 _TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
 
 
+def named_submodules(positions: Any, modules: Any) -> list:
+    """(``args[i].path``, submodule) of every submodule of the module arguments, in named_modules() order."""
+    return [
+        (f"args[{position}]" + (f".{name}" if name else ""), sub)
+        for position, module in zip(positions, modules)
+        for name, sub in module.named_modules()
+    ]
+
+
 def find_hook(named_modules: Any, named_tensors: Any) -> str | None:
     """Describe a module or tensor hook on what fn receives, or return None.
 
@@ -966,11 +975,7 @@ class PrecompiledFunction:
 
     def _refuse_hooks(self, modules: list, state: list) -> None:
         handles_made = RemovableHandle.next_id
-        named_modules = [
-            (f"args[{spec.position}]" + (f".{name}" if name else ""), sub)
-            for spec, module in zip(self.convention.modules, modules)
-            for name, sub in module.named_modules()
-        ]
+        named_modules = named_submodules(self._module_positions, modules)
         hook = find_hook(named_modules, zip(map(self._tensor_path, range(len(state))), state))
         if hook is not None:
             raise PrecompileError(
