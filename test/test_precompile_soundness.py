@@ -253,6 +253,27 @@ class TestSoundness(TestCase):
         self.assertRefused(r"args\[0\]: the module's parameters differ.*missing \['lin\.bias'\]", lambda: f(model, x), model)
 
     @parametrize("backend", BACKENDS)
+    def test_short_lived_models_are_never_mistaken_for_dead_ones(self, backend):
+        """The module cache is keyed by id(): a model that dies takes its entry with it.
+
+        deepcopy registers nothing (no structure-hook bump), and a copy made
+        after another died often reuses its id.
+        """
+        x = torch.randn(2, 4)
+        f = _runnable("layers", _forward, _layers(), x, backend=backend)
+        template = _layers()
+        ids = set()
+        for step in range(20):
+            model = copy.deepcopy(template)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(step)
+            ids.add(id(model))
+            torch.testing.assert_close(f(model, x), model(x))
+            del model
+        self.assertLess(len(ids), 20)  # ids were reused: the case this guards against happened
+
+    @parametrize("backend", BACKENDS)
     def test_baked_floats_compare_bitwise(self, backend):
         """Row 9: -0.0 is not 0.0 (x / s flips the infinity's sign)."""
         x = torch.randn(3)

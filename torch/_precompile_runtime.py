@@ -14,6 +14,7 @@ a kernel has to be compiled because the cache did not provide it.
 
 import base64
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import math
@@ -22,7 +23,6 @@ import os
 import sys
 import warnings
 import weakref
-from itertools import repeat
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -699,35 +699,61 @@ def _structure_counter() -> list:
 _STRUCTURE = _structure_counter()
 
 # Read at every call: bound once, saving the attribute lookups.
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 _is_anomaly_enabled = torch.is_anomaly_enabled
-_dereference = weakref.ref.__call__
 _get_default_dtype = torch.get_default_dtype
 
 
 class _ModuleCache(NamedTuple):
     """What the driver checked about the module arguments, re-verified cheaply.
 
-    Edits through the nn.Module API bump ``_STRUCTURE``; edits that bypass
-    the registration hooks are caught by the C-level comparisons in
-    ``PrecompiledFunction._cache_valid``: ``del model.fc2`` and
+    Cached per tuple of module ids, dropped by a weakref callback when a
+    module dies (so a live entry's ids are the same module objects). Edits
+    through the nn.Module API bump ``_STRUCTURE``; edits that bypass the
+    registration hooks are caught by the C-level comparisons in
+    ``valid()``: ``del model.fc2`` and
     ``ModuleDict.pop`` change a ``_modules`` dict's length, ``del
-    model.layers[1]`` (and so ``del`` + ``insert`` reorders) replaces it, and
-    ``del model.lin.bias`` makes the state lookup miss.
+    model.layers[1]`` (and so ``del`` + ``insert`` reorders) replaces it,
+    ``del model.lin.bias`` makes the state lookup miss, and setting a
+    checked ``training`` flag or attribute replaces the value object in the
+    submodule's ``vars()``.
     """
 
-    refs: tuple  # weakrefs to the module arguments
+    refs: tuple  # weakrefs to the module arguments, whose callbacks drop this entry
     tables: list  # per lifted tensor: the owning module's _parameters / _buffers dict
     names: list  # ... and its key there
     aliases: list  # (state index, table, name, module index, fqn) of each tied name
     generation: int  # _STRUCTURE[0] when walked
-    module_vars: list  # vars() of every submodule whose ``training`` flag is checked
-    parent_vars: list  # vars() of every submodule that has children
-    children: list  # ... and its _modules dict
-    sizes: list  # ... and that dict's length
-    attribute_vars: list  # vars() of the submodule of each checked plain attribute
-    attribute_names: list  # ... the attribute's name
-    attribute_values: list  # ... and the value object checked (compared by identity)
+    # Watched entries: the training flags fn reads, the plain attributes fn
+    # reads and the ``_modules`` dict of every submodule that has children.
+    watched_vars: list  # vars() of the submodule holding each watched entry
+    watched_keys: list  # ... the entry's name
+    watched_values: list  # ... the value object checked, held so that its id is not reused
+    children: list  # the watched _modules dicts
+    expected: list  # id() of each watched value (so a changed value of equal == is caught), then len() of each child dict
+
+    def valid(self) -> bool:
+        """Whether the walk this entry records still describes the modules (one C-level pass each)."""
+        return self.generation == _STRUCTURE[0] and (
+            not self.watched_vars  # a model with no children whose modes and attributes fn ignores
+            or [*map(id, map(dict.get, self.watched_vars, self.watched_keys)), *map(len, self.children)]
+            == self.expected
+        )
+
+
+def _forget(cache: dict, key: tuple, _dead_ref: Any) -> None:
+    cache.pop(key, None)
+
+
+def _picker(positions: Any) -> Callable[[Any], tuple]:
+    """``seq -> tuple(seq[i] for i in positions)`` as one C call (the driver's hot path)."""
+    if not positions:
+        return lambda seq: ()
+    if len(positions) == 1:  # itemgetter(i) returns the bare item; a slice keeps a tuple
+        return operator.itemgetter(slice(positions[0], positions[0] + 1))
+    return operator.itemgetter(*positions)
 
 
 def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
@@ -831,6 +857,8 @@ class PrecompiledFunction:
         self._arity = convention.arity
         self._module_positions = tuple(m.position for m in convention.modules)
         self._user_positions = convention.user_positions
+        self._pick_modules = _picker(self._module_positions)
+        self._pick_user_args = _picker(self._user_positions)
         self._input_spec = pytree.treespec_loads(convention.input_spec)
         self._output_spec = pytree.treespec_loads(convention.output_spec)
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
@@ -840,6 +868,7 @@ class PrecompiledFunction:
         )
         inputs = convention.inputs
         self._tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
+        self._pick_tensor_inputs = _picker(self._tensor_inputs)
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
@@ -853,11 +882,10 @@ class PrecompiledFunction:
         )
         self._single_output = self._plain_outputs and self._output_spec.is_leaf()
         self._state_slots, self._alias_slots = self._locate_state()
-        # tuple(id(module)) -> _ModuleCache; stale entries are pruned.
+        # tuple(id(module)) -> _ModuleCache, while those modules live.
         self._state_cache: dict[tuple, _ModuleCache] = {}
         self._guard = None  # TensorGuards armed by the last fully checked call
         self._hooks_scanned_at = -1  # RemovableHandle.next_id at the last scan that found no hook
-        self._training = [flag for m in convention.modules for _, flag in m.submodules if flag is not None]
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
         self._default_dtype = _dtype(convention.default_dtype)
@@ -877,6 +905,7 @@ class PrecompiledFunction:
         self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
+        self._has_trailing_inputs = bool(self._free_inputs or self._optimizers or convention.grad_inputs)
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -896,7 +925,7 @@ class PrecompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._arity:
             self._raise_call_shape(args, kwargs)
-        grad_enabled = torch.is_grad_enabled()
+        grad_enabled = _is_grad_enabled()
         if (
             self._any_autocast  # captured under autocast: compared in full at every call
             or _is_any_autocast_enabled()
@@ -904,13 +933,13 @@ class PrecompiledFunction:
             or (self._needs_grad and (not grad_enabled or _is_anomaly_enabled()))
         ):
             self._check_global_state(grad_enabled)
-        modules = [args[i] for i in self._module_positions]
+        modules = self._pick_modules(args)
         state = self._state_tensors(modules)
         if RemovableHandle.next_id != self._hooks_scanned_at:
             self._refuse_hooks(modules, state)
-        user_args = [args[i] for i in self._user_positions]
+        user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
-        tensors = state + [leaves[i] for i in self._tensor_inputs]
+        tensors = [*state, *self._pick_tensor_inputs(leaves)]
         if self._guard is None or not guard_passes(self._guard, tensors):
             self._check_slowly(user_args, leaves, state)
             self._guard = self._build_guard(tensors)
@@ -918,16 +947,12 @@ class PrecompiledFunction:
             self._check_values(user_args, leaves)
         if self._input_alias_pairs:
             self._check_aliasing(tensors, self._input_alias_pairs)
-        if self._free_inputs:
-            tensors += self._free_sizes(leaves)
-        for optimizer in self._optimizers:
-            tensors += optimizer.inputs(args[optimizer.spec.position], state)
-        if self.convention.grad_inputs:
-            tensors += self._prior_grads(state)
+        if self._has_trailing_inputs:
+            tensors += self._trailing_inputs(args, leaves, state)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad),
         # and write .grad as the autograd engine does, with grad mode off.
-        torch._C._set_grad_enabled(False)
+        _set_grad_enabled(False)
         try:
             try:
                 outputs = self._run_graph(tensors + self._constants)
@@ -938,12 +963,21 @@ class PrecompiledFunction:
             if self._writes_grads:
                 self._write_grads(state, outputs)
         finally:
-            torch._C._set_grad_enabled(grad_enabled)
+            _set_grad_enabled(grad_enabled)
         if self._single_output:
             return outputs[0]
         if self._plain_outputs:
             return tuple([outputs[i] for i in self._output_indices])
         return self._rebuild_outputs(outputs)
+
+    def _trailing_inputs(self, args: tuple, leaves: Any, state: list) -> list:
+        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads."""
+        trailing = self._free_sizes(leaves) if self._free_inputs else []
+        for optimizer in self._optimizers:
+            trailing += optimizer.inputs(args[optimizer.spec.position], state)
+        if self.convention.grad_inputs:
+            trailing += self._prior_grads(state)
+        return trailing
 
     def _raise_rejected(self, error: AssertionError) -> None:
         if self.convention.backend != "inductor":
@@ -973,7 +1007,7 @@ class PrecompiledFunction:
 
     # -- global state ----------------------------------------------------------
 
-    def _refuse_hooks(self, modules: list, state: list) -> None:
+    def _refuse_hooks(self, modules: tuple, state: list) -> None:
         handles_made = RemovableHandle.next_id
         named_modules = named_submodules(self._module_positions, modules)
         hook = find_hook(named_modules, zip(map(self._tensor_path, range(len(state))), state))
@@ -1017,9 +1051,9 @@ class PrecompiledFunction:
 
     # -- module state --------------------------------------------------------
 
-    def _state_tensors(self, modules: list) -> list:
+    def _state_tensors(self, modules: tuple) -> list:
         cached = self._state_cache.get(tuple(map(id, modules)))
-        if cached is None or not self._cache_valid(cached, modules):
+        if cached is None or not cached.valid():
             cached = self._cache_modules(modules)
         try:
             state = list(map(dict.__getitem__, cached.tables, cached.names))
@@ -1031,24 +1065,7 @@ class PrecompiledFunction:
                 self._raise_untied(state_index, module_index, fqn)
         return state
 
-    def _cache_valid(self, cached: _ModuleCache, modules: list) -> bool:
-        # Each comparison is one C-level pass; list == compares by identity first.
-        if (
-            cached.generation != _STRUCTURE[0]
-            or list(map(_dereference, cached.refs)) != modules
-            or (self._training and list(map(dict.get, cached.module_vars, repeat("training"))) != self._training)
-            or (
-                cached.attribute_vars
-                and not all(map(operator.is_, map(dict.get, cached.attribute_vars, cached.attribute_names), cached.attribute_values))
-            )
-        ):
-            return False
-        if not cached.parent_vars:
-            return True
-        children = list(map(dict.get, cached.parent_vars, repeat("_modules")))
-        return children == cached.children and list(map(len, children)) == cached.sizes
-
-    def _cache_modules(self, modules: list) -> _ModuleCache:
+    def _cache_modules(self, modules: tuple) -> _ModuleCache:
         """Walk the module arguments, check them against the convention, cache the result."""
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
@@ -1057,27 +1074,28 @@ class PrecompiledFunction:
         attributes = [entry for _, _, checked in walked for entry in checked]
         flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
         parents = [sub for sub in submodules if sub._modules]
+        watched = (
+            [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
+            + attributes
+            + [(vars(parent), "_modules") for parent in parents]
+        )
+        key = tuple(map(id, modules))
+        forget = functools.partial(_forget, self._state_cache, key)
         cached = _ModuleCache(
-            refs=tuple(weakref.ref(m) for m in modules),
+            refs=tuple(weakref.ref(m, forget) for m in modules),
             tables=[table for table, _ in accessors],
             names=[name for _, name in accessors],
             aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
             generation=generation,
-            module_vars=[vars(sub) for sub, flag in zip(submodules, flags) if flag is not None],
-            parent_vars=[vars(parent) for parent in parents],
+            watched_vars=[values for values, _ in watched],
+            watched_keys=[name for _, name in watched],
+            watched_values=[values[name] for values, name in watched],
             children=[parent._modules for parent in parents],
-            sizes=[len(parent._modules) for parent in parents],
-            attribute_vars=[values for values, _ in attributes],
-            attribute_names=[name for _, name in attributes],
-            attribute_values=[values[name] for values, name in attributes],
+            expected=[id(values[name]) for values, name in watched] + [len(parent._modules) for parent in parents],
         )
         if self._state_alias_pairs:
             self._check_aliasing(list(map(dict.__getitem__, cached.tables, cached.names)), self._state_alias_pairs)
-        if len(self._state_cache) > 64:  # drop entries whose modules died
-            self._state_cache = {
-                k: v for k, v in self._state_cache.items() if all(ref() is not None for ref in v.refs)
-            }
-        self._state_cache[tuple(map(id, modules))] = cached
+        self._state_cache[key] = cached
         return cached
 
     def _walk_module(self, index: int, module: Any) -> tuple[list, list, list]:
@@ -1149,13 +1167,13 @@ class PrecompiledFunction:
 
     # -- user inputs ---------------------------------------------------------
 
-    def _flatten(self, user_args: list) -> list:
+    def _flatten(self, user_args: tuple) -> list:
         leaves, spec = pytree.tree_flatten(tuple(user_args))
         if spec != self._input_spec:
             self._raise_structure_mismatch(user_args)
         return leaves
 
-    def _raise_structure_mismatch(self, user_args: list) -> None:
+    def _raise_structure_mismatch(self, user_args: tuple) -> None:
         expected = self._input_spec.children()
         for position, arg, want in zip(self._user_positions, user_args, expected):
             got = pytree.tree_structure(arg)
@@ -1166,7 +1184,7 @@ class PrecompiledFunction:
                 )
         raise PrecompileError("input structure differs from the captured one")
 
-    def _check_values(self, user_args: list, leaves: list) -> None:
+    def _check_values(self, user_args: tuple, leaves: list) -> None:
         for index, want in self._value_inputs:
             got = leaves[index]
             if not same_value(got, want):
@@ -1206,7 +1224,7 @@ class PrecompiledFunction:
 
     # -- the slow path -------------------------------------------------------
 
-    def _check_slowly(self, user_args: list, leaves: list, state: list) -> None:
+    def _check_slowly(self, user_args: tuple, leaves: list, state: list) -> None:
         """Full check with precise errors; returns when the call is valid."""
         if self._flat_inputs:
             self._flatten(user_args)  # the fast path skipped the structure check
