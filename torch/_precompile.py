@@ -29,7 +29,9 @@ says who guarantees it and, where it is enforced, which tests (in
    torch.export's non-strict capture, so model libraries take their
    trace-friendly paths (a padding mask stays a runtime input instead of a
    data-dependent shortcut) (test_precompile_real_models.py); Inductor also specializes on strides (except
-   size-1 dims and empty tensors).  Non-tensor input leaves are baked and a
+   size-1 dims and empty tensors); the driver checks them before every call,
+   so Inductor's own graph-input size/stride asserts, which would repeat that
+   check, are dropped from its module (its asserts on extern kernels' outputs stay).  Non-tensor input leaves are baked and a
    different value is refused.  The one exception: a user-input dim marked
    with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
    and the equalities the graph needs between marked dims are checked at
@@ -1945,10 +1947,11 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         # Inductor generates no module for a graph without compute (fn returns an
         # input, detached or viewed): the captured graph itself is the program.
         return _lower_eager(capture)
-    source = _strip_stand_in_imports(compiled[0][0].source_code)
+    source = _drop_input_asserts(_strip_stand_in_imports(compiled[0][0].source_code))
     graph_code = (
         "# Inductor's generated module, verbatim but for its imports from torch._inductor\n"
-        "# (a 2 s import): the driver binds stand-ins for them in the forward section below.\n"
+        "# (a 2 s import): the driver binds stand-ins for them in the forward section below;\n"
+        "# and for its graph-input size/stride asserts, which the driver's guards perform.\n"
         f"EXTERN_KERNELS = {pprint.pformat(_extern_kernel_table(source))}\n\n\n"
         f"{_DEFERRED_KERNELS}\n\n{source}"
     )
@@ -1957,6 +1960,18 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
     )
     return _Lowered(graph_code, bind)
+
+
+# Inductor asserts each graph input's size and stride before using it; the driver
+# checks exactly that before every call (Note invariant 3: TensorGuards on the
+# fast path, and for inputs with free dims their memory format and bounds), and
+# the repeated asserts cost about 0.5 us each.  The asserts on extern kernels'
+# outputs stay: they check Inductor's own stride predictions, which nothing else does.
+_INPUT_ASSERT = re.compile(r"^[ \t]*assert_size_stride\([A-Za-z_]\w*, .*, 'input'\)\n", re.MULTILINE)
+
+
+def _drop_input_asserts(source: str) -> str:
+    return _INPUT_ASSERT.sub("", source)
 
 
 # Stands in for Inductor's AsyncCompile while the graph section runs, before the
