@@ -216,11 +216,11 @@ class TestDriverInternals(TestCase):
 
     def test_optimizer_step_hooks(self):
         optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
-        self.assertFalse(any(runtime._optimizer_step_hooks(optimizer)))
+        self.assertFalse(runtime._optimizer_step_hooks(optimizer))
         self.assertFalse(compat.optimizer_has_step_hooks(optimizer))
         for register in (optimizer.register_step_pre_hook, optimizer.register_step_post_hook):
             handle = register(lambda *a: None)
-            self.assertTrue(any(runtime._optimizer_step_hooks(optimizer)))
+            self.assertTrue(runtime._optimizer_step_hooks(optimizer))
             self.assertTrue(compat.optimizer_has_step_hooks(optimizer))
             handle.remove()
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -315,10 +315,14 @@ class TestCaptureInternals(TestCase):
         known = set(compat.MARK_ATTRIBUTES) | ignored
 
         x = torch.randn(4, 5)
-        self.assertEqual(compat.dim_marks(x), compat.DimMarks(False, frozenset(), frozenset(), {}, {}))
+        marks = compat.dim_marks(x)
+        self.assertEqual((marks.marked, marks.dynamic, marks.unbacked, marks.bounds, marks.shape_ids),
+                         (False, frozenset(), frozenset(), {}, {}))
         mark_unbacked(x, 0, min=2, max=9, shape_id="batch")
         self.assertLessEqual(set(vars(x)), known)
-        self.assertEqual(compat.dim_marks(x), compat.DimMarks(True, frozenset(), frozenset({0}), {0: (2, 9)}, {0: "batch"}))
+        marks = compat.dim_marks(x)
+        self.assertEqual((marks.marked, marks.dynamic, marks.unbacked, marks.bounds, marks.shape_ids),
+                         (True, frozenset(), frozenset({0}), {0: (2, 9)}, {0: "batch"}))
         y = torch.randn(4, 5)
         mark_unbacked(y, 1, strict=True)
         self.assertLessEqual(set(vars(y)), known)

@@ -30,7 +30,8 @@ directly.
 """
 
 import contextlib
-from typing import Any, Callable, NamedTuple
+import types
+from typing import Any, Callable
 
 import torch
 
@@ -109,14 +110,6 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
 # ---------------------------------------------------------------------------
 
 
-class DimMarks(NamedTuple):
-    marked: bool  # any mark at all
-    dynamic: frozenset  # dims marked with mark_dynamic (backed)
-    unbacked: frozenset  # dims marked with mark_unbacked (strict or not)
-    bounds: dict  # dim -> (min, max) given to mark_unbacked
-    shape_ids: dict  # dim -> shape_id given to mark_unbacked
-
-
 # The tensor attributes torch._dynamo.decorators' mark_* set; no public reader as of 2.13.
 MARK_ATTRIBUTES = (
     "_has_dynamo_dim_marking",
@@ -128,14 +121,21 @@ MARK_ATTRIBUTES = (
 )
 
 
-def dim_marks(tensor: torch.Tensor) -> DimMarks:
+def dim_marks(tensor: torch.Tensor) -> types.SimpleNamespace:
+    """The marks on ``tensor``: ``marked`` (any mark at all), the ``dynamic`` (mark_dynamic,
+    backed) and ``unbacked`` (mark_unbacked, strict or not) dims, and the ``bounds``
+    ({dim: (min, max)}) and ``shape_ids`` ({dim: id}) given to mark_unbacked.
+
+    A SimpleNamespace, not a NamedTuple, whose class creation would cost ~0.2 ms
+    of every ``import torch`` (the entry-point shim imports this module).
+    """
     marked, dynamic, unbacked, strict, bounds, shape_ids = (getattr(tensor, name, None) for name in MARK_ATTRIBUTES)
-    return DimMarks(
-        bool(marked),
-        frozenset(dynamic or ()),
-        frozenset(unbacked or ()) | frozenset(strict or ()),
-        dict(bounds or {}),
-        dict(shape_ids or {}),
+    return types.SimpleNamespace(
+        marked=bool(marked),
+        dynamic=frozenset(dynamic or ()),
+        unbacked=frozenset(unbacked or ()) | frozenset(strict or ()),
+        bounds=dict(bounds or {}),
+        shape_ids=dict(shape_ids or {}),
     )
 
 
