@@ -1588,7 +1588,6 @@ def _source_of(node: torch.fx.Node) -> str:
 
 def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list]:
     """Refuse live state, effects and control flow; lift tensor literals to inputs."""
-
     calls = [n for n in graph.graph.nodes if n.op == "call_function"]
     for node in calls:
         if isinstance(node.target, torch._ops.HigherOrderOperator):
