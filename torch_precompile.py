@@ -93,9 +93,9 @@ def _attach() -> None:
         for name in _NAMES:
             if name not in compiler.__all__:
                 compiler.__all__.append(name)
-        import torch._logging._internal
+        from torch._precompile_compat import register_log_alias
 
-        torch._logging._internal.register_log("precompile", _MODULE)
+        register_log_alias("precompile", _MODULE)
     except Exception as error:  # never break `import torch` for everyone
         _warn(error)
 

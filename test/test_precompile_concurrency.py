@@ -11,7 +11,8 @@ same model* -- concurrent training steps on separate models are fine.
 * training steps on separate models from 4 threads match serial eager;
 * several ``load()`` calls of the same pair in one process (also from 4
   threads at once) give independent, correct runnables;
-* two threads calling ``precompile()`` at once capture one after the other;
+* two threads calling ``precompile()`` at once capture (and lower) one after
+  the other;
 * 4 processes loading the same pair into one shared, empty
   ``TORCHINDUCTOR_CACHE_DIR`` at the same moment all succeed with correct
   results (and, for inductor, without compiling anything).
@@ -218,6 +219,40 @@ class TestConcurrentPrecompile(TestCase):
         torch.testing.assert_close(precompile.load(*artifacts["train"])(model, x, y), _train(reference, x, y))
         for p, q in zip(reference.parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad)
+
+    def test_two_threads_lower_one_at_a_time(self):
+        # Lowering patches Inductor's process-global config: a second precompile()
+        # must not lower while the first does.  Inductor itself is stubbed (it
+        # records who is inside, then refuses), so this takes no compile.
+        import torch._precompile as implementation
+
+        inside, overlaps, lowered = [], [], []
+
+        class Stop(Exception):
+            pass
+
+        def fake_compile(graph, example_inputs, config):
+            overlaps.append(list(inside))
+            inside.append(threading.current_thread().name)
+            lowered.append(dict(config))
+            time.sleep(0.3)
+            inside.pop()
+            raise Stop
+
+        def work(i):
+            with self.assertRaises(Stop):
+                precompile(_infer, _model(i), _x(i), backend="inductor")
+
+        original = implementation.compat.inductor_compile
+        implementation.compat.inductor_compile = fake_compile
+        try:
+            run_threads(work, count=2)
+        finally:
+            implementation.compat.inductor_compile = original
+        self.assertEqual(overlaps, [[], []])
+        self.assertEqual(len(lowered), 2)
+        self.assertTrue(torch._C._get_mkldnn_enabled())
+        self.assertFalse(torch.compiler.is_compiling())
 
 
 class TestSeveralLoads(TestCase):

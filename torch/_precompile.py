@@ -104,10 +104,24 @@ says who guarantees it and, where it is enforced, which tests (in
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
-   ``precompile()`` calls run one at a time (a process-wide lock): capture
-   disables MKLDNN, sets torch.compiler's compiling flags, swaps the module
-   arguments' tensors for traced leaves and forks the global RNG, and lowering
-   patches Inductor's global config (test_two_threads_capture_one_at_a_time).
+   ``precompile()`` calls run one at a time (a process-wide reentrant lock,
+   ``_PRECOMPILE_LOCK``), because capture and lowering change process-global
+   state, not per-thread state: capture disables MKLDNN
+   (``torch.backends.mkldnn.flags``), sets torch.compiler's compiling and
+   exporting flags, swaps the module arguments' tensors for traced leaves
+   (``_reparametrize_module``), points optimizer arguments at traced state and
+   forks the global RNG; lowering patches Inductor's global config.  All of it
+   is restored on exit, also when fn raises
+   (test_two_threads_capture_one_at_a_time,
+   test_two_threads_lower_one_at_a_time).  Other threads are not locked out:
+   eager code, torch.compile or an artifact call running meanwhile sees that
+   state; using the module or optimizer arguments from another thread while
+   precompile() runs is the caller's responsibility.  The driver's one piece of
+   process-global state is its structure counter, registered once per process
+   on nn.Module's global registration hooks and shared by every artifact.  The
+   private torch 2.13 internals all this relies on are listed in
+   ``torch/_precompile_compat.py`` (the driver's in its own marked section) and
+   pinned by test_precompile_compat.py.
 11. Nothing baked goes unchecked.  A call either computes what eager fn
    computes on it, or raises a PrecompileError naming the argument, what was
    captured and what was passed, before any state changes (no buffer update,
@@ -306,7 +320,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
-from torch import _precompile_runtime as runtime
+from torch import _precompile_compat as compat, _precompile_runtime as runtime
 from torch._precompile_runtime import (
     CallingConvention,
     ConstantSpec,
@@ -542,7 +556,7 @@ def _check_value_leaf(what: str, value: Any) -> None:
 def _read_marks(args: _Arguments, backend: str) -> list:
     """Dims marked with torch._dynamo.decorators.mark_unbacked on the user inputs."""
     for entry in args.lifted:
-        if getattr(entry.tensor, "_has_dynamo_dim_marking", False):
+        if compat.dim_marks(entry.tensor).marked:
             raise PrecompileError(
                 f"parameter/buffer '{entry.names[0][1]}' has dynamic-dim marks; only user "
                 "inputs can have free dims: remove the marks from the module's tensors"
@@ -550,15 +564,14 @@ def _read_marks(args: _Arguments, backend: str) -> list:
     free_dims = []
     for index in args.tensor_indices:
         tensor, what = args.input_leaves[index], args.input_paths[index]
-        if getattr(tensor, "_dynamo_dynamic_indices", None):
+        marks = compat.dim_marks(tensor)
+        if marks.dynamic:
             raise PrecompileError(
-                f"{what}: dims {sorted(tensor._dynamo_dynamic_indices)} are marked with "
+                f"{what}: dims {sorted(marks.dynamic)} are marked with "
                 "mark_dynamic (backed), which precompile does not support; use "
                 "torch._dynamo.decorators.mark_unbacked instead"
             )
-        marked = set(getattr(tensor, "_dynamo_unbacked_indices", ())) | set(
-            getattr(tensor, "_dynamo_strict_unbacked_indices", ())
-        )
+        marked = marks.unbacked
         if not marked:
             continue
         if backend != "inductor":
@@ -577,8 +590,7 @@ def _read_marks(args: _Arguments, backend: str) -> list:
                 f"depend on the free sizes); got strides {tuple(tensor.stride())}: pass "
                 "x.contiguous() or x.contiguous(memory_format=torch.channels_last)"
             )
-        bounds = getattr(tensor, "_dynamo_unbacked_bounds", {})
-        shape_ids = getattr(tensor, "_dynamo_shape_ids", {})
+        bounds, shape_ids = marks.bounds, marks.shape_ids
         for dim in sorted(marked):
             low, high = bounds.get(dim, (None, None))
             free_dims.append(_FreeDim(index, dim, 0 if low is None else low, high, shape_ids.get(dim)))
@@ -636,19 +648,18 @@ class _CaptureGuard(TorchDispatchMode):
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
         self._refuse_untracked_writes(func, args, kwargs)
-        if not self.ran_autograd and torch._C._current_autograd_node() is not None:
+        if not self.ran_autograd and compat.current_autograd_node() is not None:
             self.ran_autograd = True
         return func(*args, **kwargs)
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
         self._refuse_untracked_writes(func, args, kwargs)
         # The autograd engine's own accumulation (a second backward) is no read.
-        if self.produced_grads and torch._C._current_autograd_node() is None:
+        if self.produced_grads and compat.current_autograd_node() is None:
             self.note_grad_reads((args, kwargs))
         return func(*args, **kwargs)
 
     def _refuse_untracked_writes(self, func, args: tuple, kwargs: dict) -> None:
-        from torch._subclasses.fake_tensor import is_fake
         from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
 
         written = _written_arguments(func)
@@ -657,7 +668,7 @@ class _CaptureGuard(TorchDispatchMode):
         tracer = get_proxy_mode().tracer
         values = [args[i] if i < len(args) else kwargs.get(name) for i, name in written]
         for tensor in pytree.tree_leaves(values):
-            if not isinstance(tensor, torch.Tensor) or is_fake(tensor) or has_proxy_slot(tensor, tracer):
+            if not isinstance(tensor, torch.Tensor) or compat.is_fake(tensor) or has_proxy_slot(tensor, tracer):
                 continue
             what = self.caller_tensors.get(_storage_address(tensor)) or (
                 f"a tensor of shape {tuple(tensor.shape)} that is neither an argument of fn nor created inside it"
@@ -737,8 +748,6 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     The trailing inputs are the optimizers' (invariant 15), then each
     parameter's incoming ``.grad`` (invariant 13).
     """
-    from torch.nn.utils.stateless import _reparametrize_module
-
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
     caller_tensors = _caller_tensors(args)
     candidates = _grad_candidates(args)
@@ -764,7 +773,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         guard = _CaptureGuard(caller_tensors, bool(args.optimizers))
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
-                stack.enter_context(_reparametrize_module(module, mapping))
+                stack.enter_context(compat.reparametrized(module, mapping))
             if args.optimizers:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             for index, grad in zip(candidates, incoming_grads):
@@ -845,24 +854,12 @@ class _SymbolicAttempt:
     """One symbolic trace: fakes in a fresh ShapeEnv, one symint per marked dim."""
 
     def __init__(self, args: _Arguments, free_dims: list, groups: dict):
-        from torch._dynamo.source import LocalSource
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
         self.args, self.free_dims = args, free_dims
-        self.shape_env = ShapeEnv()
-        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+        self.shape_env, self.fake_mode = compat.symbolic_fake_mode()
 
         def fakify(tensor, name, free=()):
-            dims = {f.dim: (i, f) for i, f in free}
-            context = StatelessSymbolicContext(
-                dynamic_sizes=[
-                    DimDynamic.UNBACKED if d in dims else DimDynamic.STATIC for d in range(tensor.dim())
-                ],
-                shape_ids={d: groups[i] for d, (i, _) in dims.items()},
-                unbacked_bounds={d: (f.low, f.high) for d, (_, f) in dims.items()},
-            )
-            fake = self.fake_mode.from_tensor(tensor.detach(), symbolic_context=context, source=LocalSource(name))
+            dims = {f.dim: (groups[i], f.low, f.high) for i, f in free}
+            fake = compat.fake_with_unbacked_dims(self.fake_mode, tensor.detach(), name, dims)
             return fake.requires_grad_(tensor.requires_grad)
 
         self.inputs = [fakify(e.tensor, f"state{i}") for i, e in enumerate(args.lifted)]
@@ -878,7 +875,7 @@ class _SymbolicAttempt:
         self.sizes = [fake_leaves[f.leaf].shape[f.dim] for f in free_dims]
         self.symbols = {size.node.expr: i for i, size in enumerate(self.sizes)}
         self.trailing = [fakify(t, f"grad{i}") for i, t in enumerate(_trailing_example_inputs(args))]
-        self.shape_env.pending_fresh_unbacked_symbols.clear()
+        compat.forget_pending_unbacked_symbols(self.shape_env)
 
     def trace(self, flat_fn: Callable, decompositions) -> tuple:
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -906,22 +903,21 @@ class _SymbolicAttempt:
     def refuse_specialization(self) -> None:
         """Every requirement fn put on a free dim must be a mark bound or a shape group."""
         for symbol, index in self.symbols.items():
-            replaced = self.shape_env.replacements.get(symbol)
+            replaced = compat.shape_env_replacements(self.shape_env).get(symbol)
             if replaced is not None and self.shape_env.simplify(replaced) not in self.symbols:
                 raise PrecompileError(
                     f"fn specializes {self.describe(index)} (marked with mark_unbacked) to "
                     f"{replaced}, e.g. through .view() with literal sizes; use -1 or sizes derived "
                     "from the input's .shape, or remove the mark"
                 )
-        for asserts in self.shape_env.deferred_runtime_asserts.values():
-            for requirement in asserts:
-                if not self.implied_by_marks(requirement.expr):
-                    names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
-                    raise PrecompileError(
-                        f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
-                        "(marked with mark_unbacked); state it in the mark instead (min=/max=) or "
-                        "remove the mark"
-                    )
+        for requirement in compat.shape_env_deferred_asserts(self.shape_env):
+            if not self.implied_by_marks(requirement.expr):
+                names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
+                raise PrecompileError(
+                    f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
+                    "(marked with mark_unbacked); state it in the mark instead (min=/max=) or "
+                    "remove the mark"
+                )
 
     def implied_by_marks(self, expr) -> bool:
         """Equalities between free dims, and bounds the driver already checks."""
@@ -1000,12 +996,10 @@ def _without_mkldnn():
     workspace that Inductor's size asserts then reject.  The decomposition is
     plain ATen and serves both backends.
     """
-    enabled = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    try:
+    # The public flags() sets every MKLDNN flag it is given; None leaves
+    # deterministic, allow_tf32 and fp32_precision as they are.
+    with torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None, fp32_precision=None):
         yield
-    finally:
-        torch._C._set_mkldnn_enabled(enabled)
 
 
 @contextlib.contextmanager
@@ -1017,9 +1011,7 @@ def _seen_as_export():
     them a padding mask would be read as data and fail the trace, or be baked.
     Same flags, set by the same helper torch.export uses; restored on exit.
     """
-    from torch._export.utils import _compiling_state_context
-
-    with _compiling_state_context():
+    with compat.compiling_and_exporting():
         yield
 
 
@@ -1152,7 +1144,7 @@ def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
     ]
     for i in sorted(mutated):
         for j in range(len(tensors)):
-            if j != i and torch._C._is_alias_of(tensors[i], tensors[j]):
+            if j != i and compat.is_alias_of(tensors[i], tensors[j]):
                 raise PrecompileError(
                     f"{names[i]} and {names[j]} share memory and fn writes {names[i]} in place; "
                     "precompile traces every example tensor separately and cannot reproduce "
@@ -1324,11 +1316,7 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
             f"{', '.join('torch.optim.' + c for c in _SUPPORTED_OPTIMIZERS)}); keep opt.step() outside "
             "fn and precompile the forward/backward step only"
         )
-    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
-
-    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or (
-        _global_optimizer_pre_hooks or _global_optimizer_post_hooks
-    ):
+    if compat.optimizer_has_step_hooks(optimizer):
         raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
     parameter_index = {id(e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
     groups, hyper, state, keys = [], [], [], None
@@ -1419,7 +1407,7 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     """
     inputs = iter(inputs)
     saved, handles = [], []
-    compiling = torch.compiler._is_compiling_flag
+    compiling = compat.compiling_flag()
     try:
         for lifted in args.optimizers:
             optimizer = lifted.optimizer
@@ -1437,7 +1425,7 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
             handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
         yield
     finally:
-        torch.compiler._is_compiling_flag = compiling
+        compat.set_compiling_flag(compiling)
         for handle in handles:
             handle.remove()
         for optimizer, original_state, groups in saved:
@@ -1448,7 +1436,7 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
 
 
 def _set_compiling(value: bool) -> None:
-    torch.compiler._is_compiling_flag = value
+    compat.set_compiling_flag(value)
 
 
 _PROFILER_OPS = ("profiler._record_function_enter_new", "profiler._record_function_exit")
@@ -1595,22 +1583,13 @@ def _user_line(frames: list) -> str:
 
 
 def _source_of(node: torch.fx.Node) -> str:
-    trace = node.meta.get("stack_trace")
-    if not trace:
-        return ""
     # The innermost frame of user code: skip torch's own files and FX's generated code.
-    frames = [
-        line.strip()
-        for line in trace.strip().splitlines()
-        if line.strip().startswith("File ") and _is_user_file(line.strip().split('"')[1])
-    ]
-    return f" (at {frames[-1]})" if frames else ""
+    frame = compat.innermost_frame(node.meta.get("stack_trace"), _is_user_file)
+    return f' (at File "{frame[0]}", line {frame[1]}, in {frame[2]})' if frame else ""
 
 
 def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list]:
     """Refuse live state, effects and control flow; lift tensor literals to inputs."""
-    from torch._higher_order_ops.effects import has_effects
-
     calls = [n for n in graph.graph.nodes if n.op == "call_function"]
     for node in calls:
         if isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -1620,7 +1599,7 @@ def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule
                 "support; write the branch as plain Python (it is specialized to the example "
                 "inputs) or keep it outside fn"
             )
-        if has_effects(node.target):
+        if compat.has_effects(node.target):
             raise PrecompileError(
                 f"fn calls the effectful operator {node.target}{_source_of(node)}; side effects "
                 "would be lost or reordered by the artifact: move it out of fn"
@@ -1683,18 +1662,13 @@ class _Lowered:
 
 
 def _lower_eager(capture: _Capture) -> _Lowered:
-    from torch.fx.graph import _custom_builtins
-
     graph = capture.graph.graph
     _name_graph_inputs(graph, capture.convention)
     _keep_user_frames(graph)
     graph.eliminate_dead_code()  # keeps in-place and random ops (Node.is_impure)
     # verbose: each node's shape/dtype and, where capture recorded one, its source line.
     code = graph.python_code(root_module="self", verbose=True, expanded_def=True)
-    imports = sorted(
-        {_custom_builtins[name].import_str for name in code.globals if name in _custom_builtins}
-    )
-    unknown = sorted(set(code.globals) - set(_custom_builtins))
+    imports, unknown = compat.fx_builtin_imports(code.globals)
     if unknown:
         raise PrecompileError(f"the captured graph refers to globals the artifact cannot render: {unknown}")
     source = re.sub(r"\bdef forward\(\s*self,?\s*", "def eager_graph(\n    ", code.src.strip(), count=1)
@@ -1719,7 +1693,7 @@ def _name_graph_inputs(graph: torch.fx.Graph, convention: CallingConvention) -> 
             f"the calling convention names {len(names)} graph inputs, the graph has {len(placeholders)}"
         )
     for node, name in zip(placeholders, names):
-        node._rename(name)
+        compat.rename_node(node, name)
         node.target = node.name  # FX renders a placeholder's parameter from its target
 
 
@@ -1754,13 +1728,9 @@ def _keep_user_frames(graph: torch.fx.Graph) -> None:
     FX's verbose codegen shows a trace's innermost frame: for an nn.Linear that
     is torch's linear.py, not the model line that called it.
     """
-    from torch.fx.graph import _parse_stack_trace
-
     for node in graph.nodes:
-        frame = _parse_stack_trace(node.stack_trace, lambda file, name, code: _is_user_file(file))
-        node.stack_trace = (
-            "".join(traceback.format_list([(frame.file, int(frame.lineno), frame.name, frame.code)])) if frame else None
-        )
+        frame = compat.innermost_frame(node.stack_trace, _is_user_file)
+        node.stack_trace = "".join(traceback.format_list([frame])) if frame else None
 
 
 # Inductor config pinned for lowering (see ../shared/design.md section 2): kernels
@@ -1774,10 +1744,6 @@ _INDUCTOR_CONFIG = {
     "fallback_random": True,
     "freezing": False,
 }
-
-# Names the generated module imports from torch._inductor that the driver
-# provides itself, so the warm path never imports torch._inductor.
-_INDUCTOR_STAND_INS = {"AsyncCompile", "extern_kernels", "align", "maybe_profile", "run_intermediate_hooks"}
 
 
 def _inductor_config(capture: _Capture) -> dict:
@@ -1836,7 +1802,7 @@ def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
             or value is None
             or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
             or value.is_contiguous()
-            or not torch._prims_common.is_non_overlapping_and_dense_or_false(value)
+            or not compat.is_non_overlapping_and_dense(value)
         ):
             continue
         order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # outermost first
@@ -1891,11 +1857,9 @@ def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
 def _refuse_tensor_subclasses(capture: _Capture) -> None:
     # AOTAutograd would unwrap them into their inner tensors, a calling
     # convention the driver does not speak.
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     state = capture.convention.state
     for i, tensor in enumerate(capture.example_inputs):
-        if isinstance(tensor, torch.Tensor) and is_traceable_wrapper_subclass(tensor):
+        if isinstance(tensor, torch.Tensor) and compat.is_traceable_wrapper_subclass(tensor):
             what = f"{state[i].kind} '{state[i].names[0][1]}'" if i < len(state) else "an input of fn"
             raise PrecompileError(
                 f"{what} is a {type(tensor).__name__}: backend='inductor' does not support tensor "
@@ -1907,17 +1871,7 @@ def _refuse_tensor_subclasses(capture: _Capture) -> None:
 def _lower_inductor(capture: _Capture) -> _Lowered:
     # torch 2.13 has no compile_to_python: keep the module Inductor generates
     # for the single inner graph through an inner_compile hook.
-    import torch._inductor.config as inductor_config
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    compiled = []
-
-    def keep_inner(gm, example_inputs, **kwargs):
-        result = compile_fx_inner(gm, example_inputs, **kwargs)
-        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-        compiled.append((result, placeholders, len(gm.graph.output_node().args[0])))
-        return result
 
     num_inputs = len(capture.example_inputs)
     num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
@@ -1926,9 +1880,9 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     _refuse_tensor_subclasses(capture)
     _views_as_reshapes(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
-    with inductor_config.patch(_inductor_config(capture)), torch.no_grad():
+    with torch.no_grad():
         try:
-            compile_fx(capture.graph, capture.example_inputs, inner_compile=keep_inner)
+            compiled = compat.inductor_compile(capture.graph, capture.example_inputs, _inductor_config(capture))
         except GuardOnDataDependentSymNode as error:
             raise PrecompileError(
                 f"backend='inductor' needs to decide {error.cond} about a dim marked with "
@@ -1996,8 +1950,8 @@ def _strip_stand_in_imports(source: str) -> str:
     for node in _parse(source).body:
         if (
             isinstance(node, ast.ImportFrom)
-            and (node.module or "").startswith("torch._inductor")
-            and all((alias.asname or alias.name) in _INDUCTOR_STAND_INS for alias in node.names)
+            and (node.module or "").startswith(compat.INDUCTOR_MODULE)
+            and all((alias.asname or alias.name) in compat.INDUCTOR_STAND_INS for alias in node.names)
         ):
             drop.update(range(node.lineno - 1, node.end_lineno))
     return "".join(line for i, line in enumerate(lines) if i not in drop)
@@ -2005,8 +1959,7 @@ def _strip_stand_in_imports(source: str) -> str:
 
 def _extern_kernel_table(source: str) -> dict[str, str]:
     """Map each extern kernel the graph calls to a torch name that resolves without Inductor."""
-    from torch._inductor.select_algorithm import extern_kernels
-
+    extern_kernels = compat.inductor_extern_kernels()
     table = {}
     for name in sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source))):
         kernel = getattr(extern_kernels, name, None)
@@ -2984,7 +2937,7 @@ def _attach() -> None:
         for name in ("precompile", "PrecompileError"):
             if name not in compiler.__all__:
                 compiler.__all__.append(name)
-        torch._logging._internal.register_log("precompile", __name__)
+        compat.register_log_alias("precompile", __name__)
     except Exception:  # never break `import torch` for everyone
         log.debug("torch._precompile: attach failed", exc_info=True)
 

@@ -31,6 +31,90 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
 
+# ---------------------------------------------------------------------------
+# --- torch 2.13 internals the driver relies on (see torch/_precompile_compat.py) ---
+# The driver runs inside artifacts where only torch is installed, so it cannot
+# import the compat module: every private torch name it uses is bound here,
+# once, at module level (the per-call path pays no extra lookup), with what
+# 2.13 lacks.  test/test_precompile_compat.py pins each against the installed
+# torch and checks that the rest of this file uses none of them directly.
+# ---------------------------------------------------------------------------
+
+# Dynamo's C++ tensor check (type, dtype, device, sizes/strides with free
+# entries, requires_grad, dispatch keys) in one call; no public API as of 2.13.
+_TensorGuards = torch._C._dynamo.guards.TensorGuards
+# Whether two tensors share a storage (overlapping or not); no public API as of 2.13.
+_is_alias_of = torch._C._is_alias_of
+# Read or set at every call: the C functions behind torch.set_grad_enabled (a
+# context-manager class) and torch.is_autocast_enabled(device) (one per device).
+_set_grad_enabled = torch._C._set_grad_enabled
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+# __torch_function__ of Parameter & co. (traced through dispatch); private in 2.13.
+_disabled_torch_function_impl = torch._C._disabled_torch_function_impl
+
+# nn.Module's own dicts of parameters, buffers and children: the driver caches
+# them and re-reads entries at every call; 2.13 has no public view of them.
+_CHILDREN = "_modules"
+_children = operator.attrgetter(_CHILDREN)
+
+
+def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
+    *path, leaf = fqn.split(".")
+    owner = module
+    for part in path:
+        owner = owner._modules[part]
+    table = owner._parameters if kind == "parameter" else owner._buffers
+    return table, leaf
+
+
+# Hooks run by eager but not by the graph (Note invariant 11); keyed by the
+# attribute holding them.  torch 2.13 registers hooks publicly but cannot list
+# them: private attributes of nn.Module, Tensor, torch.nn.modules.module
+# (``_global`` + the module attribute) and Optimizer.
+_MODULE_HOOKS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+}
+_TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
+
+
+def _global_module_hooks(attribute: str) -> Any:
+    return getattr(_nn_module, "_global" + attribute, None)
+
+
+def _optimizer_step_hooks(optimizer: Any) -> Any:
+    # Per call of an artifact taking an optimizer: two attribute reads (an
+    # operator.attrgetter + any() measured 3x slower than this call).
+    return optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
+
+# Inductor's compiled kernels: their PyInit_kernel reads the address of the
+# tensor data-pointer accessor from this environment variable, as
+# CppPythonBindingsCodeCache._load_library_inner sets it; private in 2.13.
+_KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+_KERNEL_DATA_PTR = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+# What Inductor's generated module imports from torch._inductor (private in
+# 2.13), for the stand-ins at the end of this file: ALIGN_BYTES of
+# torch._inductor.utils._align, and the cold path's compiler and extern kernels.
+_INDUCTOR_ALIGN_BYTES = 64
+
+
+def _inductor_compile_kernel(argtypes: list[str], source: str) -> Callable:
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    return CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+
+
+def _inductor_extern_kernels() -> Any:
+    from torch._inductor.select_algorithm import extern_kernels
+
+    return extern_kernels
+
+
+# --- end of torch 2.13 internals ---
+
+
 # sys.modules, not torch.compiler: the in-tree torch.compiler imports this module
 # while torch (and torch.compiler) are still initializing.
 _compiler = sys.modules.get("torch.compiler")
@@ -591,7 +675,7 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
 
 # __torch_function__ of tensors whose Python logic the graph does not skip: plain
 # tensors' and the disabled one (Parameter, DTensor: traced through dispatch).
-_PLAIN_TORCH_FUNCTIONS = (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl)
+_PLAIN_TORCH_FUNCTIONS = (torch.Tensor.__torch_function__.__func__, _disabled_torch_function_impl)
 
 
 def check_plain_torch_function(what: str, value: torch.Tensor) -> None:
@@ -698,10 +782,9 @@ def _structure_counter() -> list:
 
 _STRUCTURE = _structure_counter()
 
-# Read at every call: bound once, saving the attribute lookups.
+# Read at every call: bound once, saving the attribute lookups (and
+# _set_grad_enabled, _is_any_autocast_enabled in the internals section).
 _is_grad_enabled = torch.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
-_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 _is_anomaly_enabled = torch.is_anomaly_enabled
 _get_default_dtype = torch.get_default_dtype
 
@@ -756,15 +839,6 @@ def _picker(positions: Any) -> Callable[[Any], tuple]:
     return operator.itemgetter(*positions)
 
 
-def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
-    *path, leaf = fqn.split(".")
-    owner = module
-    for part in path:
-        owner = owner._modules[part]
-    table = owner._parameters if kind == "parameter" else owner._buffers
-    return table, leaf
-
-
 def _leaf_path(i: int, key_path: tuple) -> str:
     return f"args[{i}]" + pytree.keystr(key_path)
 
@@ -775,21 +849,11 @@ def tensor_guard(tensors: list, specs: list):
     Sizes and strides the specs leave free (``None``) are not compared;
     requires_grad, dtype, device and dispatch keys always are.
     """
-    return torch._C._dynamo.guards.TensorGuards(
+    return _TensorGuards(
         *tensors,
         dynamic_dims_sizes=[list(s.shape) for s in specs],
         dynamic_dims_strides=[_checked_strides(s) for s in specs],
     )
-
-
-# Hooks run by eager but not by the graph (Note invariant 11); keyed by the attribute holding them.
-_MODULE_HOOKS = {
-    "_forward_pre_hooks": "forward pre-hook",
-    "_forward_hooks": "forward hook",
-    "_backward_pre_hooks": "backward pre-hook",
-    "_backward_hooks": "backward hook",
-}
-_TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
 
 
 def named_submodules(positions: Any, modules: Any) -> list:
@@ -808,7 +872,7 @@ def find_hook(named_modules: Any, named_tensors: Any) -> str | None:
     only when ``RemovableHandle.next_id`` moved since its last clean scan.
     """
     for attribute, kind in _MODULE_HOOKS.items():
-        if getattr(_nn_module, "_global" + attribute, None):
+        if _global_module_hooks(attribute):
             return f"a global module {kind} (torch.nn.modules.module.register_module_{kind.replace(' ', '_').replace('-', '_')})"
     for path, module in named_modules:
         for attribute, kind in _MODULE_HOOKS.items():
@@ -1073,11 +1137,11 @@ class PrecompiledFunction:
         submodules = [sub for _, subs, _ in walked for sub in subs]
         attributes = [entry for _, _, checked in walked for entry in checked]
         flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
-        parents = [sub for sub in submodules if sub._modules]
+        parents = [sub for sub in submodules if _children(sub)]
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
             + attributes
-            + [(vars(parent), "_modules") for parent in parents]
+            + [(vars(parent), _CHILDREN) for parent in parents]
         )
         key = tuple(map(id, modules))
         forget = functools.partial(_forget, self._state_cache, key)
@@ -1090,8 +1154,8 @@ class PrecompiledFunction:
             watched_vars=[values for values, _ in watched],
             watched_keys=[name for _, name in watched],
             watched_values=[values[name] for values, name in watched],
-            children=[parent._modules for parent in parents],
-            expected=[id(values[name]) for values, name in watched] + [len(parent._modules) for parent in parents],
+            children=[_children(parent) for parent in parents],
+            expected=[id(values[name]) for values, name in watched] + [len(_children(parent)) for parent in parents],
         )
         if self._state_alias_pairs:
             self._check_aliasing(list(map(dict.__getitem__, cached.tables, cached.names)), self._state_alias_pairs)
@@ -1244,7 +1308,7 @@ class PrecompiledFunction:
 
     def _check_aliasing(self, tensors: list, pairs: list) -> None:
         for i, j in pairs:
-            if torch._C._is_alias_of(tensors[i], tensors[j]):
+            if _is_alias_of(tensors[i], tensors[j]):
                 written = self._tensor_path(i if i in self.convention.mutated else j)
                 raise PrecompileError(
                     f"{self._tensor_path(i)} and {self._tensor_path(j)} share memory, but they were "
@@ -1351,7 +1415,7 @@ class OptimizerArgument:
             raise PrecompileError(
                 f"{self.where}: expected a torch.optim.{spec.cls} (captured), got {type(optimizer).__qualname__}"
             )
-        if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+        if _optimizer_step_hooks(optimizer):
             raise PrecompileError(f"{self.where}: has step hooks, which the artifact would not run; remove them")
         groups = optimizer.param_groups
         if len(groups) != len(spec.groups):
@@ -1445,9 +1509,7 @@ def load_kernel_library(key: str, path: str) -> Callable:
     the extension's ``PyInit_kernel`` reads the tensor data-pointer accessor's
     address from this environment variable.
     """
-    os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
-        torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
-    )
+    os.environ[_KERNEL_DATA_PTR_ENV] = _KERNEL_DATA_PTR
     module_name = f"torch_precompile_{key[:32]}.kernel"
     module = sys.modules.get(module_name)
     if module is None:
@@ -1460,9 +1522,7 @@ def load_kernel_library(key: str, path: str) -> Callable:
 
 def jit_compile_kernel(argtypes: list[str], source: str) -> Callable:
     """Compile one kernel with Inductor (the cold path: imports torch._inductor)."""
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-    return CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+    return _inductor_compile_kernel(argtypes, source)
 
 
 class KernelLoader:
@@ -1513,9 +1573,7 @@ class ExternKernels:
             setattr(self, name, _resolve_dotted(dotted))
 
     def __getattr__(self, name: str) -> Any:
-        from torch._inductor.select_algorithm import extern_kernels
-
-        return getattr(extern_kernels, name)
+        return getattr(_inductor_extern_kernels(), name)
 
 
 def _resolve_dotted(dotted: str) -> Any:
@@ -1526,7 +1584,7 @@ def _resolve_dotted(dotted: str) -> Any:
 
 
 def _align(nbytes: int) -> int:
-    # torch._inductor.utils._align (ALIGN_BYTES = 64 in torch 2.13)
+    # torch._inductor.utils._align; literals: _INDUCTOR_ALIGN_BYTES is 64
     return (nbytes + 63) & -64
 
 

@@ -1,0 +1,426 @@
+# Owner(s): ["module: dynamo"]
+"""The private torch 2.13 internals torch.compiler.precompile relies on, pinned.
+
+One test per shim in ``torch/_precompile_compat.py`` (capture) and in the
+driver's section "torch 2.13 internals the driver relies on"
+(``torch/_precompile_runtime.py``): each asserts that the internal exists in
+the installed torch with the signature and behaviour precompile relies on,
+so a torch upgrade that moves or changes one fails here, in one place.
+``TestQuarantine`` checks that no other source touches those internals.
+"""
+
+import ast
+import contextlib
+import re
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch import _precompile_compat as compat, _precompile_runtime as runtime
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------
+# The quarantine: private torch names only the compat module and the driver's
+# marked section may touch (as an attribute, an import, or a string naming one).
+# ---------------------------------------------------------------------------
+
+# Private torch modules, matched as a component of a dotted import or attribute.
+PRIVATE_MODULES = {
+    "_C", "_inductor", "_dynamo", "_logging", "_export", "_subclasses", "_higher_order_ops", "_prims_common",
+}
+PRIVATE_NAMES = {
+    # capture
+    "_reparametrize_module", "_custom_builtins", "_parse_stack_trace", "register_log", "_rename",
+    "_is_compiling_flag", "_is_exporting_flag", "_compiling_state_context",
+    "_global_optimizer_pre_hooks", "_global_optimizer_post_hooks",
+    "replacements", "deferred_runtime_asserts", "pending_fresh_unbacked_symbols",
+    "StatelessSymbolicContext", "DimDynamic", "LocalSource", "FakeTensorMode",
+    "is_fake", "has_effects", "is_non_overlapping_and_dense_or_false", "is_traceable_wrapper_subclass",
+    "compile_fx", "compile_fx_inner", "_set_mkldnn_enabled", "_get_mkldnn_enabled",
+    *compat.MARK_ATTRIBUTES,
+    # both
+    "_is_alias_of", "_current_autograd_node", "TensorGuards",
+    "_parameters", "_buffers", "_modules",
+    "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+    "_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_post_accumulate_grad_hooks",
+    "_set_grad_enabled", "_is_any_autocast_enabled", "_disabled_torch_function_impl",
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "_torchinductor_pyobject_tensor_data_ptr",
+    "CppPythonBindingsCodeCache",
+}
+COMPAT = REPO / "torch" / "_precompile_compat.py"
+DRIVER = REPO / "torch" / "_precompile_runtime.py"
+SECTION_START = "# --- torch 2.13 internals the driver relies on"
+SECTION_END = "# --- end of torch 2.13 internals ---"
+
+
+def _private_uses(source: str, skip_lines: range = range(0)) -> list[str]:
+    """'line: what' for each touch of a quarantined name (docstrings and messages are text, not uses)."""
+    found = []
+
+    def flag(node, what):
+        if node.lineno not in skip_lines:
+            found.append(f"{node.lineno}: {what}")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and (node.attr in PRIVATE_NAMES or node.attr in PRIVATE_MODULES):
+            if isinstance(node.value, ast.Name) and node.value.id == "compat":  # the shim of that name
+                continue
+            flag(node, f".{node.attr}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            for name in modules + names:
+                if set(name.split(".")) & (PRIVATE_MODULES | PRIVATE_NAMES):
+                    flag(node, f"import {name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PRIVATE_NAMES:
+            flag(node, repr(node.value))
+    return found
+
+
+def _driver_section() -> range:
+    lines = DRIVER.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines, 1) if line.startswith(SECTION_START))
+    end = next(i for i, line in enumerate(lines, 1) if line.startswith(SECTION_END))
+    return range(start, end + 1)
+
+
+class TestQuarantine(TestCase):
+    def test_only_compat_and_the_driver_section_touch_private_internals(self):
+        sources = sorted((REPO / "torch").glob("_precompile*.py")) + [REPO / "torch_precompile.py"]
+        self.assertIn(COMPAT, sources)
+        for path in sources:
+            if path == COMPAT:
+                continue
+            skip = _driver_section() if path == DRIVER else range(0)
+            uses = _private_uses(path.read_text(), skip)
+            self.assertEqual(uses, [], f"{path.name} touches private torch internals ({uses}) outside the compat "
+                             "module / the driver's marked section; route them there")
+
+    def test_the_check_sees_each_kind_of_use(self):
+        source = (
+            "import torch._inductor.config\n"
+            "from torch.nn.utils.stateless import _reparametrize_module\n"
+            "torch._C._is_alias_of(a, b)\n"
+            "getattr(t, '_dynamo_unbacked_indices', ())\n"
+            "m._parameters\n"
+            "raise ValueError('mark dims with torch._dynamo.decorators.mark_unbacked')\n"
+        )
+        # Line 6 names a private module in a message: text, not a use.
+        self.assertEqual(sorted({int(u.split(":")[0]) for u in _private_uses(source)}), [1, 2, 3, 4, 5])
+
+    def test_driver_section_is_marked_and_binds_what_the_driver_uses(self):
+        section = _driver_section()
+        self.assertGreater(len(section), 10)
+        source = DRIVER.read_text()
+        for name in ("_TensorGuards", "_is_alias_of", "_set_grad_enabled", "_is_any_autocast_enabled",
+                     "_KERNEL_DATA_PTR_ENV", "_owner_dict", "_MODULE_HOOKS", "_TENSOR_HOOKS"):
+            (definition,) = [i for i, line in enumerate(source.splitlines(), 1)
+                             if re.match(rf"(def )?{name}\b", line)]
+            self.assertIn(definition, section, name)
+
+
+# ---------------------------------------------------------------------------
+# The driver's section
+# ---------------------------------------------------------------------------
+
+
+class TestDriverInternals(TestCase):
+    def test_tensor_guards_check_layout_with_free_entries(self):
+        x = torch.randn(4, 3)
+        guard = runtime._TensorGuards(x, dynamic_dims_sizes=[[None, 3]], dynamic_dims_strides=[[None, 1]])
+        self.assertTrue(guard.check(x))
+        self.assertTrue(guard.check(torch.randn(7, 3)))  # free size
+        self.assertFalse(guard.check(torch.randn(4, 5)))
+        self.assertFalse(guard.check(x.double()))
+        self.assertFalse(guard.check(x.requires_grad_(True)))
+        self.assertFalse(guard.check(torch.randn(3, 4).t()))  # stride pinned
+        self.assertFalse(guard.check(x.unsqueeze(0)))
+        self.assertFalse(guard.check(1.0))  # a non-tensor where a tensor was captured
+        with self.assertRaises(TypeError):  # the driver's guard_passes catches this
+            guard.check()
+        self.assertFalse(runtime.guard_passes(guard, []))
+        self.assertIs(runtime._TensorGuards, torch._C._dynamo.guards.TensorGuards)
+
+    def test_is_alias_of_means_same_storage(self):
+        for is_alias_of in (runtime._is_alias_of, compat.is_alias_of):
+            x = torch.randn(8)
+            self.assertTrue(is_alias_of(x[:4], x[4:]))  # same storage, no overlap
+            self.assertFalse(is_alias_of(x, x.clone()))
+
+    def test_grad_and_autocast_c_functions(self):
+        with torch.enable_grad():
+            runtime._set_grad_enabled(False)
+            self.assertFalse(torch.is_grad_enabled())
+            runtime._set_grad_enabled(True)
+            self.assertTrue(torch.is_grad_enabled())
+        self.assertFalse(runtime._is_any_autocast_enabled())
+        with torch.autocast("cpu"):
+            self.assertTrue(runtime._is_any_autocast_enabled())
+
+    def test_disabled_torch_function_impl_is_parameters(self):
+        self.assertIs(nn.Parameter.__torch_function__, runtime._disabled_torch_function_impl)
+        self.assertIn(runtime._disabled_torch_function_impl, runtime._PLAIN_TORCH_FUNCTIONS)
+
+    def test_module_dicts(self):
+        model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        table, name = runtime._owner_dict(model, "0.weight", "parameter")
+        self.assertIs(table, model[0]._parameters)
+        self.assertIs(table[name], model[0].weight)
+        table, name = runtime._owner_dict(model, "1.running_mean", "buffer")
+        self.assertIs(table[name], model[1].running_mean)
+        self.assertIs(runtime._children(model), vars(model)[runtime._CHILDREN])
+        del model[1]
+        self.assertEqual(len(runtime._children(model)), 1)
+
+    def test_hook_attributes(self):
+        model = nn.Linear(2, 2)
+        param = model.weight
+        registrations = {
+            "_forward_pre_hooks": lambda: model.register_forward_pre_hook(lambda *a: None),
+            "_forward_hooks": lambda: model.register_forward_hook(lambda *a: None),
+            "_backward_pre_hooks": lambda: model.register_full_backward_pre_hook(lambda *a: None),
+            "_backward_hooks": lambda: model.register_full_backward_hook(lambda *a: None),
+        }
+        self.assertEqual(set(registrations), set(runtime._MODULE_HOOKS))
+        for attribute, register in registrations.items():
+            self.assertFalse(getattr(model, attribute))
+            handle = register()
+            self.assertTrue(getattr(model, attribute), attribute)
+            handle.remove()
+        globals_ = {
+            "_forward_pre_hooks": nn.modules.module.register_module_forward_pre_hook,
+            "_forward_hooks": nn.modules.module.register_module_forward_hook,
+            "_backward_pre_hooks": nn.modules.module.register_module_full_backward_pre_hook,
+            "_backward_hooks": nn.modules.module.register_module_full_backward_hook,
+        }
+        for attribute, register in globals_.items():
+            self.assertFalse(runtime._global_module_hooks(attribute))
+            handle = register(lambda *a: None)
+            self.assertTrue(runtime._global_module_hooks(attribute), attribute)
+            handle.remove()
+        tensor_registrations = {
+            "_backward_hooks": lambda: param.register_hook(lambda g: g),
+            "_post_accumulate_grad_hooks": lambda: param.register_post_accumulate_grad_hook(lambda p: None),
+        }
+        self.assertEqual(set(tensor_registrations), set(runtime._TENSOR_HOOKS))
+        for attribute, register in tensor_registrations.items():
+            self.assertFalse(getattr(param, attribute, None))
+            handle = register()
+            self.assertTrue(getattr(param, attribute), attribute)
+            handle.remove()
+
+    def test_optimizer_step_hooks(self):
+        optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        self.assertFalse(runtime._optimizer_step_hooks(optimizer))
+        self.assertFalse(compat.optimizer_has_step_hooks(optimizer))
+        for register in (optimizer.register_step_pre_hook, optimizer.register_step_post_hook):
+            handle = register(lambda *a: None)
+            self.assertTrue(runtime._optimizer_step_hooks(optimizer))
+            self.assertTrue(compat.optimizer_has_step_hooks(optimizer))
+            handle.remove()
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        for register in (register_optimizer_step_pre_hook, register_optimizer_step_post_hook):
+            handle = register(lambda *a: None)
+            self.assertTrue(compat.optimizer_has_step_hooks(optimizer))
+            handle.remove()
+        self.assertFalse(compat.optimizer_has_step_hooks(optimizer))
+
+    def test_kernel_data_pointer_handshake(self):
+        # Inductor's kernels read the accessor's address from this variable, as
+        # its own loader sets it (load_kernel_library mirrors it).
+        import inspect
+
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        source = inspect.getsource(CppPythonBindingsCodeCache)
+        self.assertIn(f'os.environ["{runtime._KERNEL_DATA_PTR_ENV}"]', source)
+        self.assertIn("torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr", source)
+        self.assertEqual(runtime._KERNEL_DATA_PTR, str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr))
+        self.assertTrue(callable(CppPythonBindingsCodeCache.load_pybinding))
+
+    def test_inductor_stand_ins(self):
+        import torch._inductor.select_algorithm as select_algorithm
+        import torch._inductor.utils as inductor_utils
+
+        self.assertEqual(inductor_utils.ALIGN_BYTES, runtime._INDUCTOR_ALIGN_BYTES)
+        for nbytes in (0, 1, 63, 64, 65, 1000, 4096 + 1):
+            self.assertEqual(runtime._align(nbytes), inductor_utils._align(nbytes))
+        self.assertIs(runtime._inductor_extern_kernels(), select_algorithm.extern_kernels)
+        self.assertIs(compat.inductor_extern_kernels(), select_algorithm.extern_kernels)
+        self.assertTrue(hasattr(select_algorithm.extern_kernels, "mm"))
+
+
+# ---------------------------------------------------------------------------
+# torch/_precompile_compat.py
+# ---------------------------------------------------------------------------
+
+
+class TestCaptureInternals(TestCase):
+    def test_current_autograd_node(self):
+        seen = []
+
+        class Probe(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                seen.append(compat.current_autograd_node())
+                return grad
+
+        self.assertIsNone(compat.current_autograd_node())
+        Probe.apply(torch.ones(2, requires_grad=True)).sum().backward()
+        self.assertIsNotNone(seen[0])
+
+    def test_register_log_alias(self):
+        from torch._logging._internal import log_registry
+
+        compat.register_log_alias("precompile", "torch._precompile")
+        self.assertEqual(log_registry.log_alias_to_log_qnames["precompile"], ["torch._precompile"])
+
+    def test_reparametrized_swaps_and_restores(self):
+        model = nn.Linear(2, 1, bias=False)
+        original, weight = model.weight, torch.full((1, 2), 3.0)
+        with compat.reparametrized(model, {"weight": weight}):
+            self.assertIs(model.weight, weight)
+            self.assertEqual(model(torch.ones(1, 2)), torch.tensor([[6.0]]))
+        self.assertIs(model.weight, original)
+        self.assertIsInstance(compat.reparametrized(model, {}), contextlib.AbstractContextManager)
+
+    def test_compiling_and_exporting_flags(self):
+        self.assertFalse(torch.compiler.is_compiling())
+        with compat.compiling_and_exporting():
+            self.assertTrue(torch.compiler.is_compiling())
+            self.assertTrue(torch.compiler.is_exporting())
+        self.assertFalse(torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        compat.set_compiling_flag(True)
+        try:
+            self.assertTrue(compat.compiling_flag() and torch.compiler.is_compiling())
+        finally:
+            compat.set_compiling_flag(False)
+        self.assertFalse(torch.compiler.is_compiling())
+
+    def test_mark_attributes(self):
+        from torch._dynamo.decorators import mark_dynamic, mark_unbacked
+
+        # Attributes mark_* set that precompile does not read; any other new one fails here.
+        ignored = {"_specialize_on", "_dynamo_hint_overrides", "_dynamo_dynamic_range"}
+        known = set(compat.MARK_ATTRIBUTES) | ignored
+
+        x = torch.randn(4, 5)
+        marks = compat.dim_marks(x)
+        self.assertEqual((marks.marked, marks.dynamic, marks.unbacked, marks.bounds, marks.shape_ids),
+                         (False, frozenset(), frozenset(), {}, {}))
+        mark_unbacked(x, 0, min=2, max=9, shape_id="batch")
+        self.assertLessEqual(set(vars(x)), known)
+        marks = compat.dim_marks(x)
+        self.assertEqual((marks.marked, marks.dynamic, marks.unbacked, marks.bounds, marks.shape_ids),
+                         (True, frozenset(), frozenset({0}), {0: (2, 9)}, {0: "batch"}))
+        y = torch.randn(4, 5)
+        mark_unbacked(y, 1, strict=True)
+        self.assertLessEqual(set(vars(y)), known)
+        self.assertEqual(compat.dim_marks(y).unbacked, frozenset({1}))
+        z = torch.randn(4, 5)
+        mark_dynamic(z, 0)
+        self.assertLessEqual(set(vars(z)), known)
+        marks = compat.dim_marks(z)
+        self.assertEqual((marks.marked, marks.dynamic, marks.unbacked), (True, frozenset({0}), frozenset()))
+
+    def test_shape_env_internals(self):
+        shape_env, fake_mode = compat.symbolic_fake_mode()
+        self.assertIs(fake_mode.shape_env, shape_env)
+        fake = compat.fake_with_unbacked_dims(fake_mode, torch.randn(4, 3), "x", {0: ("batch", 2, 9)})
+        size = fake.shape[0]
+        self.assertIsInstance(size, torch.SymInt)
+        self.assertTrue(size.node.expr.is_symbol)
+        self.assertEqual(fake.shape[1], 3)
+        self.assertTrue(shape_env.pending_fresh_unbacked_symbols)
+        compat.forget_pending_unbacked_symbols(shape_env)
+        self.assertFalse(shape_env.pending_fresh_unbacked_symbols)
+        self.assertIsInstance(compat.shape_env_replacements(shape_env), dict)
+        before = compat.shape_env_deferred_asserts(shape_env)  # the mark's bounds
+        torch._check(size != 5)  # not implied by the bounds: deferred to runtime
+        (requirement,) = compat.shape_env_deferred_asserts(shape_env)[len(before):]
+        self.assertIn(size.node.expr, requirement.expr.free_symbols)
+        self.assertTrue(compat.is_fake(fake))
+        self.assertFalse(compat.is_fake(torch.randn(1)))
+
+    def test_graph_helpers(self):
+        self.assertTrue(compat.has_effects(torch.ops.aten._print.default))
+        self.assertFalse(compat.has_effects(torch.ops.aten.add.Tensor))
+        self.assertTrue(compat.is_non_overlapping_and_dense(torch.randn(3, 4).t()))
+        self.assertFalse(compat.is_non_overlapping_and_dense(torch.randn(3, 4)[:, ::2]))
+        self.assertFalse(compat.is_traceable_wrapper_subclass(torch.randn(1)))
+        self.assertFalse(compat.is_traceable_wrapper_subclass(nn.Parameter(torch.randn(1))))
+
+        graph = torch.fx.symbolic_trace(lambda x: torch.relu(x) + float("inf")).graph
+        node = next(iter(graph.find_nodes(op="placeholder")))
+        compat.rename_node(node, "args_0")
+        self.assertEqual(node.name, "args_0")
+        code = graph.python_code(root_module="self")
+        imports, unknown = compat.fx_builtin_imports(code.globals)
+        self.assertIn("import torch", imports)
+        self.assertIn("from math import inf", imports)
+        self.assertEqual(unknown, [])
+        self.assertEqual(compat.fx_builtin_imports({"torch", "not_a_builtin"}), (["import torch"], ["not_a_builtin"]))
+
+    def test_innermost_frame(self):
+        trace = "".join(traceback.format_list([
+            ("/user/model.py", 3, "forward", "y = self.fc(x)"),
+            ("/torch/nn/linear.py", 125, "forward", "return F.linear(x, w)"),
+        ]))
+        self.assertEqual(
+            compat.innermost_frame(trace, lambda file: not file.startswith("/torch")),
+            ("/user/model.py", 3, "forward", "y = self.fc(x)"),
+        )
+        self.assertEqual(compat.innermost_frame(trace, lambda file: True)[:2], ("/torch/nn/linear.py", 125))
+        self.assertIsNone(compat.innermost_frame(trace, lambda file: False))
+        self.assertIsNone(compat.innermost_frame(None, lambda file: True))
+
+    def test_inductor_inner_graph_and_stand_ins(self):
+        # The inner_compile hook yields one inner graph whose module imports from
+        # torch._inductor only names the driver stands in for.
+        import torch._precompile as implementation
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        graph = make_fx(lambda x, w: (torch.mm(x, w).relu() + 1,))(torch.randn(4, 4), torch.randn(4, 4))
+        inputs = [torch.randn(4, 4), torch.randn(4, 4)]
+        with torch.no_grad():
+            compiled = compat.inductor_compile(graph, inputs, dict(implementation._INDUCTOR_CONFIG))
+        self.assertEqual([c[1:] for c in compiled], [(2, 1)])
+        source = compiled[0][0].source_code
+        imported = set()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(compat.INDUCTOR_MODULE):
+                imported |= {alias.asname or alias.name for alias in node.names}
+        self.assertLessEqual({"AsyncCompile", "align"} & imported, compat.INDUCTOR_STAND_INS)
+        stripped = implementation._strip_stand_in_imports(source)
+        self.assertNotIn("from torch._inductor", stripped)
+        self.assertIn("extern_kernels.mm", source)
+        self.assertIn("mm", implementation._extern_kernel_table(source))
+
+    def test_mkldnn_public_flags_toggle_only_enabled(self):
+        import torch._precompile as implementation
+
+        mkldnn = torch.backends.mkldnn
+        before = (mkldnn.deterministic, mkldnn.fp32_precision, torch._C._get_onednn_allow_tf32())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with implementation._without_mkldnn():
+                self.assertFalse(mkldnn.enabled)
+                self.assertEqual((mkldnn.deterministic, mkldnn.fp32_precision, torch._C._get_onednn_allow_tf32()), before)
+        self.assertTrue(mkldnn.enabled)
+        with contextlib.suppress(RuntimeError), implementation._without_mkldnn():
+            raise RuntimeError
+        self.assertTrue(mkldnn.enabled)
+
+
+if __name__ == "__main__":
+    run_tests()

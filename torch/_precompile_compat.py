@@ -1,0 +1,291 @@
+"""The private torch 2.13 internals torch.compiler.precompile's capture side relies on.
+
+Every private torch API that ``torch/_precompile.py`` (and the entry-point
+shim ``torch_precompile.py``) uses goes through one name here, with a line
+saying what torch 2.13 lacks and what there is instead.
+``test/test_precompile_compat.py`` pins each against the installed torch
+(existence, signature, the behaviour relied on) and checks that no other
+``torch/_precompile*.py`` source touches them, so a torch upgrade that moves
+or changes one fails there, in one place, rather than deep inside a capture.
+
+The driver (``torch/_precompile_runtime.py``) is embedded in every artifact
+and runs where only torch is installed, so it cannot import this module: its
+own private uses are gathered in its section "torch 2.13 internals the driver
+relies on", pinned by the same test file.
+
+Importing this module is cheap (the shim imports it during ``import torch``):
+``torch._inductor``, ``torch._dynamo`` and the other heavy modules are
+imported only inside the functions that need them, never on the warm load
+path.
+
+Not routed here, on purpose: op introspection (``torch._ops.OpOverload`` /
+``HigherOrderOperator`` and their ``_schema``), ``torch.utils._pytree`` and
+``torch.utils._python_dispatch.TorchDispatchMode``, which every torch tool
+uses and 2.13 offers no public alternative for.  Atomic writes: 2.13 has only
+private helpers (``torch._inductor.codecache.write_atomic``, which imports
+Inductor, and ``torch._dynamo.aot_compile.atomic_write_binary``), so the
+kernel store keeps its own ``_write_atomically`` (the load path must not
+import Inductor).  MKLDNN: the public ``torch.backends.mkldnn.flags`` is used
+directly.
+"""
+
+import contextlib
+import types
+from typing import Any, Callable
+
+import torch
+
+
+# ---------------------------------------------------------------------------
+# Autograd and storage
+# ---------------------------------------------------------------------------
+
+# Whether two tensors share a storage (overlapping or not); no public API as of 2.13.
+is_alias_of = torch._C._is_alias_of
+# The autograd Node running now (None outside the engine); no public API as of 2.13.
+current_autograd_node = torch._C._current_autograd_node
+
+
+# ---------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------
+
+
+def register_log_alias(name: str, module: str) -> None:
+    """Make ``TORCH_LOGS=name`` enable ``module``'s logger."""
+    # torch 2.13 has no public registration for an out-of-tree log alias
+    # (torch._logging.set_logs only sets registered ones): private register_log.
+    import torch._logging._internal
+
+    torch._logging._internal.register_log(name, module)
+
+
+# ---------------------------------------------------------------------------
+# Capture: module tensors, export flags, optimizer hooks
+# ---------------------------------------------------------------------------
+
+
+def reparametrized(module: torch.nn.Module, mapping: dict) -> contextlib.AbstractContextManager:
+    """Context manager: ``module``'s parameters/buffers by FQN are ``mapping``'s tensors inside."""
+    # Public torch.func.functional_call swaps tensors around one module call only;
+    # capture needs the swap around all of fn: the private context manager it uses.
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(module, mapping)
+
+
+def compiling_and_exporting() -> contextlib.AbstractContextManager:
+    """``torch.compiler.is_compiling()`` and ``is_exporting()`` true inside, restored on exit."""
+    # torch 2.13 has public readers for the flags but no setter: torch.export's
+    # non-strict capture uses this private helper.
+    from torch._export.utils import _compiling_state_context
+
+    return _compiling_state_context()
+
+
+def compiling_flag() -> bool:
+    # The variable behind torch.compiler.is_compiling(); no public setter as of 2.13.
+    return torch.compiler._is_compiling_flag
+
+
+def set_compiling_flag(value: bool) -> None:
+    torch.compiler._is_compiling_flag = value
+
+
+def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` or every optimizer (globally) has step pre/post hooks."""
+    # torch 2.13 can register step hooks publicly but not list them: private attributes.
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    return bool(
+        optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or _global_optimizer_pre_hooks
+        or _global_optimizer_post_hooks
+    )
+
+
+# ---------------------------------------------------------------------------
+# Dynamic-dim marks (torch._dynamo.decorators.mark_unbacked & co.)
+# ---------------------------------------------------------------------------
+
+
+# The tensor attributes torch._dynamo.decorators' mark_* set; no public reader as of 2.13.
+MARK_ATTRIBUTES = (
+    "_has_dynamo_dim_marking",
+    "_dynamo_dynamic_indices",
+    "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices",
+    "_dynamo_unbacked_bounds",
+    "_dynamo_shape_ids",
+)
+
+
+def dim_marks(tensor: torch.Tensor) -> types.SimpleNamespace:
+    """The marks on ``tensor``: ``marked`` (any mark at all), the ``dynamic`` (mark_dynamic,
+    backed) and ``unbacked`` (mark_unbacked, strict or not) dims, and the ``bounds``
+    ({dim: (min, max)}) and ``shape_ids`` ({dim: id}) given to mark_unbacked.
+
+    A SimpleNamespace, not a NamedTuple, whose class creation would cost ~0.2 ms
+    of every ``import torch`` (the entry-point shim imports this module).
+    """
+    marked, dynamic, unbacked, strict, bounds, shape_ids = (getattr(tensor, name, None) for name in MARK_ATTRIBUTES)
+    return types.SimpleNamespace(
+        marked=bool(marked),
+        dynamic=frozenset(dynamic or ()),
+        unbacked=frozenset(unbacked or ()) | frozenset(strict or ()),
+        bounds=dict(bounds or {}),
+        shape_ids=dict(shape_ids or {}),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Symbolic tracing: fake tensors with unbacked dims, ShapeEnv internals
+# ---------------------------------------------------------------------------
+
+
+def symbolic_fake_mode() -> tuple:
+    """(shape_env, fake_mode): a fresh ShapeEnv and a FakeTensorMode over it."""
+    # torch._subclasses is private in 2.13; no public fake-tensor mode constructor.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    return shape_env, FakeTensorMode(shape_env=shape_env)
+
+
+def fake_with_unbacked_dims(fake_mode: Any, tensor: torch.Tensor, name: str, dims: dict) -> torch.Tensor:
+    """A fake of ``tensor`` whose ``dims`` ({dim: (shape_id, min, max)}) are unbacked symints, the rest static."""
+    # No public API as of 2.13: Dynamo's StatelessSymbolicContext (shape_ids=,
+    # unbacked_bounds=) and a LocalSource to name the input in guards.
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    context = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.UNBACKED if d in dims else DimDynamic.STATIC for d in range(tensor.dim())],
+        shape_ids={d: shape_id for d, (shape_id, _, _) in dims.items()},
+        unbacked_bounds={d: (low, high) for d, (_, low, high) in dims.items()},
+    )
+    return fake_mode.from_tensor(tensor, symbolic_context=context, source=LocalSource(name))
+
+
+# ShapeEnv's state after a trace; no public API as of 2.13 (plain ShapeEnv attributes).
+def shape_env_replacements(shape_env: Any) -> dict:
+    """{symbol: expression} the trace specialized or unified symbols to."""
+    return shape_env.replacements
+
+
+def shape_env_deferred_asserts(shape_env: Any) -> list:
+    """Every deferred runtime assert the trace recorded (each has ``.expr``)."""
+    return [requirement for asserts in shape_env.deferred_runtime_asserts.values() for requirement in asserts]
+
+
+def forget_pending_unbacked_symbols(shape_env: Any) -> None:
+    """Symbols made while creating inputs, not by an op: nothing needs to bind them."""
+    shape_env.pending_fresh_unbacked_symbols.clear()
+
+
+def is_fake(tensor: Any) -> bool:
+    # torch._subclasses is private in 2.13; no public is-fake test.
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return _is_fake(tensor)
+
+
+# ---------------------------------------------------------------------------
+# FX graphs: effects, rendering, stack traces
+# ---------------------------------------------------------------------------
+
+
+def has_effects(op: Any) -> bool:
+    # No public API as of 2.13: the private registry of effectful ops.
+    from torch._higher_order_ops.effects import has_effects as _has_effects
+
+    return _has_effects(op)
+
+
+def is_non_overlapping_and_dense(tensor: torch.Tensor) -> bool:
+    # No public API as of 2.13 (torch._prims_common); False when undecidable.
+    import torch._prims_common
+
+    return torch._prims_common.is_non_overlapping_and_dense_or_false(tensor)
+
+
+def is_traceable_wrapper_subclass(tensor: Any) -> bool:
+    # DTensor & co.; no public API as of 2.13 (torch.utils._python_dispatch).
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
+
+    return _is_wrapper(tensor)
+
+
+def rename_node(node: torch.fx.Node, name: str) -> None:
+    # torch 2.13 has no public Node rename that keeps the graph's namespace
+    # consistent: private Node._rename.
+    node._rename(name)
+
+
+def fx_builtin_imports(names: Any) -> tuple[list[str], list[str]]:
+    """(sorted import lines for the FX builtins among ``names``, sorted names that are none).
+
+    ``names`` are the globals of ``Graph.python_code()``.
+    """
+    # torch 2.13 has no public map from python_code()'s globals to import lines:
+    # private torch.fx.graph._custom_builtins.
+    from torch.fx.graph import _custom_builtins
+
+    imports = sorted({_custom_builtins[name].import_str for name in names if name in _custom_builtins})
+    return imports, sorted(set(names) - set(_custom_builtins))
+
+
+def innermost_frame(stack_trace: str | None, keep: Callable[[str], bool]) -> tuple | None:
+    """(file, lineno, name, code) of the innermost frame of ``stack_trace`` whose file ``keep`` accepts."""
+    # The parser FX's own verbose codegen uses; torch 2.13 has no public one
+    # (torch.fx.traceback only formats): private torch.fx.graph._parse_stack_trace.
+    from torch.fx.graph import _parse_stack_trace
+
+    frame = _parse_stack_trace(stack_trace, lambda file, name, code: keep(file)) if stack_trace else None
+    return None if frame is None else (frame.file, int(frame.lineno), frame.name, frame.code)
+
+
+# ---------------------------------------------------------------------------
+# Inductor
+# ---------------------------------------------------------------------------
+
+# The names Inductor's generated module imports from torch._inductor that the
+# driver provides itself (bind_inductor_graph), so the warm path never imports
+# torch._inductor; the module's layout is private in 2.13.
+INDUCTOR_MODULE = "torch._inductor"
+INDUCTOR_STAND_INS = frozenset({"AsyncCompile", "extern_kernels", "align", "maybe_profile", "run_intermediate_hooks"})
+
+
+def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: dict) -> list:
+    """Compile ``graph`` with Inductor under ``config``: (compiled, inputs, outputs) per inner graph.
+
+    Each compiled inner graph has ``.source_code`` (Inductor's Python module)
+    unless Inductor generated none.
+    """
+    # torch 2.13 has no public "compile to Python" entry point (compile_fx returns
+    # a callable): keep each inner graph through compile_fx's private
+    # inner_compile hook, which calls compile_fx_inner.
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    compiled = []
+
+    def keep_inner(gm, inputs, **kwargs):
+        result = compile_fx_inner(gm, inputs, **kwargs)
+        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        compiled.append((result, placeholders, len(gm.graph.output_node().args[0])))
+        return result
+
+    # Inductor's config is process-global: callers hold _PRECOMPILE_LOCK.
+    with inductor_config.patch(config):
+        compile_fx(graph, example_inputs, inner_compile=keep_inner)
+    return compiled
+
+
+def inductor_extern_kernels() -> Any:
+    # The object generated modules call as extern_kernels.*; private in 2.13.
+    from torch._inductor.select_algorithm import extern_kernels
+
+    return extern_kernels
