@@ -405,6 +405,12 @@ class TestCaptureInternals(TestCase):
         self.assertNotIn("from torch._inductor", stripped)
         self.assertIn("extern_kernels.mm", source)
         self.assertIn("mm", implementation._extern_kernel_table(source))
+        # Graph-input asserts are recognised by their "input" tag: both inputs'
+        # go, and nothing else does.
+        self.assertEqual(source.count("'input')"), 2)
+        kept = compat.without_input_asserts(source)
+        self.assertNotIn("'input')", kept)
+        self.assertEqual(len(source.splitlines()) - len(kept.splitlines()), 2)
 
     def test_mkldnn_public_flags_toggle_only_enabled(self):
         import torch._precompile as implementation

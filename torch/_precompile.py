@@ -1901,7 +1901,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         # Inductor generates no module for a graph without compute (fn returns an
         # input, detached or viewed): the captured graph itself is the program.
         return _lower_eager(capture)
-    source = _drop_input_asserts(_strip_stand_in_imports(compiled[0][0].source_code))
+    source = compat.without_input_asserts(_strip_stand_in_imports(compiled[0][0].source_code))
     graph_code = (
         "# Inductor's generated module, verbatim but for its imports from torch._inductor\n"
         "# (a 2 s import): the driver binds stand-ins for them in the forward section below;\n"
@@ -1914,18 +1914,6 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
     )
     return _Lowered(graph_code, bind)
-
-
-# Inductor asserts each graph input's size and stride before using it; the driver
-# checks exactly that before every call (Note invariant 3: TensorGuards on the
-# fast path, and for inputs with free dims their memory format and bounds), and
-# the repeated asserts cost about 0.5 us each.  The asserts on extern kernels'
-# outputs stay: they check Inductor's own stride predictions, which nothing else does.
-_INPUT_ASSERT = re.compile(r"^[ \t]*assert_size_stride\([A-Za-z_]\w*, .*, 'input'\)\n", re.MULTILINE)
-
-
-def _drop_input_asserts(source: str) -> str:
-    return _INPUT_ASSERT.sub("", source)
 
 
 # Stands in for Inductor's AsyncCompile while the graph section runs, before the

@@ -30,6 +30,7 @@ directly.
 """
 
 import contextlib
+import re
 import types
 from typing import Any, Callable
 
@@ -282,6 +283,24 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     with inductor_config.patch(config):
         compile_fx(graph, example_inputs, inner_compile=keep_inner)
     return compiled
+
+
+# How Inductor 2.13's generated call() asserts a graph input's size and stride
+# (``write_assert_size_stride(name, size, stride, "input")``); a private format.
+_INDUCTOR_INPUT_ASSERT = re.compile(r"^[ \t]*assert_size_stride\([A-Za-z_]\w*, .*, 'input'\)\n", re.MULTILINE)
+
+
+def without_input_asserts(source: str) -> str:
+    """Inductor's module without its graph-input size/stride asserts.
+
+    The driver checks exactly that before every call (Note invariant 3:
+    TensorGuards on the fast path, and for inputs with free dims their memory
+    format and bounds), and the repeated asserts cost about 0.5 us each.  The
+    asserts on extern kernels' outputs stay: they check Inductor's own stride
+    predictions, which nothing else does.
+    """
+    # torch 2.13 can only turn all size asserts off (config.size_asserts).
+    return _INDUCTOR_INPUT_ASSERT.sub("", source)
 
 
 def inductor_extern_kernels() -> Any:
