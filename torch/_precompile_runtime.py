@@ -190,6 +190,10 @@ class CallingConvention(NamedTuple):
     grads_assigned: tuple[int, ...] = ()
     # Parameters whose .grad fn sets to None (zero_grad() after its backward).
     grads_cleared: tuple[int, ...] = ()
+    # What each tensor output (by graph_output index) was at capture: shape
+    # (None where it depends on free dims), dtype, device.  For readers (the
+    # inspector); the driver does not check outputs.
+    output_tensors: tuple[TensorSpec, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -265,6 +269,7 @@ _NESTED = {
     ("CallingConvention", "outputs"): LeafSpec,
     ("CallingConvention", "constants"): ConstantSpec,
     ("CallingConvention", "optimizers"): OptimizerSpec,
+    ("CallingConvention", "output_tensors"): TensorSpec,
     ("OptimizerSpec", "tensors"): TensorSpec,
     ("StateSpec", "tensor"): TensorSpec,
     ("LeafSpec", "tensor"): TensorSpec,
@@ -470,6 +475,13 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"outputs[{index}].value")
     if graph_outputs != list(range(len(graph_outputs))):
         fail(f"output graph indices {graph_outputs!r}")
+    if not isinstance(c.output_tensors, tuple) or len(c.output_tensors) != len(graph_outputs):
+        fail(f"output_tensors: {len(graph_outputs)} tensor outputs")
+    for index, t in enumerate(c.output_tensors):
+        # Only shape (None: depends on free dims), dtype and device are recorded.
+        if not isinstance(t, TensorSpec) or not isinstance(t.shape, tuple) or (t.stride, t.free_dims, t.memory_format) != (None, (), None):
+            fail(f"output_tensors[{index}]")
+        check_tensor_spec(f"output_tensors[{index}]", t._replace(shape=tuple(0 if s is None else s for s in t.shape)))
     load_spec("output_spec", c.output_spec, len(c.outputs))
     def check_indices(field: str, indices: Any, within: Any) -> None:
         if not isinstance(indices, tuple) or list(indices) != sorted(set(indices)) or not all(
