@@ -1309,6 +1309,48 @@ class PrecompiledFunction:
         ]
         return pytree.tree_unflatten(leaves, self._output_spec)
 
+    # -- introspection: supported hooks for benchmarks and debugging -----------
+    # __call__ does not use them: its per-call path stays as it is.
+
+    def graph_inputs(self, *args: Any) -> list:
+        """The flat list of graph inputs that ``self(*args)`` would pass to the graph.
+
+        In the calling convention's order: parameters and buffers, the user
+        input tensors, free dim sizes, optimizer inputs, incoming grads, then
+        the constants.  ``args`` are checked as a call checks them (a
+        PrecompileError names what differs); the global state (grad mode,
+        autocast, hooks) is not.  Nothing runs and nothing is written.
+        """
+        if len(args) != self._arity:
+            self._raise_call_shape(args, {})
+        user_args = self._pick_user_args(args)
+        leaves = self._flatten(user_args)
+        state = self._state_tensors(self._pick_modules(args))
+        tensors = [*state, *self._pick_tensor_inputs(leaves)]
+        self._check_slowly(user_args, leaves, state)
+        self._check_values(user_args, leaves)
+        self._check_aliasing(tensors, self._input_alias_pairs)
+        return [*tensors, *self._trailing_inputs(args, leaves, state), *self._constants]
+
+    def run_graph(self, inputs: list) -> Any:
+        """Run the graph alone on ``inputs`` (from ``graph_inputs``), which it leaves as they are.
+
+        Returns the graph's flat outputs: fn's tensor outputs, then the
+        gradients of ``convention.grad_state``.  No check, no grad-mode switch
+        (call it under ``torch.no_grad()`` as a call does), no ``.grad`` written,
+        fn's result not rebuilt.
+        """
+        return self._run_graph(list(inputs))
+
+    def with_graph(self, run_graph: Callable[[list], Any]) -> "PrecompiledFunction":
+        """A runnable with this one's calling convention and checks around another graph.
+
+        ``run_graph(list_of_inputs) -> outputs`` stands for the graph (it may
+        consume the list); e.g. one returning precomputed outputs times the
+        driver alone.
+        """
+        return type(self)(self.convention, run_graph, self._constants)
+
 
 # ---------------------------------------------------------------------------
 # Optimizer arguments (Note [precompile programming model], invariant 11)
