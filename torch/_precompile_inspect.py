@@ -5,14 +5,17 @@
 prints what a ``(python_code, cache)`` pair was built for and what it expects
 at every call: format version, backend, the build environment of the cached
 kernels and whether it matches this host, module positions, parameters and
-buffers, user inputs (shapes, dtypes, devices, free dims and their bounds),
-outputs, which parameters receive gradients, the kernels, and whether the two
-files belong together.
+buffers (a summary and the first few names with shapes; ``--json`` lists every
+one), user inputs (shapes, dtypes, devices, free dims and their bounds),
+outputs (shapes, dtypes, devices), which parameters receive gradients, the
+kernels, and whether the two files belong together.
 
-Nothing in the artifact is executed: the calling convention is read from
-``python_code`` with ``ast`` and the cache with ``torch.load(weights_only=True)``,
-through the same readers ``precompile.load`` uses (see Note [precompile
-programming model], invariants 6 and 7, in ``torch/_precompile.py``).
+Nothing in the artifact is executed: the pair is read by
+``torch._precompile.read_artifact``, the reader ``precompile.load`` uses
+(``python_code``'s header with ``ast``, the cache with
+``torch.load(weights_only=True)``, the pairing, version and payload checks; see
+Note [precompile programming model], invariants 6 and 7, in
+``torch/_precompile.py``).
 
 Exit status: 0 the pair belongs together (``load`` accepts it); 1 a file is
 missing or is not a readable precompile artifact (one line on stderr); 2 bad
