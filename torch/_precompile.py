@@ -2481,7 +2481,7 @@ def _pair_error(python_code: str, convention: CallingConvention, envelope: dict)
     return None
 
 
-def _version_error(envelope: dict) -> "_CacheUnusable | None":
+def _version_error(envelope: dict) -> _CacheUnusable | None:
     version = envelope.get("version")
     if type(version) is not int or version != FORMAT_VERSION:
         return _CacheUnusable(

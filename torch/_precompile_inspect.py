@@ -172,9 +172,10 @@ def _state_report(convention: CallingConvention, kind: str) -> dict[str, Any]:
     entries = [s for s in convention.state if s.kind == kind]
     specs = [s.tensor for s in entries]
     sizes = [_nbytes(s.shape, s.dtype) for s in specs]
+    elements = [None if None in s.shape else math.prod(s.shape) for s in specs]
     return {
         "count": len(specs),
-        "elements": sum(math.prod(s.shape) for s in specs),  # state has no free dims
+        "elements": sum(elements) if None not in elements else None,
         "bytes": sum(sizes) if None not in sizes else None,
         "dtypes": dict(collections.Counter(s.dtype for s in specs)),
         "devices": dict(collections.Counter(s.device for s in specs)),
@@ -258,6 +259,10 @@ def _bytes_text(n: int | None) -> str:
     return "unknown (free dims)" if n is None else f"{n:,} bytes"
 
 
+def _elements_text(n: int | None) -> str:
+    return "unknown (free dims)" if n is None else f"{n:,} elements"
+
+
 def _counts_text(counter: dict) -> str:
     return ", ".join(f"{key} x{count}" for key, count in counter.items()) or "-"
 
@@ -316,15 +321,14 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
         summary = report[kind]
         row(
             kind,
-            f"{summary['count']} tensors, {summary['elements']:,} elements, {_bytes_text(summary['bytes'])}; "
+            f"{summary['count']} tensors, {_elements_text(summary['elements'])}, {_bytes_text(summary['bytes'])}; "
             f"dtypes {_counts_text(summary['dtypes'])}; devices {_counts_text(summary['devices'])}",
         )
         if summary["tensors"]:
             shown = summary["tensors"][:_NAMES_SHOWN]
             more = len(summary["tensors"]) - len(shown)
-            row("", ", ".join(f"{t['name']} {_shape_text(t['shape'])}" for t in shown) + (
-                f", ... ({more} more; --json lists all)" if more else ""
-            ))
+            names = ", ".join(f"{t['name']} {_shape_text(t['shape'])}" for t in shown)
+            row("", names + (f", ... ({more} more; --json lists all)" if more else ""))
     for names in report["tied"]:
         row("tied", " = ".join(names))
     if not report["inputs"]:
