@@ -356,33 +356,6 @@ class PrecompileEager(Precompile):
     backend = "eager"
 
 
-def raw_graph_call(f) -> Callable:
-    """The generated graph callable inside a loaded runnable, without the driver.
-
-    ``f._run_graph`` is the artifact's ``inductor_runner(call)`` /
-    ``eager_runner(graph)``; take the function it closes over when possible so
-    not even the runner's try/except is counted as "raw".
-    """
-    run = f._run_graph
-    cells = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__ or ())))
-    if "call" in cells:  # inductor: call(list_of_inputs); it clears the list
-        call = cells["call"]
-        return lambda flat: call(list(flat))
-    if "graph" in cells:  # eager: graph(*inputs)
-        graph = cells["graph"]
-        return lambda flat: graph(*flat)
-    return lambda flat: run(list(flat))
-
-
-def flat_graph_inputs(f, model, inputs) -> list:
-    """state tensors + user tensors + constants, in the artifact's order."""
-    state = []
-    for spec in f.convention.state:
-        _, fqn = spec.names[0]
-        state.append(model.get_parameter(fqn) if spec.kind == "parameter" else model.get_buffer(fqn))
-    return state + list(inputs) + list(f._constants)
-
-
 class DriverProbe(Precompile):
     """Pieces of a precompiled call, to separate the driver's cost from the graph's.
 
@@ -404,15 +377,17 @@ class DriverProbe(Precompile):
         import torch
 
         f = self._load(art)
-        raw, flat = raw_graph_call(f), flat_graph_inputs(f, model, inputs)
+        # The runnable's introspection hooks: the flat inputs a call passes to
+        # its graph, and the graph alone on them.
+        raw, flat = f.run_graph, f.graph_inputs(model, *inputs)
         with torch.no_grad():
             cached = raw(flat)
-        real = f._run_graph
 
         def noop(inputs_list):
             inputs_list.clear()
             return cached
 
+        driver_alone = f.with_graph(noop)  # the same checks around a graph that costs nothing
         graph = {"raw": raw, "noop": lambda xs: noop(list(xs)), None: None}[self.graph]
         params = [flat[i] for i in f.convention.grad_state] if self.handoff else []
         first_grad = -len(params) if params else None
@@ -420,11 +395,7 @@ class DriverProbe(Precompile):
 
         def call():
             if driver:
-                f._run_graph = noop
-                try:
-                    result = f(model, *inputs)
-                finally:
-                    f._run_graph = real
+                result = driver_alone(model, *inputs)
                 if graph is None:
                     return result
             outputs = graph(flat)
@@ -549,7 +520,12 @@ def task_start(task: dict, methods: dict, t_torch: float) -> dict:
 
 
 def _time_batches(steps: dict, contexts: dict, repeats: int, target_s: float) -> dict:
-    """Interleaved batches: per repeat, every method once (rotating order)."""
+    """Interleaved batches: per repeat, every method once (rotating order).
+
+    Not torch.utils.benchmark.Timer: it times one statement at a time, and
+    methods measured one after the other would each see a different phase of
+    the machine's drift; interleaving gives them the same.
+    """
     names = list(steps)
     # Warm-up (TorchScript's profiling executor, lazy inits) and calibration.
     batch = {}
@@ -598,7 +574,10 @@ def _paired_overhead(a: Callable, b: Callable, context_a, context_b, pairs: int,
 
     Subtracting two independently measured medians of ~500 us calls leaves
     +-10 us of machine noise; differences of adjacent ~2 ms blocks (order
-    alternating) cancel the drift, and their median is the overhead.
+    alternating) cancel the drift, and their median is the overhead.  This is
+    why it is not torch.utils.benchmark.Timer (nor Timer.compare): Timer
+    measures each statement on its own, so only two independent medians could
+    be subtracted, which is what this pairing avoids.
     """
     with context_a():
         t0, n = time.perf_counter(), 0

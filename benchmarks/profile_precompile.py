@@ -165,7 +165,7 @@ def task_calls(task: dict, methods: dict, t_torch: float) -> dict:
     art = Path(task["art"])
     model, inputs = wl.build()
     f = torch.compiler.precompile.load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
-    raw, flat = C.raw_graph_call(f), C.flat_graph_inputs(f, model, inputs)
+    raw, flat = f.run_graph, f.graph_inputs(model, *inputs)
     full = C.Runtime(lambda: f(model, *inputs), list(model.parameters()), wl.context)
     bare = C.Runtime(lambda: raw(flat), list(model.parameters()), torch.no_grad)
     steps = {"driver": C._make_step(full, wl), "raw": C._make_step(bare, wl)}

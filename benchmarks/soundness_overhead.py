@@ -23,9 +23,7 @@ Usage:  python benchmarks/soundness_overhead.py [--pairs N] [--save DIR | --base
 import argparse
 import logging
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,20 +42,11 @@ def _double(model, x):
     return x * 2
 
 
-def _per_call(step, seconds: float = 0.2, repeats: int = 15) -> float:
-    """Median over repeats of the mean per-call time of a ~seconds/repeats block."""
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < 0.05:
-        step()
-        n += 1
-    k = max(1, int(seconds / repeats / ((time.perf_counter() - t0) / n)))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(k):
-            step()
-        times.append((time.perf_counter() - t) / k)
-    return statistics.median(times)
+def _per_call(step, seconds: float = 0.2) -> float:
+    """Median per-call time over blocks of calls (torch.utils.benchmark: gc off, one thread)."""
+    from torch.utils.benchmark import Timer
+
+    return Timer("step()", globals={"step": step}).blocked_autorange(min_run_time=seconds).median
 
 
 def main() -> None:
@@ -79,7 +68,7 @@ def main() -> None:
             os.makedirs(args.save, exist_ok=True)
             torch.save(pair, os.path.join(args.save, f"{name}.pt"))
         f = torch.compiler.precompile.load(*pair)
-        raw, flat = C.raw_graph_call(f), C.flat_graph_inputs(f, model, [x])
+        raw, flat = f.run_graph, f.graph_inputs(model, x)
         precompiled = lambda: f(model, x)  # noqa: E731
         graph = lambda: raw(flat)  # noqa: E731
         row = [

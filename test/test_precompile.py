@@ -747,6 +747,43 @@ class TestRuntimeChecks(TestCase):
             f(m, {"x": x, "bias": torch.zeros(4)})
 
 
+class TestIntrospection(TestCase):
+    """PrecompiledFunction.graph_inputs / run_graph / with_graph: the supported hooks the benchmarks use."""
+
+    @parametrize("backend", BACKENDS)
+    def test_graph_inputs_and_run_graph(self, backend):
+        m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
+        f = load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
+        inputs = f.graph_inputs(m, x, y)
+        # The convention's order: parameters, then the user tensors (no sizes, optimizers, grads or constants).
+        self.assertEqual([id(t) for t in inputs], [id(t) for t in (*m.parameters(), x, y)])
+        reference = copy.deepcopy(m)
+        expected = _train_step(reference, x, y).detach()
+        with torch.no_grad():
+            outputs = f.run_graph(inputs)
+        self.assertEqual(len(inputs), 6)  # left as they were
+        self.assertEqual(len(outputs), 1 + 4)  # the loss, then one gradient per parameter
+        torch.testing.assert_close(outputs[0], expected)
+        for grad, p in zip(outputs[1:], reference.parameters()):
+            torch.testing.assert_close(grad, p.grad)
+        self.assertTrue(all(p.grad is None for p in m.parameters()))  # run_graph writes no .grad
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected shape \(3, 8\), got \(2, 8\)"):
+            f.graph_inputs(m, torch.randn(2, 8), y)
+        with self.assertRaisesRegex(PrecompileError, "expected 3 positional arguments"):
+            f.graph_inputs(m, x)
+
+    def test_with_graph_keeps_the_checks(self):
+        m, x = small_mlp(), torch.randn(3, 8)
+        f = load(_artifact("mlp_forward", _forward, m, x, backend="eager"))
+        seen = []
+        alone = f.with_graph(lambda inputs: seen.append(len(inputs)) or [torch.ones(3, 4)])
+        torch.testing.assert_close(alone(m, x), torch.ones(3, 4))
+        self.assertEqual(seen, [5])  # 4 parameters and x
+        with self.assertRaisesRegex(PrecompileError, "expected shape"):
+            alone(m, torch.randn(2, 8))
+        torch.testing.assert_close(f(m, x), m(x))  # f itself still runs its graph
+
+
 class TestInductorCache(TestCase):
     """Warm reload compiles nothing (design.md section 3)."""
 
@@ -978,6 +1015,7 @@ instantiate_parametrized_tests(TestTraining)
 instantiate_parametrized_tests(TestArtifact)
 instantiate_parametrized_tests(TestLoad)
 instantiate_parametrized_tests(TestRuntimeChecks)
+instantiate_parametrized_tests(TestIntrospection)
 
 
 if __name__ == "__main__":

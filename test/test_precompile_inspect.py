@@ -21,7 +21,8 @@ import torch.nn as nn
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 import torch._precompile as precompile_module
-from torch._precompile_inspect import describe, main
+from torch._precompile_inspect import describe, format_report, main
+from torch.compiler import precompile, PrecompileError
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,14 +151,36 @@ class TestInspectReport(InspectTestCase):
         self.assertEqual(report["call"], "forward(args[0]: nn.Module, args[1], args[2])")
         self.assertEqual(report["modules"], [{"position": 0, "parameters": 4, "buffers": 3}])
         # Linear(4, 3) + BatchNorm1d(3): 12 + 3 + 3 + 3 float32; running stats + int64 counter.
+        parameters, buffers = dict(report["parameters"]), dict(report["buffers"])
+        named = {kind: summary.pop("tensors") for kind, summary in (("parameters", parameters), ("buffers", buffers))}
         self.assertEqual(
-            report["parameters"],
-            {"count": 4, "bytes": 21 * 4, "dtypes": {"float32": 4}, "devices": {"cpu": 4}},
+            parameters,
+            {"count": 4, "elements": 21, "bytes": 21 * 4, "dtypes": {"float32": 4}, "devices": {"cpu": 4}},
         )
         self.assertEqual(
-            report["buffers"],
-            {"count": 3, "bytes": 6 * 4 + 8, "dtypes": {"float32": 2, "int64": 1}, "devices": {"cpu": 3}},
+            buffers,
+            {"count": 3, "elements": 7, "bytes": 6 * 4 + 8, "dtypes": {"float32": 2, "int64": 1}, "devices": {"cpu": 3}},
         )
+        # --json lists every parameter and buffer by name.
+        self.assertEqual(
+            [(t["name"], t["shape"], t["dtype"], t["device"], t["bytes"]) for t in named["parameters"]],
+            [
+                ("args[0].0.weight", [3, 4], "float32", "cpu", 48),
+                ("args[0].0.bias", [3], "float32", "cpu", 12),
+                ("args[0].1.weight", [3], "float32", "cpu", 12),
+                ("args[0].1.bias", [3], "float32", "cpu", 12),
+            ],
+        )
+        self.assertEqual(
+            [(t["name"], t["shape"], t["dtype"], t["device"], t["bytes"]) for t in named["buffers"]],
+            [
+                ("args[0].1.running_mean", [3], "float32", "cpu", 12),
+                ("args[0].1.running_var", [3], "float32", "cpu", 12),
+                ("args[0].1.num_batches_tracked", [], "int64", "cpu", 8),
+            ],
+        )
+        # Inductor specializes on layout, eager does not.
+        self.assertEqual(named["parameters"][0]["stride"], [4, 1] if backend == "inductor" else None)
         self.assertEqual(report["tied"], [])
         inputs = {entry["path"]: entry for entry in report["inputs"]}
         self.assertEqual(list(inputs), ["args[1]", "args[2]['target']", "args[2]['scale']"])
@@ -173,7 +196,14 @@ class TestInspectReport(InspectTestCase):
         self.assertEqual(
             report["outputs"],
             [
-                {"path": "result['loss']", "kind": "tensor", "graph_output": 0},
+                {
+                    "path": "result['loss']",
+                    "kind": "tensor",
+                    "graph_output": 0,
+                    "shape": [],
+                    "dtype": "float32",
+                    "device": "cpu",
+                },
                 {"path": "result['tag']", "kind": "value", "value": "'train'"},
             ],
         )
@@ -232,12 +262,16 @@ class TestInspectReport(InspectTestCase):
                     "matches this host",
                     "  calling convention  forward(args[0]: nn.Module, args[1], args[2])",
                     "  module              args[0]: 4 parameters, 3 buffers",
-                    "  parameters          4 tensors, 84 bytes; dtypes float32 x4; devices cpu x4",
-                    "  buffers             3 tensors, 32 bytes; dtypes float32 x2, int64 x1; devices cpu x3",
+                    "  parameters          4 tensors, 21 elements, 84 bytes; dtypes float32 x4; devices cpu x4\n"
+                    "                      args[0].0.weight (3, 4), args[0].0.bias (3,), args[0].1.weight (3,), "
+                    "... (1 more; --json lists all)\n",
+                    "  buffers             3 tensors, 7 elements, 32 bytes; dtypes float32 x2, int64 x1; devices cpu x3\n"
+                    "                      args[0].1.running_mean (3,), args[0].1.running_var (3,), "
+                    "args[0].1.num_batches_tracked ()\n",
                     f"  input               args[1]: (5, 4) float32 cpu{stride}\n",
                     "  input               args[2]['scale']: value 0.5 (baked)",
                     f"  input               args[2]['target']: (5, 3) float32 cpu",
-                    "  output              result['loss']: tensor (graph output 0)",
+                    "  output              result['loss']: () float32 cpu (graph output 0)",
                     "  output              result['tag']: value 'train' (baked)",
                     "  grad params         3\n",
                     f"args[0].0.weight: (3, 4) float32 cpu{stride}",
@@ -317,6 +351,63 @@ class TestInspectMismatch(InspectTestCase):
             (pair["belongs_together"], pair["backend_matches"], pair["code_hash_matches"]), (False, True, False)
         )
         self.assertIn("code_hash mismatch", pair["problem"])
+
+
+class TestReader(InspectTestCase):
+    """read_artifact: what load() reads, the inspector reports and the benchmarks use."""
+
+    def test_reads_a_pair(self):
+        code_file, cache_file = _files("inductor")
+        code, cache = _read(code_file).decode(), _read(cache_file)
+        artifact = precompile_module.read_artifact(code, cache)
+        envelope = precompile_module._read_envelope(cache)
+        self.assertEqual(artifact.cache_size, len(cache))
+        self.assertEqual(artifact.convention, precompile_module._read_convention(code))
+        self.assertEqual(artifact.kernels, envelope["artifact"]["kernels"])
+        self.assertEqual(sorted(artifact.kernel_hashes), sorted(artifact.kernels))
+        self.assertEqual((artifact.pair_error, artifact.version_error, artifact.cache_error), (None, None, None))
+        self.assertIsNone(artifact.pair_problem)
+        self.assertEqual(artifact.describe(), describe(code, cache))
+        # The output's shape and dtype are in the calling convention.
+        self.assertEqual(
+            artifact.convention.output_tensors, (precompile_module.TensorSpec((), None, "float32", "cpu"),)
+        )
+
+    def test_verdicts(self):
+        code_file, cache_file = _files("inductor")
+        code, cache = _read(code_file).decode(), _read(cache_file)
+        eager_cache = _read(_files("eager")[1])
+        envelope = precompile_module._read_envelope(cache)
+        first = next(iter(envelope["artifact"]["kernels"]))
+        tampered = {**envelope, "artifact": {**envelope["artifact"], "kernels": {first: b"\x00"}}}
+        buffer = io.BytesIO()
+        torch.save(tampered, buffer)
+        older = io.BytesIO()
+        torch.save({**envelope, "version": V - 1}, older)
+        for name, pair_cache, field, message in (
+            ("other backend", eager_cache, "pair_error", "built for backend 'eager'"),
+            ("other version", older.getvalue(), "version_error", f"format version {V - 1}"),
+            ("damaged payload", buffer.getvalue(), "cache_error", "payload does not match its recorded sha256"),
+            ("not a cache", b"", "cache_error", "not a zip archive"),
+        ):
+            with self.subTest(name):
+                artifact = precompile_module.read_artifact(code, pair_cache)
+                verdicts = {f: getattr(artifact, f) for f in ("pair_error", "version_error", "cache_error")}
+                self.assertIn(message, str(verdicts.pop(field)))
+                self.assertEqual(verdicts, dict.fromkeys(verdicts))
+        with self.assertRaisesRegex(PrecompileError, "the pair does not belong together"):
+            precompile.load(code, eager_cache)
+
+    def test_outputs_with_free_dims(self):
+        x = torch.randn(6, 4)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        code, cache = precompile(lambda m, x: (torch.cat([m(x), m(x)]), m(x).double().sum(0)), nn.Linear(4, 3), x)
+        outputs = describe(code, cache)["outputs"]
+        self.assertEqual(
+            [(o["path"], o["shape"], o["dtype"]) for o in outputs],
+            [("result[0]", [None, 3], "float32"), ("result[1]", [3], "float64")],
+        )
+        self.assertIn("  output              result[0]: (*, 3) float32 cpu (graph output 0)", format_report(describe(code, cache)))
 
 
 class TestInspectBadFiles(InspectTestCase):

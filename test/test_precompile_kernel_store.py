@@ -91,9 +91,7 @@ class _StoreTestCase(TestCase):
 
     def kernels(self, cache=None):
         """key -> (sha256, bytes) as load() would place them."""
-        constants = precompile_module._read_constants(self.code)
-        convention = precompile_module._convention_from(constants)
-        return precompile_module._usable_cache(self.code, convention, constants, cache or self.cache)[0]
+        return precompile_module._usable_cache(precompile_module.read_artifact(self.code, cache or self.cache))[0]
 
     def some_kernel(self):
         digest, blob = next(iter(self.kernels().values()))

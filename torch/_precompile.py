@@ -316,7 +316,7 @@ import time
 import traceback
 import warnings
 import zipfile
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -343,8 +343,9 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # convention records module modes read, aliasing, requires_grad, global state
 # (Note invariant 11 on); 3: submodule classes and read attributes, how each
 # .grad is written (invariant 13), and the graph and the driver are code
-# sections, no longer string literals; older artifacts lack them.
-FORMAT_VERSION = 3
+# sections, no longer string literals; 4: each tensor output's shape and dtype
+# (output_tensors); older artifacts lack them.
+FORMAT_VERSION = 4
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 
@@ -1033,11 +1034,11 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
 
-    outputs, graph_index = [], 0
+    outputs, output_tensors = [], []
     for i, leaf in enumerate(recorded["out_leaves"]):
         if isinstance(leaf, torch.Tensor):
-            outputs.append(LeafSpec(graph_output=graph_index))
-            graph_index += 1
+            outputs.append(LeafSpec(graph_output=len(output_tensors)))
+            output_tensors.append(_output_spec(leaf))
         else:
             _check_value_leaf(f"fn's output leaf {i}", leaf)
             outputs.append(LeafSpec(value=leaf))
@@ -1095,8 +1096,19 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
         grads_cleared=grads["grads_cleared"],
+        output_tensors=tuple(output_tensors),
     )
     return _Capture(graph, convention, example)
+
+
+def _output_spec(t: torch.Tensor) -> TensorSpec:
+    """What an output tensor of the trace is: a size that depends on free dims (a SymInt) is None."""
+    return TensorSpec(
+        shape=tuple(size if type(size) is int else None for size in t.shape),
+        stride=None,
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+    )
 
 
 def _mutated_inputs(graph: torch.fx.GraphModule, count: int) -> set:
@@ -2226,7 +2238,8 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
 
 
 # ---------------------------------------------------------------------------
-# load: read constants (ast) -> verify -> prime kernels -> warn -> exec.
+# load: read_artifact (header by ast, envelope, pairing, payload) -> usable cache
+# -> prime kernels -> warn -> exec.
 # ---------------------------------------------------------------------------
 
 
@@ -2389,27 +2402,37 @@ def _read_envelope(cache: bytes) -> dict:
 _ENVELOPE_KEYS = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
 
 
-def _verify(python_code: str, convention: CallingConvention, envelope: dict) -> dict[str, bytes]:
-    """The cache's kernels.  PrecompileError if the cache belongs to other code;
-    _CacheUnusable if it cannot accelerate this load (another version, damage)."""
+def _pair_error(python_code: str, convention: CallingConvention, envelope: dict) -> PrecompileError | None:
+    """Why the cache belongs to other code (load() refuses the pair), or None.
+
+    _CacheUnusable if the fields that say so are damaged."""
     backend, code_hash = envelope.get("backend"), envelope.get("code_hash")
     if not isinstance(backend, str) or not isinstance(code_hash, str):
         raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     if backend != convention.backend:
-        raise PrecompileError(
+        return PrecompileError(
             f"cache was built for backend {backend!r} but python_code is for "
             f"{convention.backend!r}: the pair does not belong together"
         )
     if code_hash != _code_hash(python_code):
-        raise PrecompileError(
+        return PrecompileError(
             "cache belongs to a different python_code (code_hash mismatch): pass the cache "
             "returned together with this python_code"
         )
+    return None
+
+
+def _version_error(envelope: dict) -> _CacheUnusable | None:
     version = envelope.get("version")
     if type(version) is not int or version != FORMAT_VERSION:
-        raise _CacheUnusable(
+        return _CacheUnusable(
             f"cache has format version {version!r}, this torch.compiler.precompile understands {FORMAT_VERSION}"
         )
+    return None
+
+
+def _payload(envelope: dict) -> dict[str, bytes]:
+    """The cache's kernels, whatever code it is paired with; _CacheUnusable if they are damaged."""
     if set(envelope) != _ENVELOPE_KEYS:
         raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     artifact = envelope["artifact"]
@@ -2423,29 +2446,93 @@ def _verify(python_code: str, convention: CallingConvention, envelope: dict) -> 
     return kernels
 
 
+class Artifact(NamedTuple):
+    """A ``(python_code, cache)`` pair as read and checked, with nothing executed.
+
+    ``read_artifact`` makes it: the first stage of ``load()``, and what the
+    inspector (``python -m torch._precompile inspect``) and the benchmarks
+    read.  python_code's header must be readable (else PrecompileError); each
+    verdict on the cache is recorded, not raised: ``load()`` raises
+    ``pair_error``, and warns about ``version_error`` / ``cache_error`` and
+    compiles from python_code; the inspector reports them.
+    """
+
+    python_code: str
+    cache_size: int  # bytes
+    constants: dict[str, Any]  # the header's literals: FORMAT_VERSION, BACKEND, CALLING_CONVENTION, ...
+    convention: CallingConvention  # decoded and validated
+    kernel_hashes: dict[str, str] | None  # KERNEL_SHA256 (None: an older artifact records none)
+    bytecode_hash: str | None  # BYTECODE_SHA256 (None: no compiled Python pinned)
+    envelope: dict | None  # the cache's envelope (None: unreadable, see cache_error)
+    kernels: dict[str, bytes]  # the cache's kernels, their payload sha256 checked ({} when not)
+    pair_error: PrecompileError | None  # the cache is for another backend or another python_code
+    version_error: PrecompileError | None  # the cache has another format version
+    cache_error: PrecompileError | None  # the cache is unreadable or its payload damaged
+
+    @property
+    def pair_problem(self) -> PrecompileError | None:
+        """Why ``load()`` would not use this pair's cache as is (None: they belong together)."""
+        return self.pair_error or self.version_error
+
+    def describe(self) -> dict[str, Any]:
+        """The inspector's JSON-serializable report (see ``torch._precompile_inspect``)."""
+        from torch._precompile_inspect import report
+
+        return report(self)
+
+
+def read_artifact(python_code: str, cache: bytes) -> Artifact:
+    """Read ``(python_code, cache)`` without executing either: header (ast), envelope
+    (``torch.load(weights_only=True)``), pairing, version and payload checks."""
+    constants = _read_constants(python_code)
+    convention = _convention_from(constants)
+    hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
+    envelope, kernels, pair_error, version_error, cache_error = None, {}, None, None, None
+    try:
+        envelope = _read_envelope(cache)
+        pair_error = _pair_error(python_code, convention, envelope)
+        version_error = _version_error(envelope)
+        kernels = _payload(envelope)
+    except _CacheUnusable as problem:
+        cache_error = problem
+    return Artifact(
+        python_code,
+        memoryview(cache).nbytes,
+        constants,
+        convention,
+        hashes,
+        bytecode_hash,
+        envelope,
+        kernels,
+        pair_error,
+        version_error,
+        cache_error,
+    )
+
+
 @functools.lru_cache(maxsize=None)
 def _warn_once(message: str) -> None:
     # Called by load()'s helpers: the warning points at load()'s caller.
     warnings.warn(message, stacklevel=4)
 
 
-def _usable_cache(
-    python_code: str, convention: CallingConvention, constants: dict[str, Any], cache: bytes
-) -> tuple[dict, dict]:
+def _usable_cache(artifact: Artifact) -> tuple[dict, dict]:
     """What this load may use of the cache, warning about the rest: key -> (sha256,
     bytes) of the kernels, and section -> code object of python_code's compiled sections."""
-    hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
-    try:
-        envelope = _read_envelope(cache)
-        kernels = _verify(python_code, convention, envelope)
-    except _CacheUnusable as problem:
+    if artifact.pair_error is not None:
+        raise artifact.pair_error
+    problem = artifact.version_error or artifact.cache_error
+    if problem is not None:
         warnings.warn(
             f"torch.compiler.precompile: ignoring the cache: {problem}; compiling from python_code "
             "instead (slower first call)",
             stacklevel=3,
         )
         return {}, {}
-    return _usable_kernels(envelope, kernels, hashes), _cached_bytecode(envelope, bytecode_hash)
+    return (
+        _usable_kernels(artifact.envelope, artifact.kernels, artifact.kernel_hashes),
+        _cached_bytecode(artifact.envelope, artifact.bytecode_hash),
+    )
 
 
 def _usable_kernels(envelope: dict, kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
@@ -2835,9 +2922,9 @@ class _Precompile:
     def _load(self, python_code: str, cache: bytes) -> Callable:
         timer = _StageTimer("load")
         with timer("verify"):
-            constants = _read_constants(python_code)
-            convention = _convention_from(constants)
-            kernels, compiled = _usable_cache(python_code, convention, constants, cache)
+            artifact = read_artifact(python_code, cache)
+            kernels, compiled = _usable_cache(artifact)
+            constants, convention = artifact.constants, artifact.convention
         with timer("prime"):
             kernel_files = _prime_kernels(kernels)
         log.warning(

@@ -5,14 +5,17 @@
 prints what a ``(python_code, cache)`` pair was built for and what it expects
 at every call: format version, backend, the build environment of the cached
 kernels and whether it matches this host, module positions, parameters and
-buffers, user inputs (shapes, dtypes, devices, free dims and their bounds),
-outputs, which parameters receive gradients, the kernels, and whether the two
-files belong together.
+buffers (a summary and the first few names with shapes; ``--json`` lists every
+one), user inputs (shapes, dtypes, devices, free dims and their bounds),
+outputs (shapes, dtypes, devices), which parameters receive gradients, the
+kernels, and whether the two files belong together.
 
-Nothing in the artifact is executed: the calling convention is read from
-``python_code`` with ``ast`` and the cache with ``torch.load(weights_only=True)``,
-through the same readers ``precompile.load`` uses (see Note [precompile
-programming model], invariants 6 and 7, in ``torch/_precompile.py``).
+Nothing in the artifact is executed: the pair is read by
+``torch._precompile.read_artifact``, the reader ``precompile.load`` uses
+(``python_code``'s header with ``ast``, the cache with
+``torch.load(weights_only=True)``, the pairing, version and payload checks; see
+Note [precompile programming model], invariants 6 and 7, in
+``torch/_precompile.py``).
 
 Exit status: 0 the pair belongs together (``load`` accepts it); 1 a file is
 missing or is not a readable precompile artifact (one line on stderr); 2 bad
@@ -33,7 +36,7 @@ from torch import _precompile as _impl
 from torch._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
 
 
-__all__ = ["describe", "format_report", "main", "UnreadableArtifact"]
+__all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
 
 EXIT_OK, EXIT_BAD_FILE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -53,9 +56,16 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
     be read (not an artifact, a newer format, damaged bytes); a readable pair
     that does not belong together is reported in ``report["pair"]``.
     """
+    return report(read(python_code, cache))
+
+
+def read(python_code: str, cache: bytes) -> _impl.Artifact:
+    """``read_artifact`` (what ``load`` reads), with each failure blamed on its half of the pair."""
+    if not isinstance(cache, (bytes, bytearray, memoryview)):
+        raise UnreadableArtifact("cache", PrecompileError(f"cache: expected bytes, got {type(cache).__name__}"))
     try:
-        convention = _impl._read_convention(python_code)
-        # _read_convention parses only the header; load() would also fail on
+        artifact = _impl.read_artifact(python_code, cache)
+        # read_artifact parses only the header; load() would also fail on
         # a syntax error further down.  Compiling executes nothing.
         compile(python_code, "<precompile artifact>", "exec", dont_inherit=True)
     except SyntaxError as error:
@@ -64,28 +74,23 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
         ) from None
     except PrecompileError as error:
         raise UnreadableArtifact("python_code", error) from None
-    try:
-        envelope = _impl._read_envelope(cache)
-        # The payload's own integrity, whatever code it is paired with:
-        # _verify with the pair fields set to this code's own values.
-        kernels = _impl._verify(
-            python_code,
-            convention,
-            {
-                **envelope,
-                "version": _impl.FORMAT_VERSION,
-                "backend": convention.backend,
-                "code_hash": _impl._code_hash(python_code),
-            },
-        )
-    except PrecompileError as error:
-        raise UnreadableArtifact("cache", error) from None
-    try:
-        _impl._verify(python_code, convention, envelope)
-        problem = None
-    except PrecompileError as error:
-        problem = _one_line(str(error))
+    return artifact
 
+
+def report(artifact: _impl.Artifact) -> dict[str, Any]:
+    """``describe``'s report on an artifact ``read_artifact`` read (``Artifact.describe()``).
+
+    Raises ``UnreadableArtifact`` if the cache cannot be read or its payload is damaged.
+    """
+    if artifact.cache_error is not None:
+        raise UnreadableArtifact("cache", artifact.cache_error)
+    python_code, convention, envelope, kernels = (
+        artifact.python_code,
+        artifact.convention,
+        artifact.envelope,
+        artifact.kernels,
+    )
+    problem = artifact.pair_problem
     state = convention.state
     return {
         "format_version": {
@@ -96,7 +101,7 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
         "backend": {"python_code": convention.backend, "cache": envelope["backend"]},
         "pair": {
             "belongs_together": problem is None,
-            "problem": problem,
+            "problem": None if problem is None else _one_line(str(problem)),
             "version_matches": envelope["version"] == convention.format_version,
             "backend_matches": envelope["backend"] == convention.backend,
             "code_hash_matches": envelope["code_hash"] == _impl._code_hash(python_code),
@@ -108,8 +113,8 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
             {"position": m.position, "parameters": len(m.parameters), "buffers": len(m.buffers)}
             for m in convention.modules
         ],
-        "parameters": _tensors_summary([s.tensor for s in state if s.kind == "parameter"]),
-        "buffers": _tensors_summary([s.tensor for s in state if s.kind == "buffer"]),
+        "parameters": _state_report(convention, "parameter"),
+        "buffers": _state_report(convention, "buffer"),
         "tied": [[_state_name(convention, n) for n in s.names] for s in state if len(s.names) > 1],
         "inputs": _inputs_report(convention),
         "outputs": _outputs_report(convention),
@@ -122,7 +127,7 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
             "bytes": sum(_nbytes(c.shape, c.dtype) for c in convention.constants),
         },
         "kernels": {"count": len(kernels), "bytes": sum(len(blob) for blob in kernels.values())},
-        "sizes": {"python_code": len(python_code.encode()), "cache": len(cache)},
+        "sizes": {"python_code": len(python_code.encode()), "cache": artifact.cache_size},
     }
 
 
@@ -162,13 +167,19 @@ def _tensor_report(spec: TensorSpec) -> dict[str, Any]:
     }
 
 
-def _tensors_summary(specs: list) -> dict[str, Any]:
+def _state_report(convention: CallingConvention, kind: str) -> dict[str, Any]:
+    """A summary of the parameters (or buffers), and each one by name (tied: its first name)."""
+    entries = [s for s in convention.state if s.kind == kind]
+    specs = [s.tensor for s in entries]
     sizes = [_nbytes(s.shape, s.dtype) for s in specs]
+    elements = [None if None in s.shape else math.prod(s.shape) for s in specs]
     return {
         "count": len(specs),
+        "elements": sum(elements) if None not in elements else None,
         "bytes": sum(sizes) if None not in sizes else None,
         "dtypes": dict(collections.Counter(s.dtype for s in specs)),
         "devices": dict(collections.Counter(s.device for s in specs)),
+        "tensors": [{"name": _state_name(convention, s.names[0]), **_tensor_report(s.tensor)} for s in entries],
     }
 
 
@@ -202,7 +213,10 @@ def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
     for path, leaf in zip(paths, convention.outputs):
         entry = {"path": "result" + pytree.keystr(path)}
         if leaf.graph_output is not None:
-            entry.update(kind="tensor", graph_output=leaf.graph_output)
+            spec = convention.output_tensors[leaf.graph_output]
+            entry.update(
+                kind="tensor", graph_output=leaf.graph_output, shape=list(spec.shape), dtype=spec.dtype, device=spec.device
+            )
         else:
             entry.update(kind="value", value=repr(leaf.value))
         report.append(entry)
@@ -245,6 +259,10 @@ def _bytes_text(n: int | None) -> str:
     return "unknown (free dims)" if n is None else f"{n:,} bytes"
 
 
+def _elements_text(n: int | None) -> str:
+    return "unknown (free dims)" if n is None else f"{n:,} elements"
+
+
 def _counts_text(counter: dict) -> str:
     return ", ".join(f"{key} x{count}" for key, count in counter.items()) or "-"
 
@@ -259,6 +277,9 @@ def _tensor_text(entry: dict) -> str:
         high = "inf" if free["max"] is None else free["max"]
         text += f"; dim {free['dim']} free in [{free['min']}, {high}] (size group {free['size_group']})"
     return text
+
+
+_NAMES_SHOWN = 3  # parameters / buffers named in the text report
 
 
 def format_report(report: dict[str, Any], code_file: str = "", cache_file: str = "") -> str:
@@ -300,9 +321,14 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
         summary = report[kind]
         row(
             kind,
-            f"{summary['count']} tensors, {_bytes_text(summary['bytes'])}; "
+            f"{summary['count']} tensors, {_elements_text(summary['elements'])}, {_bytes_text(summary['bytes'])}; "
             f"dtypes {_counts_text(summary['dtypes'])}; devices {_counts_text(summary['devices'])}",
         )
+        if summary["tensors"]:
+            shown = summary["tensors"][:_NAMES_SHOWN]
+            more = len(summary["tensors"]) - len(shown)
+            names = ", ".join(f"{t['name']} {_shape_text(t['shape'])}" for t in shown)
+            row("", names + (f", ... ({more} more; --json lists all)" if more else ""))
     for names in report["tied"]:
         row("tied", " = ".join(names))
     if not report["inputs"]:
@@ -312,7 +338,7 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
         row("input", f"{entry['path']}: {detail}")
     for entry in report["outputs"]:
         detail = (
-            f"tensor (graph output {entry['graph_output']})"
+            f"{_shape_text(entry['shape'])} {entry['dtype']} {entry['device']} (graph output {entry['graph_output']})"
             if entry["kind"] == "tensor"
             else f"value {entry['value']} (baked)"
         )

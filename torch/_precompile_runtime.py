@@ -274,6 +274,10 @@ class CallingConvention(NamedTuple):
     grads_assigned: tuple[int, ...] = ()
     # Parameters whose .grad fn sets to None (zero_grad() after its backward).
     grads_cleared: tuple[int, ...] = ()
+    # What each tensor output (by graph_output index) was at capture: shape
+    # (None where it depends on free dims), dtype, device.  For readers (the
+    # inspector); the driver does not check outputs.
+    output_tensors: tuple[TensorSpec, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -349,6 +353,7 @@ _NESTED = {
     ("CallingConvention", "outputs"): LeafSpec,
     ("CallingConvention", "constants"): ConstantSpec,
     ("CallingConvention", "optimizers"): OptimizerSpec,
+    ("CallingConvention", "output_tensors"): TensorSpec,
     ("OptimizerSpec", "tensors"): TensorSpec,
     ("StateSpec", "tensor"): TensorSpec,
     ("LeafSpec", "tensor"): TensorSpec,
@@ -554,6 +559,13 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"outputs[{index}].value")
     if graph_outputs != list(range(len(graph_outputs))):
         fail(f"output graph indices {graph_outputs!r}")
+    if not isinstance(c.output_tensors, tuple) or len(c.output_tensors) != len(graph_outputs):
+        fail(f"output_tensors: {len(graph_outputs)} tensor outputs")
+    for index, t in enumerate(c.output_tensors):
+        # Only shape (None: depends on free dims), dtype and device are recorded.
+        if not isinstance(t, TensorSpec) or not isinstance(t.shape, tuple) or (t.stride, t.free_dims, t.memory_format) != (None, (), None):
+            fail(f"output_tensors[{index}]")
+        check_tensor_spec(f"output_tensors[{index}]", t._replace(shape=tuple(0 if s is None else s for s in t.shape)))
     load_spec("output_spec", c.output_spec, len(c.outputs))
     def check_indices(field: str, indices: Any, within: Any) -> None:
         if not isinstance(indices, tuple) or list(indices) != sorted(set(indices)) or not all(
@@ -1360,6 +1372,48 @@ class PrecompiledFunction:
             for leaf in self.convention.outputs
         ]
         return pytree.tree_unflatten(leaves, self._output_spec)
+
+    # -- introspection: supported hooks for benchmarks and debugging -----------
+    # __call__ does not use them: its per-call path stays as it is.
+
+    def graph_inputs(self, *args: Any) -> list:
+        """The flat list of graph inputs that ``self(*args)`` would pass to the graph.
+
+        In the calling convention's order: parameters and buffers, the user
+        input tensors, free dim sizes, optimizer inputs, incoming grads, then
+        the constants.  ``args`` are checked as a call checks them (a
+        PrecompileError names what differs); the global state (grad mode,
+        autocast, hooks) is not.  Nothing runs and nothing is written.
+        """
+        if len(args) != self._arity:
+            self._raise_call_shape(args, {})
+        user_args = self._pick_user_args(args)
+        leaves = self._flatten(user_args)
+        state = self._state_tensors(self._pick_modules(args))
+        tensors = [*state, *self._pick_tensor_inputs(leaves)]
+        self._check_slowly(user_args, leaves, state)
+        self._check_values(user_args, leaves)
+        self._check_aliasing(tensors, self._input_alias_pairs)
+        return [*tensors, *self._trailing_inputs(args, leaves, state), *self._constants]
+
+    def run_graph(self, inputs: list) -> Any:
+        """Run the graph alone on ``inputs`` (from ``graph_inputs``), which it leaves as they are.
+
+        Returns the graph's flat outputs: fn's tensor outputs, then the
+        gradients of ``convention.grad_state``.  No check, no grad-mode switch
+        (call it under ``torch.no_grad()`` as a call does), no ``.grad`` written,
+        fn's result not rebuilt.
+        """
+        return self._run_graph(list(inputs))
+
+    def with_graph(self, run_graph: Callable[[list], Any]) -> "PrecompiledFunction":
+        """A runnable with this one's calling convention and checks around another graph.
+
+        ``run_graph(list_of_inputs) -> outputs`` stands for the graph (it may
+        consume the list); e.g. one returning precomputed outputs times the
+        driver alone.
+        """
+        return type(self)(self.convention, run_graph, self._constants)
 
 
 # ---------------------------------------------------------------------------
