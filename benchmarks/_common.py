@@ -316,7 +316,6 @@ class Compile(Method):
         import torch
 
         compiled = torch.compile(wl.fn)
-        fn = wl.fn  # noqa: F841 (kept for symmetry)
         return Runtime(lambda: compiled(model, *inputs), list(model.parameters()), wl.context)
 
     def artifact_bytes(self, art, build_info):

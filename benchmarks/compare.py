@@ -28,7 +28,6 @@ Usage:
     python benchmarks/compare.py --workloads gpt2_fwd,gpt2_train --peers eager,compile,precompile_eager,precompile --report compare_gpt2
 """
 
-import os
 import sys
 import time
 from pathlib import Path
