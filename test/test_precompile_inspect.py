@@ -335,7 +335,7 @@ class TestInspectBadFiles(InspectTestCase):
             ("plain.py", b"x = 1\n", "missing the calling-convention metadata"),
             ("binary.py", b"\xff\xfe\x00garbage", "not UTF-8"),
             ("cache_as_code.py", _read(cache_file), "python_code"),
-            ("future.py", code.replace(f"FORMAT_VERSION = {V}\n".encode(), f"FORMAT_VERSION = {V + 1}\n".encode(), 1), "newer"),
+            ("future.py", code.replace(f"{{'format_version': {V},".encode(), f"{{'format_version': {V + 1},".encode(), 1), "newer"),
         )):
             with self.subTest(name):
                 path = _write(name, data)

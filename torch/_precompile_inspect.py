@@ -172,13 +172,8 @@ def _tensors_summary(specs: list) -> dict[str, Any]:
     }
 
 
-def _leaf_paths(spec_text: str, count: int) -> list[tuple]:
-    spec = pytree.treespec_loads(spec_text)
-    if spec.num_leaves != count:
-        raise PrecompileError(
-            f"python_code: CALLING_CONVENTION is malformed (a tree spec has {spec.num_leaves} "
-            f"leaves, the leaf list {count})"
-        )
+def _leaf_paths(spec: pytree.TreeSpec, count: int) -> list[tuple]:
+    # validate_convention checked that spec has count leaves
     paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * count, spec))
     return [path for path, _ in paths]
 
