@@ -358,7 +358,9 @@ def _sequence(value: list, item: Callable[[Any], Any]) -> tuple:
         raise
 
 
-_SCALARS = {
+# Annotation -> decoder: the scalar kinds, then every record and composite
+# type as _decoder() builds it (a composite that repeats is built once).
+_DECODERS: dict = {
     int: _scalar("an int", lambda v: type(v) is int),
     bool: _scalar("a bool", lambda v: type(v) is bool),
     str: _scalar("a str", lambda v: type(v) is str),
@@ -373,10 +375,13 @@ _SCALARS = {
 
 def _decoder(annotation: Any) -> Callable[[Any], Any]:
     """The function that reads one field of this type from its literal (built once, at import)."""
-    if annotation in _SCALARS:
-        return _SCALARS[annotation]
-    if annotation in _DECODERS:
-        return _DECODERS[annotation]
+    decoder = _DECODERS.get(annotation)
+    if decoder is None:
+        decoder = _DECODERS[annotation] = _composite_decoder(annotation)
+    return decoder
+
+
+def _composite_decoder(annotation: Any) -> Callable[[Any], Any]:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
         inner = _decoder(args[0] if args[1] is type(None) else args[1])
@@ -399,14 +404,16 @@ def _decoder(annotation: Any) -> Callable[[Any], Any]:
         def decode_fixed(value: Any) -> tuple:
             if type(value) is not list or len(value) != len(items):
                 raise _Malformed(value, f"a list of {len(items)}")
-            decoded = []
-            for index, (decode, entry) in enumerate(zip(items, value)):
-                try:
-                    decoded.append(decode(entry))
-                except _Malformed as error:
-                    error.path.append(f"[{index}]")
-                    raise
-            return tuple(decoded)
+            try:
+                return tuple([decode(entry) for decode, entry in zip(items, value)])
+            except _Malformed as error:
+                for index, (decode, entry) in enumerate(zip(items, value)):  # only to name the entry
+                    try:
+                        decode(entry)
+                    except _Malformed:
+                        error.path.append(f"[{index}]")
+                        raise error from None
+                raise
 
         return decode_fixed
     raise TypeError(f"calling convention: no decoder for the annotation {annotation!r}")
@@ -445,7 +452,6 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
     return decode
 
 
-_DECODERS: dict = {}
 for _record in (TensorSpec, StateSpec, ModuleSpec, LeafSpec, ConstantSpec, OptimizerSpec, CallingConvention):
     _DECODERS[_record] = _record_decoder(_record)
 del _record
