@@ -403,9 +403,10 @@ class TestArtifact(TestCase):
         self.assertTrue(code.startswith("# torch.compiler.precompile artifact"))
         self.assertIn('namespace["forward"](model, *inputs)', code)
         constants = precompile_module._read_constants(code)
-        self.assertEqual(constants["BACKEND"], backend)
-        self.assertEqual(constants["FORMAT_VERSION"], precompile_module.FORMAT_VERSION)
+        self.assertNotIn("FORMAT_VERSION", constants)  # stored once, in the convention
         convention = constants["CALLING_CONVENTION"]
+        self.assertEqual(convention["backend"], backend)
+        self.assertEqual(convention["format_version"], precompile_module.FORMAT_VERSION)
         self.assertEqual(convention["modules"][0]["parameters"], ["0.weight", "0.bias", "2.weight", "2.bias"])
         self.assertEqual(convention["inputs"][0]["tensor"]["shape"], [3, 8])
         self.assertEqual(convention["grad_state"], [])
@@ -632,10 +633,15 @@ class TestLoad(TestCase):
             precompile.load(code, self.cache)
 
     def test_newer_and_older_format_refused(self):
-        version = precompile_module.FORMAT_VERSION
-        for other, word in ((99, "newer"), (version - 1, "older")):
-            code = self.code.replace(f"FORMAT_VERSION = {version}\n", f"FORMAT_VERSION = {other}\n", 1)
-            with self.assertRaisesRegex(PrecompileError, rf"format version {other}, {word} than .* understands \({version}\)"):
+        low, high = precompile_module.MIN_FORMAT_VERSION, precompile_module.FORMAT_VERSION
+        supported = rf"supports \({low}\.\.{high}\)"
+        for other, word in ((99, "newer"), (low - 1, "older")):
+            code = self.code.replace(f"{{'format_version': {high},", f"{{'format_version': {other},", 1)
+            with self.assertRaisesRegex(PrecompileError, rf"python_code has format version {other}, {word} than .*{supported}"):
+                precompile.load(code, self.cache)
+        for other in ("'4'", "True", "None"):
+            code = self.code.replace(f"{{'format_version': {high},", f"{{'format_version': {other},", 1)
+            with self.assertRaisesRegex(PrecompileError, rf"format version {re.escape(other)}, which is malformed \(expected an int in {low}\.\.{high}\)"):
                 precompile.load(code, self.cache)
 
     def test_code_hash_mismatch(self):
@@ -675,6 +681,181 @@ class TestLoad(TestCase):
             precompile.load(b"x", self.cache)
         with self.assertRaisesRegex(PrecompileError, "cache: expected bytes, got str"):
             precompile.load(self.code, "x")
+
+
+class TestConventionSchema(TestCase):
+    """The calling convention's records are their schema: one codec, a short list of invariants."""
+
+    @staticmethod
+    def convention(**changes):
+        """A hand-built convention using every record, field kind and union case."""
+        pytree = torch.utils._pytree
+        t = runtime.TensorSpec
+        x = t((None, 4), None, "float32", "cpu", free_dims=((0, 0, 2, None),), memory_format="contiguous_format")
+        fields = dict(
+            format_version=precompile_module.FORMAT_VERSION,
+            backend="inductor",
+            arity=4,
+            modules=(
+                runtime.ModuleSpec(
+                    position=0,
+                    parameters=("w",),
+                    buffers=("b",),
+                    submodules=(("", True), ("sub", None)),
+                    classes=("torch.nn.Module", "torch.nn.Module"),
+                    attributes=(("sub", "eps", 1e-5), ("", "sizes", (1, (float("-inf"), None)))),
+                ),
+            ),
+            state=(
+                runtime.StateSpec("parameter", ((0, "w"),), t((2,), (1,), "float32", "cpu", requires_grad=True)),
+                runtime.StateSpec("buffer", ((0, "b"),), t((), (), "int64", "cpu")),
+            ),
+            input_spec=pytree.tree_structure((0, {"a": 0, "b": 0})),
+            inputs=(
+                runtime.LeafSpec(tensor=x),
+                runtime.LeafSpec(value=None),
+                runtime.LeafSpec(value=float("nan")),
+            ),
+            output_spec=pytree.tree_structure([0, 0, 0]),
+            outputs=(
+                runtime.LeafSpec(graph_output=0),
+                runtime.LeafSpec(value=None),
+                runtime.LeafSpec(value=float("inf")),
+            ),
+            grad_state=(0,),
+            constants=(runtime.ConstantSpec((2,), "int32", "cpu", "AQAAAAIAAAA="),),
+            needs_grad=True,
+            mutated=(1,),
+            default_dtype="float32",
+            autocast=(("cpu", "bfloat16"),),
+            optimizers=(
+                runtime.OptimizerSpec(
+                    position=1,
+                    cls="Adam",
+                    groups=((0,),),
+                    hyper=((("betas", (0.9, 0.999)), ("eps", 1e-8), ("foreach", None)),),
+                    keys=("step", "exp_avg"),
+                    stepped=((0, 0),),
+                    tensors=(t((), (), "float32", "cpu"), t((2,), (1,), "float32", "cpu")),
+                ),
+            ),
+            grad_inputs=(0,),
+            grads_assigned=(0,),
+            output_tensors=(t((None, 3), None, "float32", "cpu"),),
+        )
+        fields.update(changes)
+        return runtime.CallingConvention(**fields)
+
+    def literal(self, **changes):
+        return self.convention(**changes).to_literal()
+
+    def assert_malformed(self, literal, message):
+        with self.assertRaisesRegex(PrecompileError, "calling convention is malformed: " + message):
+            runtime.CallingConvention.from_literal(literal)
+
+    def test_round_trip_of_every_record(self):
+        convention = self.convention()
+        literal = convention.to_literal()
+        self.assertEqual(ast.literal_eval(repr(literal)), literal)  # plain literals only
+        decoded = runtime.CallingConvention.from_literal(literal)
+        self.assertEqual(decoded, convention)
+        self.assertIsInstance(decoded.input_spec, torch.utils._pytree.TreeSpec)  # serialized only at the edges
+        self.assertTrue(runtime.same_value(decoded.inputs[2].value, float("nan")))
+        self.assertEqual(decoded.sizes, ((0, 0),))  # derived from the inputs' free dims
+        for record in (decoded.modules[0], decoded.state[0], decoded.inputs[0], decoded.constants[0], decoded.optimizers[0]):
+            self.assertEqual(runtime._DECODERS[type(record)](runtime._to_literal(record)), record)
+
+    def test_defaults_omitted_and_leaves_tagged(self):
+        literal = self.literal()
+        self.assertNotIn("grads_cleared", literal)
+        self.assertEqual(literal["state"][1]["tensor"], {"shape": [], "stride": [], "dtype": "int64", "device": "cpu"})
+        self.assertEqual(literal["inputs"][1], {"value": None})  # a baked None
+        self.assertEqual(literal["outputs"][0], {"graph_output": 0})
+        self.assertEqual(literal["inputs"][2], {"value": {"nonfinite_float": "nan"}})
+        self.assertNotIn("sizes", literal)  # stored once, as free_dims
+        self.assertFalse(runtime.LeafSpec(tensor=self.convention().inputs[0].tensor).is_value)
+        self.assertTrue(runtime.LeafSpec(value=None).is_value)
+
+    def test_malformed_field_of_each_kind(self):
+        def edited(path, value):
+            literal = self.literal()
+            container = literal
+            for key in path[:-1]:
+                container = container[key]
+            if value is KeyError:
+                del container[path[-1]]
+            else:
+                container[path[-1]] = value
+            return literal
+
+        for path, value, message in (
+            (("arity",), -1, r"arity = -1 \(an int >= 0\)"),
+            (("arity",), True, r"arity = True \(an int >= 0\)"),
+            (("needs_grad",), 1, r"needs_grad = 1 \(a bool\)"),
+            (("modules", 0, "parameters", 0), 7, r"modules\[0\]\.parameters\[0\] = 7 \(a str\)"),
+            (("modules", 0, "submodules", 1, 1), "no", r"modules\[0\]\.submodules\[1\]\[1\] = 'no' \(a bool\)"),
+            (("modules", 0, "submodules", 1), ["sub"], r"modules\[0\]\.submodules\[1\] = \['sub'\] \(a list of 2\)"),
+            (("grad_state",), (0,), r"grad_state = \(0,\) \(a list\)"),
+            (("state", 0), [], r"state\[0\] = \[\] \(a dict of StateSpec fields\)"),
+            (("state", 0, "kind"), "weight", r"state\[0\]\.kind = 'weight' \(one of \['parameter', 'buffer'\]\)"),
+            (("state", 0, "tensor", "dtype"), "float33", r"state\[0\]\.tensor\.dtype = 'float33' \(a torch dtype name\)"),
+            (("state", 0, "tensor", "device"), "nowhere:0", r"state\[0\]\.tensor\.device = 'nowhere:0' \(a torch device\)"),
+            (("state", 0, "tensor", "shape", 0), None, None),  # Count | None: an invariant refuses it below
+            (("state", 0, "tensor", "shape", 0), 2.0, r"state\[0\]\.tensor\.shape\[0\] = 2\.0 \(an int >= 0\)"),
+            (("state", 0, "tensor"), KeyError, r"state\[0\]: StateSpec lacks its field 'tensor'"),
+            (("inputs", 0, "extra"), 1, r"inputs\[0\]: LeafSpec has unknown fields \['extra'\]"),
+            (("inputs", 1, "value"), [1], r"inputs\[1\]\.value = \[1\] \(a Python leaf value"),
+            (("inputs", 2, "value"), {"nonfinite_float": "1e999"}, r"inputs\[2\]\.value = \{'nonfinite_float': '1e999'\}"),
+            (("inputs", 0, "tensor", "memory_format"), "strided", r"inputs\[0\]\.tensor\.memory_format = 'strided' \(one of \['contiguous_format'"),
+            (("input_spec",), "not a tree spec", r"input_spec = 'not a tree spec' \(a pytree\.treespec_dumps string\)"),
+            (("modules", 0, "attributes", 0, 2), {"a": 1}, r"modules\[0\]\.attributes\[0\]\[2\] = \{'a': 1\} \(a Python leaf value"),
+            (("autocast", 0, 0), "tpu", r"autocast\[0\]\[0\] = 'tpu' \(one of \['cpu'"),
+            (("optimizers", 0, "hyper", 0, 0, 0), 1, r"optimizers\[0\]\.hyper\[0\]\[0\]\[0\] = 1 \(a str\)"),
+        ):
+            if message is None:
+                continue
+            with self.subTest(path=path):
+                self.assert_malformed(edited(path, value), message)
+        self.assert_malformed([], r"CALLING_CONVENTION = \[\] \(a dict of CallingConvention fields\)")
+
+    def test_invariants_name_field_and_value(self):
+        t = runtime.TensorSpec
+        for changes, message in (
+            (dict(grad_state=(1,)), r"grad_state = \(1,\) \(expected increasing indices within \[0\]\)"),
+            (dict(mutated=(5,)), r"mutated = \(5,\)"),
+            (
+                dict(modules=(self.convention().modules[0]._replace(position=4),)),
+                r"modules\[0\]\.position = 4 \(expected a distinct argument position < arity 4\)",
+            ),
+            (dict(inputs=(runtime.LeafSpec(),) * 3), r"inputs\[0\] = LeafSpec\(.*\) \(expected exactly one of tensor, value\)"),
+            (dict(outputs=(runtime.LeafSpec(graph_output=1),) * 3), r"outputs = \[1, 1, 1\] \(graph_output indices"),
+            (dict(output_spec=torch.utils._pytree.tree_structure([0])), r"output_spec = .* \(expected 3 leaves\)"),
+            (
+                dict(inputs=(runtime.LeafSpec(tensor=t((None,), None, "float32", "cpu")),) + self.convention().inputs[1:]),
+                r"inputs\[0\]\.tensor\.free_dims = \(\) \(expected one entry per None dim",
+            ),
+            (
+                dict(constants=(runtime.ConstantSpec((3,), "int32", "cpu", "AQAAAAIAAAA="),)),
+                r"constants\[0\]\.data = '8 bytes' \(expected \(3,\) int32\)",
+            ),
+            (dict(output_tensors=()), r"output_tensors = \(\) \(expected one per tensor output \(1\)\)"),
+            (
+                dict(output_tensors=(t((3,), (1,), "float32", "cpu"),)),
+                r"output_tensors\[0\] = TensorSpec\(.*\) \(records only shape, dtype and device\)",
+            ),
+        ):
+            with self.subTest(changes=list(changes)):
+                self.assert_malformed(self.literal(**changes), message)
+
+    def test_version_outside_the_supported_range(self):
+        low, high = precompile_module.MIN_FORMAT_VERSION, precompile_module.FORMAT_VERSION
+        for version, word in ((high + 1, "newer"), (low - 1, "older")):
+            code = "CALLING_CONVENTION = " + repr(self.literal(format_version=version)) + "\n"
+            with self.assertRaisesRegex(
+                PrecompileError, rf"format version {version}, {word} than .* supports \({low}\.\.{high}\)"
+            ):
+                precompile_module._read_convention(code)
+        self.assertEqual(precompile_module._read_convention("CALLING_CONVENTION = " + repr(self.literal())), self.convention())
 
 
 class TestRuntimeChecks(TestCase):

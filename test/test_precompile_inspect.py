@@ -130,7 +130,7 @@ class InspectTestCase(TestCase):
 
 class TestInspectReport(InspectTestCase):
     def check_common(self, report, backend):
-        self.assertEqual(report["format_version"], {"python_code": V, "cache": V, "supported": V})
+        self.assertEqual(report["format_version"], {"python_code": V, "cache": V, "supported": [precompile_module.MIN_FORMAT_VERSION, V]})
         self.assertEqual(report["backend"], {"python_code": backend, "cache": backend})
         self.assertEqual(
             report["pair"],
@@ -256,7 +256,7 @@ class TestInspectReport(InspectTestCase):
                     "torch.compiler.precompile artifact",
                     f"  python_code         {code_file} (",
                     f"  cache               {cache_file} (",
-                    f"  format version      {V} (cache {V}; this torch reads up to {V})",
+                    f"  format version      {V} (cache {V}; this torch reads {precompile_module.MIN_FORMAT_VERSION}..{V})",
                     f"  backend             {backend}\n",
                     "  pair                belongs together",
                     "matches this host",
@@ -426,7 +426,7 @@ class TestInspectBadFiles(InspectTestCase):
             ("plain.py", b"x = 1\n", "missing the calling-convention metadata"),
             ("binary.py", b"\xff\xfe\x00garbage", "not UTF-8"),
             ("cache_as_code.py", _read(cache_file), "python_code"),
-            ("future.py", code.replace(f"FORMAT_VERSION = {V}\n".encode(), f"FORMAT_VERSION = {V + 1}\n".encode(), 1), "newer"),
+            ("future.py", code.replace(f"{{'format_version': {V},".encode(), f"{{'format_version': {V + 1},".encode(), 1), "newer"),
         )):
             with self.subTest(name):
                 path = _write(name, data)

@@ -67,7 +67,8 @@ says who guarantees it and, where it is enforced, which tests (in
    raises.  Kernels run only from verified files in a private store.
    Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
    test_precompile_kernel_store.py).  Layout: a header of literal constants
-   (format, backend, bytecode and kernel hashes, calling convention), then code sections in
+   (the calling convention, whose ``format_version`` and ``backend`` are the
+   artifact's, stored nowhere else; bytecode and kernel hashes), then code sections in
    reading order -- ``graph`` (the eager ATen graph, or Inductor's module),
    ``driver`` (``torch/_precompile_runtime.py`` verbatim) and ``forward`` (binds
    them) -- each opened by a marker line.  Run alone they share one namespace,
@@ -84,7 +85,13 @@ says who guarantees it and, where it is enforced, which tests (in
    ``cache``: only load pairs you trust.  It reads the calling convention with
    ``ast`` and the cache with ``torch.load(weights_only=True)`` before
    executing anything, and warns at every load (TestLoad).  Trusting the
-   pair is the caller's responsibility.
+   pair is the caller's responsibility.  The convention's records
+   (``_precompile_runtime.CallingConvention`` and the specs it holds) are
+   their own schema: each field is decoded by its annotation, then the
+   cross-references are checked (``validate_convention``); an artifact whose
+   ``format_version`` is outside ``MIN_FORMAT_VERSION..FORMAT_VERSION`` is
+   refused before that, by ``_check_format_version``, naming both
+   (TestConventionSchema).
 8. Capture has no side effects on the caller.  ``precompile`` traces on
    clones, so the caller's parameters, buffers, ``.grad`` and inputs are
    bit-identical afterwards, also when fn raises (TestCaptureContract); fn
@@ -343,9 +350,14 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # convention records module modes read, aliasing, requires_grad, global state
 # (Note invariant 11 on); 3: submodule classes and read attributes, how each
 # .grad is written (invariant 13), and the graph and the driver are code
-# sections, no longer string literals; 4: each tensor output's shape and dtype
-# (output_tensors); older artifacts lack them.
-FORMAT_VERSION = 4
+# sections, no longer string literals; older artifacts lack them.  4: the
+# format version and backend are stored once (CALLING_CONVENTION's
+# format_version / backend, no FORMAT_VERSION / BACKEND lines), the free sizes
+# are derived from the inputs' free_dims, a LeafSpec's unset value is no None.
+# 5: each tensor output's shape, dtype and device (output_tensors).
+# load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
+MIN_FORMAT_VERSION = 5
+FORMAT_VERSION = 5
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 
@@ -508,6 +520,11 @@ def _dump_structure(what: str, spec: pytree.TreeSpec) -> str:
         raise PrecompileError(
             f"{what}: its pytree structure cannot be recorded ({str(error).rstrip('.')}); {_PYTREE_FIX}"
         ) from None
+
+
+def _recordable_spec(what: str, spec: pytree.TreeSpec) -> pytree.TreeSpec:
+    _dump_structure(what, spec)  # to_literal() dumps it when the artifact is rendered
+    return spec
 
 
 def _check_recordable_structure(what: str, value: Any) -> None:
@@ -1073,17 +1090,16 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             StateSpec(kind=e.kind, names=tuple(e.names), tensor=_tensor_spec(e.tensor, backend))
             for e in args.lifted
         ),
-        input_spec=pytree.treespec_dumps(args.input_spec),
+        input_spec=args.input_spec,
         inputs=tuple(
             LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
             if isinstance(leaf, torch.Tensor)
             else LeafSpec(value=leaf)
             for i, leaf in enumerate(args.input_leaves)
         ),
-        output_spec=_dump_structure("fn's output", recorded["out_spec"]),
+        output_spec=_recordable_spec("fn's output", recorded["out_spec"]),
         outputs=tuple(outputs),
         grad_state=grads["grad_state"],
-        sizes=tuple((leaf, dim) for leaf, dim, *_ in sizes),
         constants=tuple(_constant_spec(c) for c in constants),
         # Autograd in the graph (backward(), autograd.grad) makes grad mode and
         # every requires_grad part of the contract; a pure forward computes the
@@ -1715,7 +1731,7 @@ def _graph_input_names(convention: CallingConvention) -> list[str]:
     def fqn(state_index: int) -> str:
         return convention.state[state_index].names[0][1]
 
-    user_spec = pytree.treespec_loads(convention.input_spec)
+    user_spec = convention.input_spec
     paths = [
         f"args_{convention.user_positions[position.idx]}{pytree.keystr(tuple(rest))}"
         for (position, *rest), _ in pytree.tree_flatten_with_path(
@@ -2008,7 +2024,7 @@ def _describe_call(convention: CallingConvention) -> str:
     lines = []
     modules = {m.position: m for m in convention.modules}
     optimizers = {o.position: o for o in convention.optimizers}
-    spec = pytree.treespec_loads(convention.input_spec)
+    spec = convention.input_spec
     leaves = iter(convention.inputs)
     for position in range(convention.arity):
         if position in optimizers:
@@ -2032,7 +2048,7 @@ def _describe_call(convention: CallingConvention) -> str:
 
 
 def _describe_leaf(leaf: LeafSpec) -> str:
-    if leaf.tensor is None:
+    if leaf.is_value:
         return f"{leaf.value!r} (baked)"
     t = leaf.tensor
     return f"Tensor{t.describe_shape()} {t.dtype} {t.device}"
@@ -2040,7 +2056,7 @@ def _describe_leaf(leaf: LeafSpec) -> str:
 
 def _render(convention: CallingConvention, lowered: _Lowered) -> str:
     header = f"""\
-# torch.compiler.precompile artifact -- format {FORMAT_VERSION}, backend {convention.backend!r}.
+# torch.compiler.precompile artifact -- format {convention.format_version}, backend {convention.backend!r}.
 # Generated by torch {torch.__version__}. Do not edit: the cache is bound to this
 # exact text by its sha256, and the constants below are the calling convention.
 #
@@ -2054,10 +2070,6 @@ def _render(convention: CallingConvention, lowered: _Lowered) -> str:
 # Calling convention (positional arguments only):
 {_describe_call(convention)}
 # Pass the model(s) again at every call; no weights are stored here.
-
-FORMAT_VERSION = {FORMAT_VERSION}
-
-BACKEND = {convention.backend!r}
 
 {_NO_BYTECODE}
 CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}
@@ -2260,7 +2272,7 @@ class _StoreUnusable(Exception):
 # recursion depth mismatch" (gh-106905).  load() is called from threads.
 _AST_LOCK = threading.Lock()
 
-_REQUIRED_CONSTANTS = ("FORMAT_VERSION", "BACKEND", "CALLING_CONVENTION")
+_REQUIRED_CONSTANTS = ("CALLING_CONVENTION",)
 # Recorded after the kernels are harvested; absent in artifacts of older versions.
 _HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256", "BYTECODE_SHA256")
 
@@ -2314,35 +2326,29 @@ def _read_convention(python_code: str) -> CallingConvention:
 
 
 def _convention_from(constants: dict[str, Any]) -> CallingConvention:
-    version = constants["FORMAT_VERSION"]
-    if type(version) is not int or version < 1:  # bool is an int subclass: refuse it too
+    literal = constants["CALLING_CONVENTION"]
+    _check_format_version("python_code", literal.get("format_version") if isinstance(literal, dict) else None)
+    return CallingConvention.from_literal(literal)
+
+
+def _check_format_version(what: str, version: Any) -> None:
+    """The one check of an artifact's format version (python_code's, and the cache
+    envelope's, which load() turns into ignoring the cache) against the supported range."""
+    if type(version) is int and MIN_FORMAT_VERSION <= version <= FORMAT_VERSION:
+        return
+    low, high = MIN_FORMAT_VERSION, FORMAT_VERSION
+    supported = f"the versions this torch.compiler.precompile supports ({low}..{high})"
+    if type(version) is not int:  # bool is an int subclass: refuse it too
+        raise PrecompileError(f"{what} has format version {version!r}, which is malformed (expected an int in {low}..{high}); it was edited")
+    if version > high:
         raise PrecompileError(
-            f"python_code: FORMAT_VERSION {version!r} is malformed (expected a positive int); it was edited"
-        )
-    if version > FORMAT_VERSION:
-        raise PrecompileError(
-            f"python_code has artifact format version {version!r}, newer than this "
-            f"torch.compiler.precompile understands ({FORMAT_VERSION}); load it with the torch "
+            f"{what} has format version {version}, newer than {supported}; load it with the torch "
             "version that produced it, or precompile again"
         )
-    if version < FORMAT_VERSION:
-        raise PrecompileError(
-            f"python_code has artifact format version {version!r}, older than this "
-            f"torch.compiler.precompile understands ({FORMAT_VERSION}): it does not record "
-            "everything the calling convention now checks; precompile again"
-        )
-    if constants["BACKEND"] not in BACKENDS:
-        raise PrecompileError(f"python_code: unknown backend {constants['BACKEND']!r}; expected one of {BACKENDS}")
-    try:
-        convention = CallingConvention.from_literal(constants["CALLING_CONVENTION"])
-    except (TypeError, ValueError, AttributeError) as error:
-        raise PrecompileError(f"python_code: CALLING_CONVENTION is malformed ({error})") from error
-    if (convention.format_version, convention.backend) != (version, constants["BACKEND"]):
-        raise PrecompileError(
-            "python_code: CALLING_CONVENTION disagrees with FORMAT_VERSION/BACKEND "
-            f"({convention.format_version}, {convention.backend!r}) vs ({version}, {constants['BACKEND']!r})"
-        )
-    return convention
+    raise PrecompileError(
+        f"{what} has format version {version}, older than {supported}: it does not record "
+        "everything the calling convention now checks; precompile again"
+    )
 
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -2423,11 +2429,10 @@ def _pair_error(python_code: str, convention: CallingConvention, envelope: dict)
 
 
 def _version_error(envelope: dict) -> _CacheUnusable | None:
-    version = envelope.get("version")
-    if type(version) is not int or version != FORMAT_VERSION:
-        return _CacheUnusable(
-            f"cache has format version {version!r}, this torch.compiler.precompile understands {FORMAT_VERSION}"
-        )
+    try:
+        _check_format_version("cache", envelope.get("version"))
+    except PrecompileError as error:  # the cache only accelerates: ignored, not refused
+        return _CacheUnusable(str(error))
     return None
 
 

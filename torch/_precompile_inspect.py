@@ -96,7 +96,7 @@ def report(artifact: _impl.Artifact) -> dict[str, Any]:
         "format_version": {
             "python_code": convention.format_version,
             "cache": envelope["version"],
-            "supported": _impl.FORMAT_VERSION,
+            "supported": [_impl.MIN_FORMAT_VERSION, _impl.FORMAT_VERSION],
         },
         "backend": {"python_code": convention.backend, "cache": envelope["backend"]},
         "pair": {
@@ -183,13 +183,8 @@ def _state_report(convention: CallingConvention, kind: str) -> dict[str, Any]:
     }
 
 
-def _leaf_paths(spec_text: str, count: int) -> list[tuple]:
-    spec = pytree.treespec_loads(spec_text)
-    if spec.num_leaves != count:
-        raise PrecompileError(
-            f"python_code: CALLING_CONVENTION is malformed (a tree spec has {spec.num_leaves} "
-            f"leaves, the leaf list {count})"
-        )
+def _leaf_paths(spec: pytree.TreeSpec, count: int) -> list[tuple]:
+    # validate_convention checked that spec has count leaves
     paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * count, spec))
     return [path for path, _ in paths]
 
@@ -299,7 +294,7 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
     row("cache", f"{cache_file} ({report['sizes']['cache']:,} bytes)")
     row(
         "format version",
-        f"{version['python_code']} (cache {version['cache']}; this torch reads up to {version['supported']})",
+        f"{version['python_code']} (cache {version['cache']}; this torch reads {version['supported'][0]}..{version['supported'][1]})",
     )
     row("backend", backend["python_code"] + ("" if pair["backend_matches"] else f" (cache: {backend['cache']})"))
     row("pair", "belongs together" if pair["belongs_together"] else f"DOES NOT belong together: {pair['problem']}")

@@ -21,9 +21,10 @@ import math
 import operator
 import os
 import sys
+import types
 import warnings
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple, NewType, Union, get_args, get_origin
 
 import torch
 import torch.utils._pytree as pytree
@@ -146,234 +147,22 @@ else:
 # The calling convention: one explicit, versioned record.  NamedTuples rather
 # than dataclasses: creating a dataclass execs generated code (~2 ms each),
 # paid by every load() of an artifact.
+#
+# Each field's annotation is its schema: _decoder() turns it, once at import,
+# into the function that reads the field from python_code's literal
+# (``ast.literal_eval`` output) and refuses anything else with the field's
+# path and value.  What one field cannot say alone (indices into other
+# fields, counts that must agree) is checked by validate_convention().
 # ---------------------------------------------------------------------------
 
-
-class TensorSpec(NamedTuple):
-    """What the graph was specialized to for one tensor."""
-
-    shape: tuple[int | None, ...]  # None marks a free (unbacked) dim
-    stride: tuple[int, ...] | None  # None: layout is not specialized (eager)
-    dtype: str  # e.g. "float32"
-    device: str  # e.g. "cpu"
-    # Free dims as ((dim, shape group, min, max), ...); max None = unbounded.
-    # Dims in one shape group must have equal sizes.
-    free_dims: tuple[tuple[int, int, int, int | None], ...] = ()
-    # Inputs with free dims: their strides vary with the sizes, so the layout is
-    # pinned as a memory format instead ("contiguous_format", "channels_last", ...).
-    memory_format: str | None = None
-    requires_grad: bool = False  # checked when the convention's needs_grad is set
-
-    def describe_shape(self) -> str:
-        sizes = ["*" if s is None else str(s) for s in self.shape]
-        return "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
-
-
-class StateSpec(NamedTuple):
-    """One lifted parameter or buffer (tied names collapse onto one entry)."""
-
-    kind: str  # "parameter" or "buffer"
-    names: tuple[tuple[int, str], ...]  # (module index, fully-qualified name)
-    tensor: TensorSpec
-
-
-class ModuleSpec(NamedTuple):
-    """The structure a module argument must have at runtime."""
-
-    position: int  # positional index in fn's arguments
-    parameters: tuple[str, ...]
-    buffers: tuple[str, ...]
-    # (name, training flag) of every submodule in ``named_modules()`` order,
-    # the module itself ("") first.  The flag is None where fn never read it
-    # at capture (it cannot have shaped the graph): only read flags are checked.
-    submodules: tuple[tuple[str, bool | None], ...]
-    classes: tuple[str, ...] = ()  # class_name() of each submodule, same order
-    # (submodule name, attribute, value) of each plain attribute fn read (eps, p, ...).
-    attributes: tuple[tuple[str, str, Any], ...] = ()
-
-
-class LeafSpec(NamedTuple):
-    """A pytree leaf of fn's inputs or outputs.
-
-    Exactly one of ``tensor`` (an input tensor), ``graph_output`` (an output
-    tensor, by index into the graph's outputs) or ``value`` (a Python value
-    baked at capture) describes it.
-    """
-
-    tensor: TensorSpec | None = None
-    graph_output: int | None = None
-    value: Any = None
-
-    @property
-    def is_value(self) -> bool:
-        return self.tensor is None and self.graph_output is None
-
-
-class ConstantSpec(NamedTuple):
-    """A tensor literal created inside fn, reproduced bit-exactly."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    device: str
-    data: str  # base64 of the raw little-endian bytes
-
-
-class OptimizerSpec(NamedTuple):
-    """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
-
-    Graph inputs per optimizer: one 0-dim float64 ``lr`` per param group, then
-    the ``keys`` state tensors of each ``stepped`` parameter.  Every other
-    hyperparameter is baked and must be equal at every call.
-    """
-
-    position: int  # positional index in fn's arguments
-    cls: str  # "SGD", "Adam" or "AdamW" (torch.optim.<cls>, exact type)
-    groups: tuple[tuple[int, ...], ...]  # per param group: indices into state
-    hyper: tuple[tuple[tuple[str, Any], ...], ...]  # per param group: baked (key, value)
-    keys: tuple[str, ...]  # state keys of one stepped parameter, in input order
-    stepped: tuple[tuple[int, int], ...]  # (group, index in group) with state inputs
-    tensors: tuple[TensorSpec, ...]  # the state inputs, len(stepped) * len(keys)
-
-
-class CallingConvention(NamedTuple):
-    """Everything a caller must match; rendered into python_code as literals.
-
-    Graph inputs are ``state`` tensors, then the tensor leaves of the user
-    inputs, then the free ``sizes`` (ints), then each optimizer's lrs and state
-    tensors, then the incoming grads of ``grad_inputs``, then ``constants``.  Graph outputs are the tensor leaves of fn's
-    result, then one gradient per entry of ``grad_state``.  ``needs_grad`` to
-    ``autocast`` record the global state and aliasing the graph was captured under.
-    """
-
-    format_version: int
-    backend: str
-    arity: int
-    modules: tuple[ModuleSpec, ...]
-    state: tuple[StateSpec, ...]
-    input_spec: str  # pytree.treespec_dumps of the non-module arguments
-    inputs: tuple[LeafSpec, ...]
-    output_spec: str  # pytree.treespec_dumps of fn's result
-    outputs: tuple[LeafSpec, ...]
-    grad_state: tuple[int, ...]  # indices into state receiving .grad
-    sizes: tuple[tuple[int, int], ...]  # (input leaf, dim) of each free size graph input
-    constants: tuple[ConstantSpec, ...]
-    # The graph runs autograd (a backward, or inputs that require grad): it
-    # needs grad mode, and every tensor's requires_grad is part of the contract.
-    needs_grad: bool
-    # Tensor graph inputs (state, then user tensors) the graph writes in place.
-    mutated: tuple[int, ...]
-    default_dtype: str  # torch.get_default_dtype() at capture, e.g. "float32"
-    autocast: tuple[tuple[str, str], ...]  # (device type, dtype) of each enabled autocast
-    # Optimizer arguments (see OptimizerSpec); their inputs follow the sizes.
-    optimizers: tuple[OptimizerSpec, ...] = ()
-    # State indices whose incoming .grad is a graph input (after the optimizers'
-    # inputs; zeros when None): fn reads it, or accumulates onto it in-graph.
-    grad_inputs: tuple[int, ...] = ()
-    # grad_state entries whose graph gradient is the final .grad (fn cleared or
-    # read the incoming one): assigned; the others accumulate like backward().
-    grads_assigned: tuple[int, ...] = ()
-    # Parameters whose .grad fn sets to None (zero_grad() after its backward).
-    grads_cleared: tuple[int, ...] = ()
-    # What each tensor output (by graph_output index) was at capture: shape
-    # (None where it depends on free dims), dtype, device.  For readers (the
-    # inspector); the driver does not check outputs.
-    output_tensors: tuple[TensorSpec, ...] = ()
-
-    def to_literal(self) -> dict:
-        return _to_literal(self)
-
-    @classmethod
-    def from_literal(cls, literal: dict) -> "CallingConvention":
-        convention = _from_literal(cls, literal)
-        validate_convention(convention)
-        return convention
-
-    @property
-    def user_positions(self) -> tuple[int, ...]:
-        lifted = {m.position for m in self.modules} | {o.position for o in self.optimizers}
-        return tuple(i for i in range(self.arity) if i not in lifted)
-
-
-def _to_literal(value: Any) -> Any:
-    """Records -> dicts of plain literals that ``ast.literal_eval`` reads.
-
-    Fields equal to their defaults are left out (a smaller header parses
-    faster at load); a LeafSpec keeps exactly its one payload, the tag of the
-    union, so a baked ``None`` reads ``{'value': None}``.
-    """
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        defaults = value._field_defaults
-        names = [_leaf_kind(value)] if isinstance(value, LeafSpec) else [
-            name
-            for name in value._fields
-            if name not in defaults or not _is_default(getattr(value, name), defaults[name])
-        ]
-        return {name: _to_literal(getattr(value, name)) for name in names}
-    if isinstance(value, (tuple, list)):
-        return [_to_literal(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"nonfinite_float": repr(value)}  # `nan`/`inf` are not literals
-    return value
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    return type(value) is type(default) and value == default
-
-
-def _leaf_kind(leaf: "LeafSpec") -> str:
-    if leaf.tensor is not None:
-        return "tensor"
-    return "value" if leaf.graph_output is None else "graph_output"
-
-
-def _from_literal(cls: Any, literal: Any) -> Any:
-    """Inverse of ``_to_literal`` for the records above."""
-    if not isinstance(literal, dict):
-        raise PrecompileError(
-            f"calling convention: expected a dict for {cls.__name__}, got {type(literal).__name__}"
-        )
-    if cls is LeafSpec and len(literal) != 1:
-        raise PrecompileError(
-            f"calling convention: a LeafSpec holds exactly one of tensor, graph_output, value; got {sorted(literal)}"
-        )
-    unknown = set(literal) - set(cls._fields)
-    missing = set(cls._fields) - set(cls._field_defaults) - set(literal)
-    if unknown or missing:
-        raise PrecompileError(
-            f"calling convention: {cls.__name__} has unknown fields {sorted(unknown)} "
-            f"and missing fields {sorted(missing)}"
-        )
-    return cls(**{name: _field_from_literal(cls, name, value) for name, value in literal.items()})
-
-
-_NESTED = {
-    ("CallingConvention", "modules"): ModuleSpec,
-    ("CallingConvention", "state"): StateSpec,
-    ("CallingConvention", "inputs"): LeafSpec,
-    ("CallingConvention", "outputs"): LeafSpec,
-    ("CallingConvention", "constants"): ConstantSpec,
-    ("CallingConvention", "optimizers"): OptimizerSpec,
-    ("CallingConvention", "output_tensors"): TensorSpec,
-    ("OptimizerSpec", "tensors"): TensorSpec,
-    ("StateSpec", "tensor"): TensorSpec,
-    ("LeafSpec", "tensor"): TensorSpec,
-}
-
-
-def _field_from_literal(cls: Any, name: str, value: Any) -> Any:
-    nested = _NESTED.get((cls.__name__, name))
-    if nested is not None:
-        if value is None:
-            return None
-        if isinstance(value, list):
-            return tuple(_from_literal(nested, v) for v in value)
-        return _from_literal(nested, value)
-    if name == "value":
-        return _value_from_literal(value)
-    if name == "hyper":
-        return tuple(tuple((k, _tuples(_value_from_literal(v))) for k, v in group) for group in value)
-    return _tuples(value)
-
+# Scalar kinds the codec checks beyond their Python type; the values stay plain ints / strs.
+Count = NewType("Count", int)  # an int >= 0: a size, an index, a position
+DType = NewType("DType", str)  # a torch dtype's name, e.g. "float32"
+Device = NewType("Device", str)  # what torch.device() accepts, e.g. "cpu"
+# A Python leaf value baked at capture (one of LEAF_VALUE_TYPES; nan/inf are
+# rendered {"nonfinite_float": "nan"}, not literals), and such values nested in tuples.
+Scalar = NewType("Scalar", object)
+PyValue = NewType("PyValue", object)
 
 # The Python values a pytree leaf of fn's inputs or outputs may be (baked at capture).
 LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
@@ -388,6 +177,372 @@ MEMORY_FORMATS = {
 
 # Device types whose autocast state is recorded at capture (torch.is_autocast_enabled).
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
+
+
+class TensorSpec(NamedTuple):
+    """What the graph was specialized to for one tensor."""
+
+    shape: tuple[Count | None, ...]  # None marks a free (unbacked) dim
+    stride: tuple[int, ...] | None  # None: layout is not specialized (eager)
+    dtype: DType  # e.g. "float32"
+    device: Device  # e.g. "cpu"
+    # Free dims as ((dim, shape group, min, max), ...) in dim order; max None =
+    # unbounded.  Dims in one shape group must have equal sizes.
+    free_dims: tuple[tuple[Count, Count, Count, Count | None], ...] = ()
+    # Inputs with free dims: their strides vary with the sizes, so the layout is
+    # pinned as a memory format instead ("contiguous_format", "channels_last", ...).
+    memory_format: Literal[tuple(MEMORY_FORMATS)] | None = None
+    requires_grad: bool = False  # checked when the convention's needs_grad is set
+
+    def describe_shape(self) -> str:
+        sizes = ["*" if s is None else str(s) for s in self.shape]
+        return "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
+
+
+class StateSpec(NamedTuple):
+    """One lifted parameter or buffer (tied names collapse onto one entry)."""
+
+    kind: Literal["parameter", "buffer"]
+    names: tuple[tuple[Count, str], ...]  # (module index, fully-qualified name)
+    tensor: TensorSpec
+
+
+class ModuleSpec(NamedTuple):
+    """The structure a module argument must have at runtime."""
+
+    position: Count  # positional index in fn's arguments
+    parameters: tuple[str, ...]
+    buffers: tuple[str, ...]
+    # (name, training flag) of every submodule in ``named_modules()`` order,
+    # the module itself ("") first.  The flag is None where fn never read it
+    # at capture (it cannot have shaped the graph): only read flags are checked.
+    submodules: tuple[tuple[str, bool | None], ...]
+    classes: tuple[str, ...] = ()  # class_name() of each submodule, same order
+    # (submodule name, attribute, value) of each plain attribute fn read (eps, p, ...).
+    attributes: tuple[tuple[str, str, PyValue], ...] = ()
+
+
+# LeafSpec.value when the leaf is not a baked value: Ellipsis is no leaf value
+# (LEAF_VALUE_TYPES), so a baked None is ``value=None`` and nothing else.
+NO_VALUE = ...
+
+
+class LeafSpec(NamedTuple):
+    """A pytree leaf of fn's inputs or outputs: a tagged union.
+
+    Exactly one of ``tensor`` (an input tensor), ``graph_output`` (an output
+    tensor, by index into the graph's outputs) or ``value`` (a Python value
+    baked at capture, None included) is set; the literal holds only that one.
+    """
+
+    tensor: TensorSpec | None = None
+    graph_output: Count | None = None
+    value: Scalar = NO_VALUE
+
+    @property
+    def is_value(self) -> bool:
+        return self.value is not NO_VALUE
+
+
+class ConstantSpec(NamedTuple):
+    """A tensor literal created inside fn, reproduced bit-exactly."""
+
+    shape: tuple[Count, ...]
+    dtype: DType
+    device: Device
+    data: str  # base64 of the raw little-endian bytes
+
+
+class OptimizerSpec(NamedTuple):
+    """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
+
+    Graph inputs per optimizer: one 0-dim float64 ``lr`` per param group, then
+    the ``keys`` state tensors of each ``stepped`` parameter.  Every other
+    hyperparameter is baked and must be equal at every call.
+    """
+
+    position: Count  # positional index in fn's arguments
+    cls: str  # "SGD", "Adam" or "AdamW" (torch.optim.<cls>, exact type; OPTIMIZER_STATE_KEYS)
+    groups: tuple[tuple[Count, ...], ...]  # per param group: indices into state
+    hyper: tuple[tuple[tuple[str, PyValue], ...], ...]  # per param group: baked (key, value)
+    keys: tuple[str, ...]  # state keys of one stepped parameter, in input order
+    stepped: tuple[tuple[Count, Count], ...]  # (group, index in group) with state inputs
+    tensors: tuple[TensorSpec, ...]  # the state inputs, len(stepped) * len(keys)
+
+
+class CallingConvention(NamedTuple):
+    """Everything a caller must match; rendered into python_code as literals.
+
+    Graph inputs are ``state`` tensors, then the tensor leaves of the user
+    inputs, then the free ``sizes`` (ints), then each optimizer's lrs and state
+    tensors, then the incoming grads of ``grad_inputs``, then ``constants``.  Graph outputs are the tensor leaves of fn's
+    result, then one gradient per entry of ``grad_state``.  ``needs_grad`` to
+    ``autocast`` record the global state and aliasing the graph was captured under.
+    """
+
+    # The artifact's format version and backend, stored here only (load()
+    # checks the version against the supported range before decoding the rest).
+    format_version: Count
+    backend: Literal["eager", "inductor"]
+    arity: Count
+    modules: tuple[ModuleSpec, ...]
+    state: tuple[StateSpec, ...]
+    input_spec: pytree.TreeSpec  # of the non-module arguments; treespec_dumps in the literal
+    inputs: tuple[LeafSpec, ...]
+    output_spec: pytree.TreeSpec  # of fn's result
+    outputs: tuple[LeafSpec, ...]
+    grad_state: tuple[Count, ...]  # indices into state receiving .grad
+    constants: tuple[ConstantSpec, ...]
+    # The graph runs autograd (a backward, or inputs that require grad): it
+    # needs grad mode, and every tensor's requires_grad is part of the contract.
+    needs_grad: bool
+    # Tensor graph inputs (state, then user tensors) the graph writes in place.
+    mutated: tuple[Count, ...]
+    default_dtype: DType  # torch.get_default_dtype() at capture, e.g. "float32"
+    autocast: tuple[tuple[Literal[AUTOCAST_DEVICES], DType], ...]  # (device type, dtype) of each enabled autocast
+    # Optimizer arguments (see OptimizerSpec); their inputs follow the sizes.
+    optimizers: tuple[OptimizerSpec, ...] = ()
+    # State indices whose incoming .grad is a graph input (after the optimizers'
+    # inputs; zeros when None): fn reads it, or accumulates onto it in-graph.
+    grad_inputs: tuple[Count, ...] = ()
+    # grad_state entries whose graph gradient is the final .grad (fn cleared or
+    # read the incoming one): assigned; the others accumulate like backward().
+    grads_assigned: tuple[Count, ...] = ()
+    # Parameters whose .grad fn sets to None (zero_grad() after its backward).
+    grads_cleared: tuple[Count, ...] = ()
+    # What each tensor output (by graph_output index) was at capture: shape
+    # (None where it depends on free dims), dtype, device.  For readers (the
+    # inspector); the driver does not check outputs.
+    output_tensors: tuple[TensorSpec, ...] = ()
+
+    def to_literal(self) -> dict:
+        return _to_literal(self)
+
+    @classmethod
+    def from_literal(cls, literal: Any) -> "CallingConvention":
+        try:
+            convention = _DECODERS[cls](literal)
+        except _Malformed as error:
+            raise PrecompileError(f"calling convention is malformed: {error.describe()}") from None
+        validate_convention(convention)
+        return convention
+
+    @property
+    def user_positions(self) -> tuple[int, ...]:
+        lifted = {m.position for m in self.modules} | {o.position for o in self.optimizers}
+        return tuple(i for i in range(self.arity) if i not in lifted)
+
+    @property
+    def sizes(self) -> tuple[tuple[int, int], ...]:
+        """(input leaf, dim) of each free size graph input: the inputs' free dims, in order."""
+        return tuple(
+            (index, free[0])
+            for index, leaf in enumerate(self.inputs)
+            if leaf.tensor is not None
+            for free in leaf.tensor.free_dims
+        )
+
+
+def _to_literal(value: Any) -> Any:
+    """Records -> dicts of plain literals that ``ast.literal_eval`` reads.
+
+    Fields equal to their defaults are left out (a smaller header parses
+    faster at load), which also renders a LeafSpec as its one tag and payload:
+    a baked ``None`` reads ``{'value': None}``.
+    """
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        defaults = value._field_defaults
+        return {
+            name: _to_literal(field)
+            for name, field in zip(value._fields, value)
+            if name not in defaults or not _is_default(field, defaults[name])
+        }
+    if isinstance(value, (tuple, list)):
+        return [_to_literal(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"nonfinite_float": repr(value)}  # `nan`/`inf` are not literals
+    if isinstance(value, pytree.TreeSpec):
+        return pytree.treespec_dumps(value)
+    return value
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default
+
+
+class _Malformed(Exception):
+    """A literal that does not match its field's type; the path grows as it propagates up."""
+
+    def __init__(self, value: Any, expected: str):
+        self.value, self.expected, self.path = value, expected, []
+
+    def describe(self) -> str:
+        path = "".join(reversed(self.path)).lstrip(".") or "CALLING_CONVENTION"
+        if self.value is _MISSING:
+            return f"{path}: {self.expected}"
+        value = repr(self.value)
+        return f"{path} = {value if len(value) <= 200 else value[:200] + '...'} ({self.expected})"
+
+
+def _scalar(expected: str, ok: Callable[[Any], bool]) -> Callable[[Any], Any]:
+    def decode(value: Any) -> Any:
+        if ok(value):
+            return value
+        raise _Malformed(value, expected)
+
+    return decode
+
+
+def _is_dtype(name: Any) -> bool:
+    return type(name) is str and isinstance(getattr(torch, name, None), torch.dtype)
+
+
+def _is_device(name: Any) -> bool:
+    if type(name) is not str:
+        return False
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
+
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _decode_scalar(value: Any) -> Any:
+    if type(value) in LEAF_VALUE_TYPES:
+        return value
+    if type(value) is dict and len(value) == 1 and value.get("nonfinite_float") in _NONFINITE:
+        return _NONFINITE[value["nonfinite_float"]]
+    raise _Malformed(value, "a Python leaf value: int, float, bool, str or None")
+
+
+def _decode_py_value(value: Any) -> Any:
+    if type(value) is list:
+        return _sequence(value, _decode_py_value)
+    return _decode_scalar(value)
+
+
+def _decode_tree_spec(value: Any) -> pytree.TreeSpec:
+    if type(value) is str:
+        try:
+            return pytree.treespec_loads(value)
+        except Exception:  # any decoding failure: damaged
+            pass
+    raise _Malformed(value, "a pytree.treespec_dumps string")
+
+
+def _sequence(value: list, item: Callable[[Any], Any]) -> tuple:
+    try:
+        return tuple(map(item, value))
+    except _Malformed:
+        for index, entry in enumerate(value):  # only to name the entry
+            try:
+                item(entry)
+            except _Malformed as error:
+                error.path.append(f"[{index}]")
+                raise
+        raise
+
+
+# Annotation -> decoder: the scalar kinds, then every record and composite
+# type as _decoder() builds it (a composite that repeats is built once).
+_DECODERS: dict = {
+    int: _scalar("an int", lambda v: type(v) is int),
+    bool: _scalar("a bool", lambda v: type(v) is bool),
+    str: _scalar("a str", lambda v: type(v) is str),
+    Count: _scalar("an int >= 0", lambda v: type(v) is int and v >= 0),
+    DType: _scalar("a torch dtype name", _is_dtype),
+    Device: _scalar("a torch device", _is_device),
+    Scalar: _decode_scalar,
+    PyValue: _decode_py_value,
+    pytree.TreeSpec: _decode_tree_spec,
+}
+
+
+def _decoder(annotation: Any) -> Callable[[Any], Any]:
+    """The function that reads one field of this type from its literal (built once, at import)."""
+    decoder = _DECODERS.get(annotation)
+    if decoder is None:
+        decoder = _DECODERS[annotation] = _composite_decoder(annotation)
+    return decoder
+
+
+def _composite_decoder(annotation: Any) -> Callable[[Any], Any]:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = _decoder(args[0] if args[1] is type(None) else args[1])
+        return lambda value: None if value is None else inner(value)
+    if origin is Literal:
+        allowed = frozenset(args)
+        return _scalar(f"one of {list(args)}", lambda v: type(v) is str and v in allowed)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _decoder(args[0])
+
+        def decode_tuple(value: Any) -> tuple:
+            if type(value) is not list:
+                raise _Malformed(value, "a list")
+            return _sequence(value, item)
+
+        return decode_tuple
+    if origin is tuple:
+        items = [_decoder(arg) for arg in args]
+
+        def decode_fixed(value: Any) -> tuple:
+            if type(value) is not list or len(value) != len(items):
+                raise _Malformed(value, f"a list of {len(items)}")
+            try:
+                return tuple([decode(entry) for decode, entry in zip(items, value)])
+            except _Malformed as error:
+                for index, (decode, entry) in enumerate(zip(items, value)):  # only to name the entry
+                    try:
+                        decode(entry)
+                    except _Malformed:
+                        error.path.append(f"[{index}]")
+                        raise error from None
+                raise
+
+        return decode_fixed
+    raise TypeError(f"calling convention: no decoder for the annotation {annotation!r}")
+
+
+def _record_decoder(cls: Any) -> Callable[[Any], Any]:
+    fields = [
+        (name, _decoder(annotation), cls._field_defaults.get(name, _MISSING))
+        for name, annotation in cls.__annotations__.items()
+    ]
+    names = frozenset(cls._fields)
+    make = cls._make
+
+    def decode(literal: Any) -> Any:
+        if type(literal) is not dict:
+            raise _Malformed(literal, f"a dict of {cls.__name__} fields")
+        values, found = [], 0
+        for name, decode_field, default in fields:
+            value = literal.get(name, _MISSING)
+            if value is _MISSING:
+                if default is _MISSING:
+                    raise _Malformed(_MISSING, f"{cls.__name__} lacks its field {name!r}")
+                values.append(default)
+                continue
+            found += 1
+            try:
+                values.append(decode_field(value))
+            except _Malformed as error:
+                error.path.append(f".{name}")
+                raise
+        if found != len(literal):
+            unknown = sorted(map(repr, literal.keys() - names))
+            raise _Malformed(_MISSING, f"{cls.__name__} has unknown fields [{', '.join(unknown)}]")
+        return make(values)
+
+    return decode
+
+
+for _record in (TensorSpec, StateSpec, ModuleSpec, LeafSpec, ConstantSpec, OptimizerSpec, CallingConvention):
+    _DECODERS[_record] = _record_decoder(_record)
+del _record
 
 
 def autocast_state() -> tuple[tuple[str, str], ...]:
@@ -428,239 +583,116 @@ def same_value(got: Any, want: Any) -> bool:
 
 
 def validate_convention(c: "CallingConvention") -> None:
-    """Types and cross-references of a calling convention read from python_code.
+    """What the field types cannot say: the cross-references of a decoded convention.
 
     A damaged CALLING_CONVENTION must be refused here, at load, never turn into
     a TypeError / IndexError or a wrong result at call time.
     """
 
-    def fail(what: str) -> None:
-        raise PrecompileError(f"calling convention is malformed: {what}")
+    def fail(field: str, value: Any, why: str) -> None:
+        raise PrecompileError(f"calling convention is malformed: {field} = {value!r} ({why})")
 
-    def is_int(v: Any, low: int = 0) -> bool:
-        return type(v) is int and v >= low
+    def check_tensor(where: str, t: TensorSpec) -> None:
+        if t.stride is not None and len(t.stride) != len(t.shape):
+            fail(f"{where}.stride", t.stride, f"expected {len(t.shape)} strides, one per dim")
+        dims = [f[0] for f in t.free_dims]
+        if dims != [d for d, size in enumerate(t.shape) if size is None]:
+            fail(f"{where}.free_dims", t.free_dims, f"expected one entry per None dim of shape {t.shape}, in order")
+        for dim, _, low, high in t.free_dims:
+            if high is not None and high < low:
+                fail(f"{where}.free_dims", t.free_dims, f"dim {dim} has max < min")
 
-    def is_dtype(name: Any) -> bool:
-        return type(name) is str and isinstance(getattr(torch, name, None), torch.dtype)
+    def check_indices(field: str, indices: tuple, within: Any) -> None:
+        if list(indices) != sorted(set(indices)) or not all(i in within for i in indices):
+            fail(field, indices, f"expected increasing indices within {sorted(within)}")
 
-    def check_tensor_spec(where: str, t: Any) -> None:
-        if not isinstance(t, TensorSpec):
-            fail(f"{where} is not a tensor spec")
-        if not isinstance(t.shape, tuple) or not all(s is None or is_int(s) for s in t.shape):
-            fail(f"{where}.shape {t.shape!r}")
-        if t.stride is not None and (
-            not isinstance(t.stride, tuple)
-            or len(t.stride) != len(t.shape)
-            or not all(type(s) is int for s in t.stride)
-        ):
-            fail(f"{where}.stride {t.stride!r}")
-        if not is_dtype(t.dtype):
-            fail(f"{where}.dtype {t.dtype!r}")
-        if type(t.device) is not str:
-            fail(f"{where}.device {t.device!r}")
-        try:
-            torch.device(t.device)
-        except (RuntimeError, ValueError, TypeError):
-            fail(f"{where}.device {t.device!r}")
-        if not isinstance(t.free_dims, tuple) or not all(
-            isinstance(f, tuple)
-            and len(f) == 4
-            and is_int(f[0])
-            and f[0] < len(t.shape)
-            and t.shape[f[0]] is None
-            and is_int(f[1])
-            and is_int(f[2])
-            and (f[3] is None or (is_int(f[3]) and f[3] >= f[2]))
-            for f in t.free_dims
-        ):
-            fail(f"{where}.free_dims {t.free_dims!r}")
-        if len({f[0] for f in t.free_dims}) != sum(s is None for s in t.shape):
-            fail(f"{where}: free dims and shape disagree")
-        if t.memory_format is not None and t.memory_format not in MEMORY_FORMATS:
-            fail(f"{where}.memory_format {t.memory_format!r}")
-        if type(t.requires_grad) is not bool:
-            fail(f"{where}.requires_grad {t.requires_grad!r}")
-
-    def load_spec(where: str, dumped: Any, leaves: int, children: int | None = None) -> None:
-        if type(dumped) is not str:
-            fail(f"{where} {dumped!r}")
-        try:
-            spec = pytree.treespec_loads(dumped)
-        except Exception:  # any decoding failure: damaged
-            fail(f"{where} is not a pytree spec")
-        if spec.num_leaves != leaves or (children is not None and (spec.type is not tuple or spec.num_children != children)):
-            fail(f"{where} does not match its {leaves} leaves")
-
-    if not is_int(c.format_version, 1) or c.backend not in ("eager", "inductor") or not is_int(c.arity):
-        fail("format_version / backend / arity")
-    if not all(
-        isinstance(x, tuple)
-        for x in (c.modules, c.state, c.inputs, c.outputs, c.grad_state, c.sizes, c.constants)
-    ):
-        fail("a list field is not a list")
     names: dict = {}  # (module index, name) -> kind
-    positions = []
+    positions = set()
     for index, m in enumerate(c.modules):
-        if not isinstance(m, ModuleSpec) or not is_int(m.position) or m.position >= c.arity:
-            fail(f"modules[{index}]")
-        positions.append(m.position)
-        if not isinstance(m.submodules, tuple) or not m.submodules or not all(
-            isinstance(e, tuple) and len(e) == 2 and type(e[0]) is str and (e[1] is None or type(e[1]) is bool)
-            for e in m.submodules
-        ):
-            fail(f"modules[{index}].submodules")
-        if not isinstance(m.classes, tuple) or len(m.classes) != len(m.submodules) or not all(
-            type(n) is str for n in m.classes
-        ):
-            fail(f"modules[{index}].classes")
+        where = f"modules[{index}]"
+        if m.position >= c.arity or m.position in positions:
+            fail(f"{where}.position", m.position, f"expected a distinct argument position < arity {c.arity}")
+        positions.add(m.position)
+        if not m.submodules or m.submodules[0][0] != "":
+            fail(f"{where}.submodules", m.submodules, "expected the module itself ('') first")
+        if len(m.classes) != len(m.submodules):
+            fail(f"{where}.classes", m.classes, f"expected one class per submodule ({len(m.submodules)})")
         submodule_names = {name for name, _ in m.submodules}
-        if not isinstance(m.attributes, tuple) or not all(
-            isinstance(e, tuple) and len(e) == 3 and e[0] in submodule_names and type(e[1]) is str and is_literal(e[2])
-            for e in m.attributes
-        ):
-            fail(f"modules[{index}].attributes")
+        for entry in m.attributes:
+            if entry[0] not in submodule_names:
+                fail(f"{where}.attributes", entry, "names no submodule")
         for kind, fqns in (("parameter", m.parameters), ("buffer", m.buffers)):
-            if not isinstance(fqns, tuple) or not all(type(n) is str and n for n in fqns):
-                fail(f"modules[{index}] {kind} names")
             for n in fqns:
-                if (index, n) in names:
-                    fail(f"modules[{index}] names {n!r} twice")
+                if not n or (index, n) in names:
+                    fail(f"{where}.{kind}s", n, "empty or repeated")
                 names[(index, n)] = kind
-    if len(set(positions)) != len(positions):
-        fail("module positions repeat")
     covered = set()
     for index, s in enumerate(c.state):
-        if not isinstance(s, StateSpec) or s.kind not in ("parameter", "buffer"):
-            fail(f"state[{index}]")
-        if not isinstance(s.names, tuple) or not s.names:
-            fail(f"state[{index}].names")
+        if not s.names:
+            fail(f"state[{index}].names", s.names, "empty")
         for entry in s.names:
-            if not (isinstance(entry, tuple) and len(entry) == 2 and names.get(entry) == s.kind) or entry in covered:
-                fail(f"state[{index}].names {entry!r}")
+            if names.get(entry) != s.kind or entry in covered:
+                fail(f"state[{index}].names", entry, f"not a {s.kind} of the modules, or named twice")
             covered.add(entry)
-        check_tensor_spec(f"state[{index}].tensor", s.tensor)
+        check_tensor(f"state[{index}].tensor", s.tensor)
     if covered != set(names):
-        fail("state does not cover every module parameter and buffer exactly once")
+        fail("state", sorted(set(names) - covered), "module parameters and buffers no state entry names")
     for index, leaf in enumerate(c.inputs):
-        if not isinstance(leaf, LeafSpec) or leaf.graph_output is not None:
-            fail(f"inputs[{index}]")
+        if leaf.graph_output is not None or (leaf.tensor is None) != leaf.is_value:
+            fail(f"inputs[{index}]", leaf, "expected exactly one of tensor, value")
         if leaf.tensor is not None:
-            check_tensor_spec(f"inputs[{index}].tensor", leaf.tensor)
-        elif not isinstance(leaf.value, LEAF_VALUE_TYPES):
-            fail(f"inputs[{index}].value")
-    load_spec("input_spec", c.input_spec, len(c.inputs), c.arity - len(c.modules) - len(c.optimizers))
-    graph_outputs = []
+            check_tensor(f"inputs[{index}].tensor", leaf.tensor)
+    num_user = c.arity - len(c.modules) - len(c.optimizers)
+    spec = c.input_spec
+    if spec.num_leaves != len(c.inputs) or spec.type is not tuple or spec.num_children != num_user:
+        fail("input_spec", spec, f"expected a tuple of {num_user} arguments with {len(c.inputs)} leaves")
     for index, leaf in enumerate(c.outputs):
-        if not isinstance(leaf, LeafSpec) or leaf.tensor is not None:
-            fail(f"outputs[{index}]")
-        if leaf.graph_output is not None:
-            graph_outputs.append(leaf.graph_output)
-        elif not isinstance(leaf.value, LEAF_VALUE_TYPES):
-            fail(f"outputs[{index}].value")
+        if leaf.tensor is not None or (leaf.graph_output is None) != leaf.is_value:
+            fail(f"outputs[{index}]", leaf, "expected exactly one of graph_output, value")
+    graph_outputs = [leaf.graph_output for leaf in c.outputs if leaf.graph_output is not None]
     if graph_outputs != list(range(len(graph_outputs))):
-        fail(f"output graph indices {graph_outputs!r}")
-    if not isinstance(c.output_tensors, tuple) or len(c.output_tensors) != len(graph_outputs):
-        fail(f"output_tensors: {len(graph_outputs)} tensor outputs")
+        fail("outputs", graph_outputs, "graph_output indices must count up from 0")
+    if c.output_spec.num_leaves != len(c.outputs):
+        fail("output_spec", c.output_spec, f"expected {len(c.outputs)} leaves")
+    if len(c.output_tensors) != len(graph_outputs):
+        fail("output_tensors", c.output_tensors, f"expected one per tensor output ({len(graph_outputs)})")
     for index, t in enumerate(c.output_tensors):
         # Only shape (None: depends on free dims), dtype and device are recorded.
-        if not isinstance(t, TensorSpec) or not isinstance(t.shape, tuple) or (t.stride, t.free_dims, t.memory_format) != (None, (), None):
-            fail(f"output_tensors[{index}]")
-        check_tensor_spec(f"output_tensors[{index}]", t._replace(shape=tuple(0 if s is None else s for s in t.shape)))
-    load_spec("output_spec", c.output_spec, len(c.outputs))
-    def check_indices(field: str, indices: Any, within: Any) -> None:
-        if not isinstance(indices, tuple) or list(indices) != sorted(set(indices)) or not all(
-            is_int(i) and i in within for i in indices
-        ):
-            fail(f"{field} {indices!r}")
-
+        if (t.stride, t.free_dims, t.memory_format) != (None, (), None):
+            fail(f"output_tensors[{index}]", t, "records only shape, dtype and device")
     parameters = [i for i, s in enumerate(c.state) if s.kind == "parameter"]
     check_indices("grad_state", c.grad_state, parameters)
     check_indices("grad_inputs", c.grad_inputs, parameters)
     check_indices("grads_assigned", c.grads_assigned, c.grad_state)
     check_indices("grads_cleared", c.grads_cleared, set(parameters) - set(c.grad_state))
-    for index, size in enumerate(c.sizes):
-        if not (
-            isinstance(size, tuple)
-            and len(size) == 2
-            and is_int(size[0])
-            and size[0] < len(c.inputs)
-            and c.inputs[size[0]].tensor is not None
-            and is_int(size[1])
-            and size[1] < len(c.inputs[size[0]].tensor.shape)
-            and c.inputs[size[0]].tensor.shape[size[1]] is None
-        ):
-            fail(f"sizes[{index}]")
-    _validate_optimizers(c, fail, is_int, check_tensor_spec, positions)
-    for index, k in enumerate(c.constants):
-        if not isinstance(k, ConstantSpec) or not isinstance(k.shape, tuple) or not all(is_int(s) for s in k.shape):
-            fail(f"constants[{index}]")
-        check_tensor_spec(f"constants[{index}]", TensorSpec(k.shape, None, k.dtype, k.device))
-        try:
-            raw = base64.b64decode(k.data, validate=True)
-        except (TypeError, ValueError):
-            fail(f"constants[{index}].data")
-        if len(raw) != math.prod(k.shape) * _dtype(k.dtype).itemsize:
-            fail(f"constants[{index}].data has {len(raw)} bytes")
-    if type(c.needs_grad) is not bool:
-        fail(f"needs_grad {c.needs_grad!r}")
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
-    if not isinstance(c.mutated, tuple) or list(c.mutated) != sorted(set(c.mutated)) or not all(
-        is_int(i) and i < num_tensors for i in c.mutated
-    ):
-        fail(f"mutated {c.mutated!r}")
-    if not is_dtype(c.default_dtype):
-        fail(f"default_dtype {c.default_dtype!r}")
-    if not isinstance(c.autocast, tuple) or not all(
-        isinstance(a, tuple) and len(a) == 2 and a[0] in AUTOCAST_DEVICES and is_dtype(a[1]) for a in c.autocast
-    ):
-        fail(f"autocast {c.autocast!r}")
-
-
-def _validate_optimizers(c: "CallingConvention", fail, is_int, check_tensor_spec, module_positions: list) -> None:
-    positions = set(module_positions)
+    check_indices("mutated", c.mutated, range(num_tensors))
     for index, o in enumerate(c.optimizers):
         where = f"optimizers[{index}]"
-        if not isinstance(o, OptimizerSpec) or not is_int(o.position) or o.position >= c.arity:
-            fail(where)
-        if o.position in positions or o.cls not in OPTIMIZER_STATE_KEYS:
-            fail(f"{where}.position / cls")
+        if o.position >= c.arity or o.position in positions:
+            fail(f"{where}.position", o.position, f"expected a distinct argument position < arity {c.arity}")
         positions.add(o.position)
-        if not isinstance(o.groups, tuple) or not all(
-            isinstance(g, tuple) and all(is_int(i) and i < len(c.state) and c.state[i].kind == "parameter" for i in g)
-            for g in o.groups
-        ):
-            fail(f"{where}.groups")
-        if not isinstance(o.hyper, tuple) or len(o.hyper) != len(o.groups) or not all(
-            isinstance(h, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 and type(kv[0]) is str for kv in h)
-            for h in o.hyper
-        ):
-            fail(f"{where}.hyper")
-        if not isinstance(o.keys, tuple) or not all(type(k) is str for k in o.keys):
-            fail(f"{where}.keys")
-        if not isinstance(o.stepped, tuple) or not all(
-            isinstance(s, tuple) and len(s) == 2 and is_int(s[0]) and s[0] < len(o.groups)
-            and is_int(s[1]) and s[1] < len(o.groups[s[0]])
-            for s in o.stepped
-        ):
-            fail(f"{where}.stepped")
-        if not isinstance(o.tensors, tuple) or len(o.tensors) != len(o.stepped) * len(o.keys):
-            fail(f"{where}.tensors")
+        if o.cls not in OPTIMIZER_STATE_KEYS:
+            fail(f"{where}.cls", o.cls, f"expected one of {list(OPTIMIZER_STATE_KEYS)}")
+        for group in o.groups:
+            if not all(i < len(c.state) and c.state[i].kind == "parameter" for i in group):
+                fail(f"{where}.groups", group, "expected indices of parameters in state")
+        if len(o.hyper) != len(o.groups):
+            fail(f"{where}.hyper", o.hyper, f"expected one entry per group ({len(o.groups)})")
+        for entry in o.stepped:
+            if entry[0] >= len(o.groups) or entry[1] >= len(o.groups[entry[0]]):
+                fail(f"{where}.stepped", entry, "expected (group, index in group)")
+        if len(o.tensors) != len(o.stepped) * len(o.keys):
+            fail(f"{where}.tensors", len(o.tensors), f"expected len(stepped) * len(keys) = {len(o.stepped) * len(o.keys)} specs")
         for i, t in enumerate(o.tensors):
-            check_tensor_spec(f"{where}.tensors[{i}]", t)
-
-
-def _tuples(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
-
-
-def _value_from_literal(value: Any) -> Any:
-    if isinstance(value, dict) and set(value) == {"nonfinite_float"}:
-        return float(value["nonfinite_float"])
-    if isinstance(value, list):
-        return [_value_from_literal(v) for v in value]
-    return value
+            check_tensor(f"{where}.tensors[{i}]", t)
+    for index, k in enumerate(c.constants):
+        try:
+            raw = base64.b64decode(k.data, validate=True)
+        except ValueError:
+            fail(f"constants[{index}].data", k.data[:40], "not base64")
+        if len(raw) != math.prod(k.shape) * _dtype(k.dtype).itemsize:
+            fail(f"constants[{index}].data", f"{len(raw)} bytes", f"expected {k.shape} {k.dtype}")
 
 
 # ---------------------------------------------------------------------------
@@ -935,8 +967,8 @@ class PrecompiledFunction:
         self._user_positions = convention.user_positions
         self._pick_modules = _picker(self._module_positions)
         self._pick_user_args = _picker(self._user_positions)
-        self._input_spec = pytree.treespec_loads(convention.input_spec)
-        self._output_spec = pytree.treespec_loads(convention.output_spec)
+        self._input_spec = convention.input_spec
+        self._output_spec = convention.output_spec
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
         # the guard and value checks below catch a container passed instead.
         self._flat_inputs = self._input_spec.type is tuple and all(
@@ -948,6 +980,7 @@ class PrecompiledFunction:
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
+        self._sizes = convention.sizes
         self._num_outputs = sum(1 for leaf in convention.outputs if leaf.graph_output is not None)
         self._num_graph_outputs = self._num_outputs + len(convention.grad_state)
         self._writes_grads = bool(convention.grad_state or convention.grads_cleared)
@@ -1296,7 +1329,7 @@ class PrecompiledFunction:
                         f"{self._input_path(first[1])} dim {first[2]} has size {first[0]}; the "
                         "captured graph requires them equal"
                     )
-        return [leaves[index].shape[dim] for index, dim in self.convention.sizes]
+        return [leaves[index].shape[dim] for index, dim in self._sizes]
 
     # -- the slow path -------------------------------------------------------
 
