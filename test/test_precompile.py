@@ -492,6 +492,17 @@ class TestArtifact(TestCase):
         self.assertIn(source, code)
         self.assertEqual(code.count("\n", 0, code.index(source)) + 1, graph.__code__.co_firstlineno)
 
+    def test_eager_graph_names_the_source_line_of_each_node(self):
+        def scaled_relu(model, x):
+            h = model(x)
+            return (h * 3).relu()
+
+        m, x = small_mlp(), torch.randn(3, 8)
+        code, _ = _artifact("scaled_relu", scaled_relu, m, x, backend="eager")
+        line = inspect.getsourcelines(scaled_relu)[1]
+        self.assertIn(f"{__file__}:{line + 1} in scaled_relu, code: h = model(x)", code)
+        self.assertIn(f"{__file__}:{line + 2} in scaled_relu, code: return (h * 3).relu()", code)
+
     @parametrize("backend", BACKENDS)
     def test_cache_envelope_is_weights_only_readable(self, backend):
         m, x = small_mlp(), torch.randn(3, 8)

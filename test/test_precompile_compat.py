@@ -35,7 +35,7 @@ PRIVATE_MODULES = {
 }
 PRIVATE_NAMES = {
     # capture
-    "_reparametrize_module", "_custom_builtins", "_parse_stack_trace", "register_log", "_rename",
+    "_reparametrize_module", "_custom_builtins", "_parse_stack_trace", "_register_stack_trace_anchor", "register_log", "_rename",
     "_is_compiling_flag", "_is_exporting_flag", "_compiling_state_context",
     "_global_optimizer_pre_hooks", "_global_optimizer_post_hooks",
     "replacements", "deferred_runtime_asserts", "pending_fresh_unbacked_symbols",
@@ -370,6 +370,20 @@ class TestCaptureInternals(TestCase):
         self.assertIn("from math import inf", imports)
         self.assertEqual(unknown, [])
         self.assertEqual(compat.fx_builtin_imports({"torch", "not_a_builtin"}), (["import torch"], ["not_a_builtin"]))
+
+    def test_record_frames_of_keeps_a_plain_function_in_make_fx_traces(self):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        def plain(x):
+            return x.relu()
+
+        def trace():
+            graph = make_fx(plain, record_stack_traces=True)(torch.randn(2))
+            return [n.stack_trace or "" for n in graph.graph.nodes if n.op == "call_function"]
+
+        self.assertNotIn("in plain", "".join(trace()))  # only frames named forward are kept
+        compat.record_frames_of(plain)
+        self.assertIn("in plain", "".join(trace()))
 
     def test_innermost_frame(self):
         trace = "".join(traceback.format_list([

@@ -238,6 +238,16 @@ def fx_builtin_imports(names: Any) -> tuple[list[str], list[str]]:
     return imports, sorted(set(names) - set(_custom_builtins))
 
 
+def record_frames_of(fn: Callable) -> None:
+    """Keep ``fn``'s own frames in the stack traces make_fx records for graph nodes."""
+    # make_fx's tracer keeps only frames named ``forward`` and registered
+    # anchors, so an op written in fn itself would have no source line; torch
+    # 2.13 registers anchors only through this private helper (a process-wide set).
+    from torch.fx.proxy import _register_stack_trace_anchor
+
+    _register_stack_trace_anchor(fn)
+
+
 def innermost_frame(stack_trace: str | None, keep: Callable[[str], bool]) -> tuple | None:
     """(file, lineno, name, code) of the innermost frame of ``stack_trace`` whose file ``keep`` accepts."""
     # The parser FX's own verbose codegen uses; torch 2.13 has no public one
