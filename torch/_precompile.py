@@ -69,7 +69,9 @@ says who guarantees it and, where it is enforced, which tests (in
    test_precompile_kernel_store.py).  Layout: a header of literal constants
    (the calling convention, whose ``format_version`` and ``backend`` are the
    artifact's, stored nowhere else; bytecode and kernel hashes), then code sections in
-   reading order -- ``graph`` (the eager ATen graph, or Inductor's module),
+   reading order -- ``graph`` (the eager ATen graph, each node annotated with
+   its dtype[shape] and the line of fn or the model that produced it
+   (test_eager_graph_names_the_source_line_of_each_node), or Inductor's module),
    ``driver`` (``torch/_precompile_runtime.py`` verbatim) and ``forward`` (binds
    them) -- each opened by a marker line.  Run alone they share one namespace,
    so the driver may not rebind the other sections' names (checked at render).
