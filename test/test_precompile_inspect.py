@@ -270,7 +270,7 @@ class TestInspectReport(InspectTestCase):
                     "args[0].1.num_batches_tracked ()\n",
                     f"  input               args[1]: (5, 4) float32 cpu{stride}\n",
                     "  input               args[2]['scale']: value 0.5 (baked)",
-                    f"  input               args[2]['target']: (5, 3) float32 cpu",
+                    "  input               args[2]['target']: (5, 3) float32 cpu",
                     "  output              result['loss']: () float32 cpu (graph output 0)",
                     "  output              result['tag']: value 'train' (baked)",
                     "  grad params         3\n",

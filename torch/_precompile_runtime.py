@@ -90,6 +90,7 @@ def _optimizer_step_hooks(optimizer: Any) -> Any:
     # operator.attrgetter + any() measured 3x slower than this call).
     return optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
 
+
 # Inductor's compiled kernels: their PyInit_kernel reads the address of the
 # tensor data-pointer accessor from this environment variable, as
 # CppPythonBindingsCodeCache._load_library_inner sets it; private in 2.13.
