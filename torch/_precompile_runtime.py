@@ -1189,6 +1189,7 @@ class PrecompiledFunction:
             + attributes
             + [(vars(parent), _CHILDREN) for parent in parents]
         )
+        watched_values = [values[name] for values, name in watched]
         key = tuple(map(id, modules))
         forget = functools.partial(_forget, self._state_cache, key)
         cached = _ModuleCache(
@@ -1199,9 +1200,9 @@ class PrecompiledFunction:
             generation=generation,
             watched_vars=[values for values, _ in watched],
             watched_keys=[name for _, name in watched],
-            watched_values=[values[name] for values, name in watched],
-            children=[_children(parent) for parent in parents],
-            expected=[id(values[name]) for values, name in watched] + [len(_children(parent)) for parent in parents],
+            watched_values=watched_values,
+            children=watched_values[len(watched) - len(parents) :],  # the parents' entries come last
+            expected=[*map(id, watched_values), *(len(_children(parent)) for parent in parents)],
         )
         if self._state_alias_pairs:
             self._check_aliasing(list(map(dict.__getitem__, cached.tables, cached.names)), self._state_alias_pairs)
