@@ -23,6 +23,7 @@ import textwrap
 import threading
 import traceback
 import warnings
+import zipfile
 from unittest import mock
 
 import torch
@@ -504,10 +505,18 @@ class TestArtifact(TestCase):
         self.assertIn(f"{__file__}:{line + 2} in scaled_relu, code: return (h * 3).relu()", code)
 
     @parametrize("backend", BACKENDS)
-    def test_cache_envelope_is_weights_only_readable(self, backend):
+    def test_cache_is_a_zip_of_a_json_envelope_and_raw_entries(self, backend):
         m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
-        envelope = torch.load(io.BytesIO(cache), weights_only=True)
+        with zipfile.ZipFile(io.BytesIO(cache)) as archive:
+            self.assertEqual({entry.compress_type for entry in archive.infolist()}, {zipfile.ZIP_STORED})
+            raw = json.loads(archive.read("envelope.json"))
+            blob_names = archive.namelist()[1:]
+        envelope = precompile_module._read_envelope(cache)
+        self.assertEqual(envelope, precompile_module._read_envelope(precompile_module._pack_envelope(envelope)))
+        # Every bytes value (kernels, compiled Python) is an entry the JSON refers to by name.
+        self.assertEqual(raw["artifact"]["bytecode"]["code"], {"$blob": blob_names[-1]})
+        self.assertEqual(len(blob_names), len(envelope["artifact"]["kernels"]) + 1)
         self.assertEqual(envelope["format"], "torch.compiler.precompile")
         self.assertEqual(envelope["version"], precompile_module.FORMAT_VERSION)
         self.assertEqual(envelope["backend"], backend)
@@ -539,22 +548,53 @@ class TestArtifact(TestCase):
     def test_cached_bytecode_is_used_only_when_python_code_pins_it(self):
         m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend="eager")
-        envelope = torch.load(io.BytesIO(cache), weights_only=True)
+        envelope = precompile_module._read_envelope(cache)
         _, other_cache = precompile(lambda m, x: m(x) * 3, m, x, backend="eager")
-        other = torch.load(io.BytesIO(other_cache), weights_only=True)
+        other = precompile_module._read_envelope(other_cache)
         for bytecode, warns in (
             (other["artifact"]["bytecode"], True),  # another artifact's code: not what python_code pins
             ({**other["artifact"]["bytecode"], "magic": "0d0d0a0a"}, False),  # another Python's: unused
         ):
             envelope["artifact"]["bytecode"] = bytecode
-            buffer = io.BytesIO()
-            torch.save(envelope, buffer)
             precompile_module._warn_once.cache_clear()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                f = load((code, buffer.getvalue()))
+                f = load((code, precompile_module._pack_envelope(envelope)))
             self.assertEqual(any("compiled Python does not match" in str(w.message) for w in caught), warns)
             torch.testing.assert_close(f(m, x), m(x))  # not m(x) * 3: compiled from python_code
+
+    @parametrize("backend", BACKENDS)
+    def test_warm_load_parses_no_header(self, backend):
+        """The cache's copy of the header (pinned by BYTECODE_SHA256) is what ast reads from python_code."""
+        m, x = small_mlp(), torch.randn(3, 8)
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
+        warm = precompile_module.read_artifact(code, cache, header_from_cache=True)
+        parsed = precompile_module.read_artifact(code, cache)
+        self.assertEqual(warm.constants, parsed.constants)
+        self.assertEqual(warm.convention, parsed.convention)
+        self.assertEqual(set(warm.compiled), {"header", "graph", "driver", "forward"})
+        with mock.patch.object(precompile_module, "_parse", side_effect=AssertionError("load() parsed python_code")):
+            f = load((code, cache))
+        torch.testing.assert_close(f(m, x), m(x))
+
+    @parametrize("section", ["header", "forward"])
+    def test_edited_python_code_runs_as_it_now_reads(self, section):
+        # Edited text whose cache is re-bound to it (code_hash) keeps its stale
+        # BYTECODE_SHA256: the cache's compiled parts are not used for it.
+        m, x = small_mlp(), torch.randn(3, 8)
+        code, cache = _artifact("mlp_forward", _forward, m, x, backend="eager")
+        if section == "header":
+            edited = code.replace("# Pass the model(s) again", "# An edited comment.\n# Pass the model(s) again", 1)
+        else:
+            edited = code + "\nforward = (lambda run: lambda *args: run(*args) * 2)(forward)\n"
+        envelope = precompile_module._read_envelope(cache)
+        envelope["code_hash"] = precompile_module._code_hash(edited)
+        rebound = precompile_module._pack_envelope(envelope)
+        self.assertEqual(precompile_module.read_artifact(edited, rebound, header_from_cache=True).compiled, {})
+        precompile_module._warn_once.cache_clear()
+        with self.assertWarnsRegex(UserWarning, "python_code was edited after its compiled Python was recorded"):
+            f = load((edited, rebound))
+        torch.testing.assert_close(f(m, x), m(x) * (2 if section == "forward" else 1))
 
     @parametrize("autoload", [False, True])
     @parametrize("backend", BACKENDS)
@@ -608,7 +648,7 @@ class TestArtifact(TestCase):
         # Another driver version: the driver section is compiled and runs instead.
         marker = precompile_module._marker("forward")
         other = code.replace(marker, "\n# another driver version" + marker, 1)
-        kernels = torch.load(io.BytesIO(cache), weights_only=True)["artifact"]["kernels"]
+        kernels = precompile_module._read_envelope(cache)["artifact"]["kernels"]
         embedded = precompile.load(other, precompile_module._package(other, backend, kernels))
         self.assertIsNot(type(embedded), runtime.PrecompiledFunction)
         self.assertEqual(type(embedded).__module__, "torch_precompile_driver")
@@ -1052,13 +1092,11 @@ class TestInductorCache(TestCase):
         self._check(out)
 
     def test_other_environment_warns_once_and_jit_compiles(self):
-        envelope = torch.load(io.BytesIO(open(self.paths["a.cache"], "rb").read()), weights_only=True)
+        envelope = precompile_module._read_envelope(open(self.paths["a.cache"], "rb").read())
         envelope["build_env"] = dict(envelope["build_env"], cpu_capability="SOME_OTHER_ISA")
-        buffer = io.BytesIO()
-        torch.save(envelope, buffer)
         other = os.path.join(self.tmp.name, "other.cache")
         with open(other, "wb") as f:
-            f.write(buffer.getvalue())
+            f.write(precompile_module._pack_envelope(envelope))
         out = os.path.join(self.tmp.name, "other.pt")
         result = self._child(out, cache_file=other)
         self.assertEqual(result.returncode, 0, result.stderr)

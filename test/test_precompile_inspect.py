@@ -284,8 +284,7 @@ class TestInspectReport(InspectTestCase):
         code_file, cache_file = _files("inductor")
         envelope = precompile_module._read_envelope(_read(cache_file))
         envelope["build_env"] = {**envelope["build_env"], "torch": "2.12.0", "cpu_capability": "NO AVX"}
-        foreign = os.path.join(_DIR.name, "foreign_host.cache")
-        torch.save(envelope, foreign)
+        foreign = _write("foreign_host.cache", precompile_module._pack_envelope(envelope))
         report = self.inspect_json(code_file, foreign)  # still a loadable pair: exit 0
         env = report["build_environment"]
         self.assertFalse(env["matches_host"])
@@ -380,14 +379,12 @@ class TestReader(InspectTestCase):
         envelope = precompile_module._read_envelope(cache)
         first = next(iter(envelope["artifact"]["kernels"]))
         tampered = {**envelope, "artifact": {**envelope["artifact"], "kernels": {first: b"\x00"}}}
-        buffer = io.BytesIO()
-        torch.save(tampered, buffer)
-        older = io.BytesIO()
-        torch.save({**envelope, "version": V - 1}, older)
+        damaged = precompile_module._pack_envelope(tampered)
+        older = precompile_module._pack_envelope({**envelope, "version": V - 1})
         for name, pair_cache, field, message in (
             ("other backend", eager_cache, "pair_error", "built for backend 'eager'"),
-            ("other version", older.getvalue(), "version_error", f"format version {V - 1}"),
-            ("damaged payload", buffer.getvalue(), "cache_error", "payload does not match its recorded sha256"),
+            ("other version", older, "version_error", f"format version {V - 1}"),
+            ("damaged payload", damaged, "cache_error", "payload does not match its recorded sha256"),
             ("not a cache", b"", "cache_error", "not a zip archive"),
         ):
             with self.subTest(name):
@@ -450,8 +447,7 @@ class TestInspectBadFiles(InspectTestCase):
         envelope = precompile_module._read_envelope(cache)
         first = next(iter(envelope["artifact"]["kernels"]))
         envelope["artifact"]["kernels"][first] += b"\x00"
-        tampered = os.path.join(_DIR.name, "tampered.cache")
-        torch.save(envelope, tampered)
+        tampered = _write("tampered.cache", precompile_module._pack_envelope(envelope))
         for i, (path, fragment) in enumerate((
             (_write("truncated.cache", cache[: len(cache) // 2]), "damaged"),
             (_write("random.cache", os.urandom(4096)), "damaged"),

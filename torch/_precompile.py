@@ -76,7 +76,8 @@ says who guarantees it and, where it is enforced, which tests (in
    them) -- each opened by a marker line.  Run alone they share one namespace,
    so the driver may not rebind the other sections' names (checked at render).
    ``load`` takes them from the cache when it holds this Python's code objects
-   and python_code pins their bytes (BYTECODE_SHA256; otherwise it compiles
+   and python_code pins their bytes (BYTECODE_SHA256, which pins the header's
+   constants too, so a warm load parses no header; otherwise it compiles
    them) under ``<precompile artifact sha[:12]>``, named after the sections,
    registered with ``linecache`` so tracebacks and pdb show the artifact's
    lines, and reuses the installed driver when it is the section's exact text
@@ -85,8 +86,9 @@ says who guarantees it and, where it is enforced, which tests (in
    test_cached_bytecode_is_used_only_when_python_code_pins_it).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
-   ``ast`` and the cache with ``torch.load(weights_only=True)`` before
-   executing anything, and warns at every load (TestLoad).  Trusting the
+   ``ast`` (or, warm, takes the cache's copy that python_code pins) and the
+   cache's JSON envelope and raw entries (no unpickling) before executing
+   anything, and warns at every load (TestLoad).  Trusting the
    pair is the caller's responsibility.  The convention's records
    (``_precompile_runtime.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the
@@ -310,6 +312,7 @@ import importlib.util
 import io
 import linecache
 import logging
+import json
 import marshal
 import operator
 import os
@@ -356,10 +359,12 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # format version and backend are stored once (CALLING_CONVENTION's
 # format_version / backend, no FORMAT_VERSION / BACKEND lines), the free sizes
 # are derived from the inputs' free_dims, a LeafSpec's unset value is no None.
-# 5: each tensor output's shape, dtype and device (output_tensors).
+# 5: each tensor output's shape, dtype and device (output_tensors).  6: the
+# cache is a zip of a JSON envelope and raw entries, not a torch.save pickle,
+# and carries the header's constants beside the compiled sections.
 # load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
-MIN_FORMAT_VERSION = 5
-FORMAT_VERSION = 5
+MIN_FORMAT_VERSION = 6
+FORMAT_VERSION = 6
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 
@@ -2146,8 +2151,20 @@ def _stored_names(node: ast.stmt) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# Package: the cache envelope (weights_only-readable; see Note invariant 6).
+# Package: the cache is a zip archive of stored entries (``unzip -l`` lists
+# it): ``envelope.json``, a plain dict (format, version, backend, code_hash,
+# build_env, payload_sha256, artifact) whose bytes values are references
+# {"$blob": NAME} to the entries holding them.  Written by hand rather than
+# with torch.save: a process's first torch.load costs ~3 ms (it imports and
+# tokenizes serialization config), a third of a warm load, and pickle protocol
+# 2 stores bytes as latin-1 text.  Reading JSON and raw entries runs no code
+# (Note invariant 7).
 # ---------------------------------------------------------------------------
+
+
+_ENVELOPE_ENTRY = "envelope.json"
+_BLOB_REFERENCE = "$blob"
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same artifact gives the same bytes
 
 
 def _build_environment() -> dict[str, str]:
@@ -2174,17 +2191,35 @@ def _code_hash(python_code: str) -> str:
 
 
 def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode: bytes | None = None) -> bytes:
-    envelope = {
-        "format": CACHE_FORMAT,
-        "version": FORMAT_VERSION,
-        "backend": backend,
-        "code_hash": _code_hash(python_code),
-        "build_env": _build_environment(),
-        "payload_sha256": _payload_hash(kernels),
-        "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
-    }
+    return _pack_envelope(
+        {
+            "format": CACHE_FORMAT,
+            "version": FORMAT_VERSION,
+            "backend": backend,
+            "code_hash": _code_hash(python_code),
+            "build_env": _build_environment(),
+            "payload_sha256": _payload_hash(kernels),
+            "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
+        }
+    )
+
+
+def _pack_envelope(envelope: dict) -> bytes:
+    """The cache bytes holding ``envelope`` (JSON values and bytes)."""
+    blobs: dict[str, bytes] = {}
+
+    def reference(value: Any) -> dict[str, str]:
+        if not isinstance(value, bytes):
+            raise TypeError(f"a cache envelope holds JSON values and bytes, not {type(value).__name__}")
+        name = f"blobs/{len(blobs)}"
+        blobs[name] = value
+        return {_BLOB_REFERENCE: name}
+
+    entries = {_ENVELOPE_ENTRY: json.dumps(envelope, default=reference, indent=1).encode(), **blobs}
     buffer = io.BytesIO()
-    torch.save(envelope, buffer)
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in entries.items():
+            archive.writestr(zipfile.ZipInfo(name, _ZIP_EPOCH), data)
     return buffer.getvalue()
 
 
@@ -2201,20 +2236,28 @@ def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
 
 
 # python_code's sections compiled for this interpreter travel in the cache, so a
-# warm load() compiles no Python either.  python_code pins them by sha256 (like
-# its kernels): the cache cannot substitute other code.
+# warm load() compiles no Python, and so do its header's constants
+# (marshalled), so a warm load() parses no header either.  python_code pins
+# these parts by sha256 (like its kernels), and they record the sha256 of the
+# text they were made from: the cache cannot substitute other code or values,
+# and an edited python_code is compiled and parsed as it now reads.
 _NO_BYTECODE = "BYTECODE_SHA256 = None"
 _BYTECODE_MAGIC = importlib.util.MAGIC_NUMBER.hex()
+_CACHED_PARTS = ("header", *_SECTIONS)
 
 
 def _record_bytecode(python_code: str) -> tuple[str, bytes]:
-    """python_code with BYTECODE_SHA256 set, and the marshalled sections it pins.
+    """python_code with BYTECODE_SHA256 set, and the marshalled parts it pins.
 
     The sections are compiled first: replacing the placeholder line keeps every
-    line number and the sections' text, so their code objects stay exact.
+    line number and the sections' text, so their code objects stay exact.  The
+    header's constants are all but BYTECODE_SHA256 itself.
     """
     compiled = _compile_sections(python_code)
-    bytecode = marshal.dumps(tuple(compiled[name] for name in _SECTIONS))
+    header = {name: value for name, value in _read_constants(python_code).items() if name != "BYTECODE_SHA256"}
+    parts = {"header": header, **compiled}
+    # Each part marshalled on its own: load() unmarshals only those it needs.
+    bytecode = marshal.dumps((_code_hash(python_code), *(marshal.dumps(parts[name]) for name in _CACHED_PARTS)))
     recorded = f"BYTECODE_SHA256 = {hashlib.sha256(bytecode).hexdigest()!r}"
     return python_code.replace(_NO_BYTECODE, recorded, 1), bytecode
 
@@ -2226,19 +2269,39 @@ def _bytecode_hash(constants: dict[str, Any]) -> str | None:
     return recorded
 
 
-def _cached_bytecode(envelope: dict, recorded: str | None) -> dict[str, Any]:
-    """Section -> code object from the cache, when python_code pins exactly these bytes."""
-    entry = envelope["artifact"].get("bytecode")
-    if recorded is None or not isinstance(entry, dict) or entry.get("magic") != _BYTECODE_MAGIC:
-        return {}  # none pinned, or built by another Python: compile python_code
+def _pinned_parts(python_code: str, envelope: dict, pin: str | None) -> tuple[dict[str, bytes], str | None]:
+    """The cache's compiled parts (part -> marshalled bytes), if python_code pins exactly
+    these bytes and is the text they were made from; else {} and why, if worth a warning."""
+    artifact = envelope.get("artifact")
+    entry = artifact.get("bytecode") if isinstance(artifact, dict) else None
+    if pin is None or not isinstance(entry, dict) or entry.get("magic") != _BYTECODE_MAGIC:
+        return {}, None  # none pinned, or built by another Python: compile python_code
     bytecode = entry.get("code")
-    if not isinstance(bytecode, bytes) or hashlib.sha256(bytecode).hexdigest() != recorded:
-        _warn_once(
-            "torch.compiler.precompile: the cache's compiled Python does not match the sha256 python_code "
-            "records for it; compiling python_code instead"
-        )
-        return {}
-    return dict(zip(_SECTIONS, marshal.loads(bytecode)))
+    if not isinstance(bytecode, bytes) or hashlib.sha256(bytecode).hexdigest() != pin:
+        return {}, "the cache's compiled Python does not match the sha256 python_code records for it"
+    source_hash, *parts = marshal.loads(bytecode)
+    if source_hash != _code_hash(python_code.replace(f"BYTECODE_SHA256 = {pin!r}", _NO_BYTECODE, 1)):
+        return {}, "python_code was edited after its compiled Python was recorded"
+    return dict(zip(_CACHED_PARTS, parts)), None
+
+
+_PIN_LINE = re.compile(r"^BYTECODE_SHA256 = '([0-9a-f]{64})'$", re.MULTILINE)
+
+
+def _pinned_header(python_code: str, envelope: dict) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+    """The header's constants and the compiled parts as the cache carries them, or None.
+
+    load()'s warm path, which parses no header: taken when the header's one
+    BYTECODE_SHA256 line pins the cache's parts and python_code is the text
+    they were made from (``_pinned_parts``), so the constants are the ones
+    precompile read from this very text.
+    """
+    header_end = python_code.find(_marker(_SECTIONS[0]))
+    pins = _PIN_LINE.findall(python_code, 0, max(header_end, 0))
+    parts = _pinned_parts(python_code, envelope, pins[0])[0] if len(pins) == 1 else {}
+    if "header" not in parts:
+        return None
+    return {**marshal.loads(parts["header"]), "BYTECODE_SHA256": pins[0]}, parts
 
 
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
@@ -2370,42 +2433,51 @@ def _kernel_hashes(constants: dict[str, Any]) -> dict[str, str] | None:
     return hashes
 
 
-def _check_container(data: bytes) -> None:
-    """Refuse a cache that would inflate inside torch.load, before it does.
-
-    torch.save writes a zip of stored (uncompressed) entries, so a genuine
-    cache never declares more bytes than it has.
-    """
+def _read_envelope(cache: bytes) -> dict:
+    """The envelope ``_pack_envelope`` wrote, its blob references resolved; _CacheUnusable if damaged."""
+    if not isinstance(cache, (bytes, bytearray, memoryview)):
+        raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
+    data = bytes(cache)
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            entries = archive.infolist()
+        archive = zipfile.ZipFile(io.BytesIO(data))
     except Exception as error:  # any parser failure means damaged bytes
         raise _CacheUnusable(
             f"cache is damaged or not a precompile cache (not a zip archive: {str(error)[:200]})"
         ) from None
-    declared = sum(entry.file_size for entry in entries)
-    compressed = sum(entry.compress_type != zipfile.ZIP_STORED for entry in entries)
-    if compressed or declared > len(data):
-        raise _CacheUnusable(
-            f"cache is damaged or not a precompile cache: it declares {declared} bytes in {len(data)} "
-            f"({compressed} compressed entries); refused before inflating it"
-        )
-
-
-def _read_envelope(cache: bytes) -> dict:
-    if not isinstance(cache, (bytes, bytearray, memoryview)):
-        raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
-    data = bytes(cache)
-    _check_container(data)
     try:
-        envelope = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as error:  # any decoder failure means damaged bytes
+        with archive:
+            _check_stored(archive, len(data))
+
+            def resolve(value: dict) -> Any:
+                name = value.get(_BLOB_REFERENCE) if len(value) == 1 else None
+                return value if name is None else archive.read(name)
+
+            envelope = json.loads(archive.read(_ENVELOPE_ENTRY), object_hook=resolve)
+    except _CacheUnusable:
+        raise
+    except Exception as error:  # any parser failure means damaged bytes
         raise _CacheUnusable(
             f"cache is damaged or not a precompile cache ({type(error).__name__}: {str(error)[:200]})"
         ) from None
     if not isinstance(envelope, dict) or envelope.get("format") != CACHE_FORMAT:
         raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     return envelope
+
+
+def _check_stored(archive: zipfile.ZipFile, size: int) -> None:
+    """Refuse a cache that would inflate when read, before reading any entry.
+
+    A genuine cache is a zip of stored (uncompressed) entries, so it never
+    declares more bytes than it has.
+    """
+    entries = archive.infolist()
+    declared = sum(entry.file_size for entry in entries)
+    compressed = sum(entry.compress_type != zipfile.ZIP_STORED for entry in entries)
+    if compressed or declared > size:
+        raise _CacheUnusable(
+            f"cache is damaged or not a precompile cache: it declares {declared} bytes in {size} "
+            f"({compressed} compressed entries); refused before inflating it"
+        )
 
 
 _ENVELOPE_KEYS = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
@@ -2467,12 +2539,14 @@ class Artifact(NamedTuple):
 
     python_code: str
     cache_size: int  # bytes
-    constants: dict[str, Any]  # the header's literals: FORMAT_VERSION, BACKEND, CALLING_CONVENTION, ...
+    constants: dict[str, Any]  # the header's literals: CALLING_CONVENTION, KERNEL_SHA256, BYTECODE_SHA256
     convention: CallingConvention  # decoded and validated
     kernel_hashes: dict[str, str] | None  # KERNEL_SHA256 (None: an older artifact records none)
     bytecode_hash: str | None  # BYTECODE_SHA256 (None: no compiled Python pinned)
     envelope: dict | None  # the cache's envelope (None: unreadable, see cache_error)
     kernels: dict[str, bytes]  # the cache's kernels, their payload sha256 checked ({} when not)
+    compiled: dict[str, bytes]  # the cache's marshalled header and sections, as BYTECODE_SHA256 pins them
+    compiled_problem: str | None  # why the cache's compiled parts are not used, when they are not pinned
     pair_error: PrecompileError | None  # the cache is for another backend or another python_code
     version_error: PrecompileError | None  # the cache has another format version
     cache_error: PrecompileError | None  # the cache is unreadable or its payload damaged
@@ -2489,32 +2563,49 @@ class Artifact(NamedTuple):
         return report(self)
 
 
-def read_artifact(python_code: str, cache: bytes) -> Artifact:
-    """Read ``(python_code, cache)`` without executing either: header (ast), envelope
-    (``torch.load(weights_only=True)``), pairing, version and payload checks."""
-    constants = _read_constants(python_code)
-    convention = _convention_from(constants)
-    hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
-    envelope, kernels, pair_error, version_error, cache_error = None, {}, None, None, None
+def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = False) -> Artifact:
+    """Read ``(python_code, cache)`` without executing either: the envelope (JSON and
+    raw entries), the header (``ast``), the pairing, version and payload checks.
+
+    ``header_from_cache`` is load()'s warm path: the header's constants are
+    the cache's copy that python_code pins, when it does (``_pinned_header``).
+    """
+    if not isinstance(python_code, str):
+        raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
+    envelope, cache_error = None, None
     try:
         envelope = _read_envelope(cache)
-        pair_error = _pair_error(python_code, convention, envelope)
-        version_error = _version_error(envelope)
-        kernels = _payload(envelope)
     except _CacheUnusable as problem:
         cache_error = problem
+    pinned = _pinned_header(python_code, envelope) if header_from_cache and envelope is not None else None
+    constants = pinned[0] if pinned else _read_constants(python_code)
+    convention = _convention_from(constants)
+    hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
+    kernels, compiled, compiled_problem, pair_error, version_error = {}, {}, None, None, None
+    if envelope is not None:
+        try:
+            pair_error = _pair_error(python_code, convention, envelope)
+            version_error = _version_error(envelope)
+            kernels = _payload(envelope)
+            compiled, compiled_problem = (
+                (pinned[1], None) if pinned else _pinned_parts(python_code, envelope, bytecode_hash)
+            )
+        except _CacheUnusable as problem:
+            cache_error = problem
     return Artifact(
-        python_code,
-        memoryview(cache).nbytes,
-        constants,
-        convention,
-        hashes,
-        bytecode_hash,
-        envelope,
-        kernels,
-        pair_error,
-        version_error,
-        cache_error,
+        python_code=python_code,
+        cache_size=memoryview(cache).nbytes,
+        constants=constants,
+        convention=convention,
+        kernel_hashes=hashes,
+        bytecode_hash=bytecode_hash,
+        envelope=envelope,
+        kernels=kernels,
+        compiled=compiled,
+        compiled_problem=compiled_problem,
+        pair_error=pair_error,
+        version_error=version_error,
+        cache_error=cache_error,
     )
 
 
@@ -2526,7 +2617,7 @@ def _warn_once(message: str) -> None:
 
 def _usable_cache(artifact: Artifact) -> tuple[dict, dict]:
     """What this load may use of the cache, warning about the rest: key -> (sha256,
-    bytes) of the kernels, and section -> code object of python_code's compiled sections."""
+    bytes) of the kernels, and part -> marshalled code of python_code's compiled sections."""
     if artifact.pair_error is not None:
         raise artifact.pair_error
     problem = artifact.version_error or artifact.cache_error
@@ -2537,10 +2628,9 @@ def _usable_cache(artifact: Artifact) -> tuple[dict, dict]:
             stacklevel=3,
         )
         return {}, {}
-    return (
-        _usable_kernels(artifact.envelope, artifact.kernels, artifact.kernel_hashes),
-        _cached_bytecode(artifact.envelope, artifact.bytecode_hash),
-    )
+    if artifact.compiled_problem is not None:
+        _warn_once(f"torch.compiler.precompile: {artifact.compiled_problem}; compiling python_code instead")
+    return _usable_kernels(artifact.envelope, artifact.kernels, artifact.kernel_hashes), artifact.compiled
 
 
 def _usable_kernels(envelope: dict, kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
@@ -2792,21 +2882,21 @@ def _exec_artifact(
     constants: dict[str, Any],
     kernel_files: dict[str, str],
     convention: CallingConvention | None = None,
-    compiled: dict[str, Any] | None = None,
+    compiled: dict[str, bytes] | None = None,
 ) -> dict:
     """Run python_code as ``exec`` would, compiling only the sections this process needs.
 
-    The header's constants were read with ``ast`` already (and ``convention``,
-    when given, decoded and validated from them); the driver section is
-    compiled only when the installed driver is not its exact text, and a
-    section is not compiled at all when ``compiled`` (the cache's) has it.
+    The header's constants were read already (and ``convention``, when given,
+    decoded and validated from them); the driver section is compiled only when
+    the installed driver is not its exact text, and a section is not compiled
+    at all when ``compiled`` (the cache's marshalled parts) has it.
     """
     sections = _split_sections(python_code)
     filename = _register_source(python_code)
     compiled = compiled or {}
 
     def code(name: str) -> Any:
-        return compiled.get(name) or _compile_section(filename, *sections[name])
+        return marshal.loads(compiled[name]) if name in compiled else _compile_section(filename, *sections[name])
 
     namespace = {
         "__name__": "torch_precompile_artifact",
@@ -2930,7 +3020,7 @@ class _Precompile:
     def _load(self, python_code: str, cache: bytes) -> Callable:
         timer = _StageTimer("load")
         with timer("verify"):
-            artifact = read_artifact(python_code, cache)
+            artifact = read_artifact(python_code, cache, header_from_cache=True)
             kernels, compiled = _usable_cache(artifact)
             constants, convention = artifact.constants, artifact.convention
         with timer("prime"):

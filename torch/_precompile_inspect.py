@@ -12,8 +12,8 @@ kernels, and whether the two files belong together.
 
 Nothing in the artifact is executed: the pair is read by
 ``torch._precompile.read_artifact``, the reader ``precompile.load`` uses
-(``python_code``'s header with ``ast``, the cache with
-``torch.load(weights_only=True)``, the pairing, version and payload checks; see
+(``python_code``'s header with ``ast``, the cache's JSON envelope and raw
+entries, the pairing, version and payload checks; see
 Note [precompile programming model], invariants 6 and 7, in
 ``torch/_precompile.py``).
 
