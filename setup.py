@@ -1,7 +1,8 @@
 """Install torch.compiler.precompile onto an installed torch 2.13 wheel.
 
-Adds the modules ``torch._precompile``, ``torch._precompile_runtime``,
-``torch._precompile_inspect`` and ``torch._precompile_compat`` next to torch's own files (never over them), plus
+Adds the modules ``torch._precompile``, ``torch._precompile_capture``,
+``torch._precompile_runtime``, ``torch._precompile_inspect`` and
+``torch._precompile_compat`` next to torch's own files (never over them), plus
 the top-level shim ``torch_precompile``, and registers it as an entry point of
 the group ``torch.backends``, which ``import torch`` runs at its end: it
 attaches ``precompile`` and ``PrecompileError`` to ``torch.compiler``.  The
@@ -21,6 +22,7 @@ setup(
     python_requires=">=3.10",
     py_modules=[
         "torch._precompile",
+        "torch._precompile_capture",
         "torch._precompile_runtime",
         "torch._precompile_inspect",
         "torch._precompile_compat",

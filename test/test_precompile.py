@@ -37,6 +37,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch._precompile as precompile_module
+import torch._precompile_capture as capture_module
 import torch._precompile_runtime as runtime
 from torch.compiler import PrecompileError
 from _precompile_testing import Artifacts, load, small_mlp
@@ -459,8 +460,8 @@ class TestArtifact(TestCase):
         # Run alone, the sections share one namespace.
         graph = "import os\nimport torch.utils._pytree as pytree\ndef tensor_guard():\n    pass\n"
         with self.assertRaisesRegex(AssertionError, r"rebinds names .* \['tensor_guard'\]"):
-            precompile_module._check_names_disjoint("", {"graph": graph, "forward": ""})
-        precompile_module._check_names_disjoint("", {"graph": graph.split("def")[0], "forward": ""})
+            capture_module._check_names_disjoint("", {"graph": graph, "forward": ""})
+        capture_module._check_names_disjoint("", {"graph": graph.split("def")[0], "forward": ""})
 
     def test_traceback_shows_artifact_lines(self):
         # An op failing on a bad value inside the graph: the traceback's frame in

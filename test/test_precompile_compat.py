@@ -401,7 +401,7 @@ class TestCaptureInternals(TestCase):
     def test_inductor_inner_graph_and_stand_ins(self):
         # The inner_compile hook yields one inner graph whose module imports from
         # torch._inductor only names the driver stands in for.
-        import torch._precompile as implementation
+        import torch._precompile_capture as implementation
         from torch.fx.experimental.proxy_tensor import make_fx
 
         graph = make_fx(lambda x, w: (torch.mm(x, w).relu() + 1,))(torch.randn(4, 4), torch.randn(4, 4))
@@ -427,7 +427,7 @@ class TestCaptureInternals(TestCase):
         self.assertEqual(len(source.splitlines()) - len(kept.splitlines()), 2)
 
     def test_mkldnn_public_flags_toggle_only_enabled(self):
-        import torch._precompile as implementation
+        import torch._precompile_capture as implementation
 
         mkldnn = torch.backends.mkldnn
         before = (mkldnn.deterministic, mkldnn.fp32_precision, torch._C._get_onednn_allow_tf32())

@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 import torch._precompile as precompile_module
+import torch._precompile_runtime as runtime
 from torch._precompile_inspect import describe, format_report, main
 from torch.compiler import precompile, PrecompileError
 
@@ -369,7 +370,7 @@ class TestReader(InspectTestCase):
         self.assertEqual(artifact.describe(), describe(code, cache))
         # The output's shape and dtype are in the calling convention.
         self.assertEqual(
-            artifact.convention.output_tensors, (precompile_module.TensorSpec((), None, "float32", "cpu"),)
+            artifact.convention.output_tensors, (runtime.TensorSpec((), None, "float32", "cpu"),)
         )
 
     def test_verdicts(self):

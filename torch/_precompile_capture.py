@@ -1,0 +1,1801 @@
+"""Capture, enforce, lower and render: the half of ``torch.compiler.precompile`` that makes artifacts.
+
+``precompile()`` imports this module at its first call; ``load()`` never does,
+so a warm start imports only ``torch._precompile`` (the API, the artifact
+format and the load pipeline) and the driver.  The contract it enforces is
+Note [precompile programming model] in ``torch/_precompile.py``; the private
+torch 2.13 internals it relies on go through ``torch/_precompile_compat.py``.
+"""
+
+import ast
+import collections
+import contextlib
+import dataclasses
+import functools
+import operator
+import os
+import pprint
+import re
+import threading
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch import _precompile as api, _precompile_compat as compat, _precompile_runtime as runtime
+from torch._precompile import _driver_source, _marker, _NO_BYTECODE, _parse, _SECTIONS, FORMAT_VERSION
+from torch._precompile_runtime import (
+    CallingConvention,
+    ConstantSpec,
+    LeafSpec,
+    ModuleSpec,
+    OptimizerSpec,
+    PrecompileError,
+    StateSpec,
+    TensorSpec,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+# ---------------------------------------------------------------------------
+# Capture: lift module state, trace fn with make_fx on clones.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _LiftedTensor:
+    tensor: torch.Tensor  # the caller's tensor (never written)
+    kind: str  # "parameter" | "buffer"
+    names: list  # [(module index, fqn), ...]
+
+
+@dataclasses.dataclass
+class _Arguments:
+    """fn's example arguments: module positions, lifted state, user-input leaves."""
+
+    example_inputs: tuple
+    module_positions: list
+    modules: list
+    user_positions: list
+    lifted: list  # [_LiftedTensor]
+    input_leaves: list
+    input_spec: pytree.TreeSpec
+    input_paths: list  # "args[1]['x']" per input leaf
+    tensor_indices: list  # input leaves that are tensors
+    optimizers: list = dataclasses.field(default_factory=list)  # [_LiftedOptimizer]
+
+
+@dataclasses.dataclass
+class _FreeDim:
+    """A user-input dim marked with mark_unbacked (Note invariant 3)."""
+
+    leaf: int  # index into input_leaves
+    dim: int
+    low: int
+    high: int | None
+    shape_id: str | None
+
+
+@dataclasses.dataclass
+class _Capture:
+    graph: torch.fx.GraphModule
+    convention: CallingConvention
+    example_inputs: list  # flat graph inputs: real clones, or fakes when dims are free
+
+
+def _lift_state(modules: list) -> list:
+    """Parameters of all modules, then buffers; tied tensors collapse by identity."""
+    lifted: dict[int, _LiftedTensor] = {}
+    for kind, named in (
+        ("parameter", lambda m: m.named_parameters(remove_duplicate=False)),
+        ("buffer", lambda m: m.named_buffers(remove_duplicate=False)),
+    ):
+        for index, module in enumerate(modules):
+            for fqn, tensor in named(module):
+                entry = lifted.setdefault(id(tensor), _LiftedTensor(tensor, kind, []))
+                entry.names.append((index, fqn))
+    return list(lifted.values())
+
+
+def _split_arguments(example_inputs: tuple) -> _Arguments:
+    module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
+    modules = [example_inputs[i] for i in module_positions]
+    optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
+    user_positions = [
+        i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
+    ]
+    user_args = tuple(example_inputs[i] for i in user_positions)
+    for position, arg in zip(user_positions, user_args):
+        _check_recordable_structure(f"args[{position}]", arg)
+    input_leaves, input_spec = pytree.tree_flatten(user_args)
+    input_paths = [
+        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
+        for path, _ in pytree.tree_flatten_with_path(user_args)[0]
+    ]
+    for what, leaf in zip(input_paths, input_leaves):
+        if isinstance(leaf, torch.Tensor):
+            runtime.check_plain_torch_function(what, leaf)
+        else:
+            _check_value_leaf(what, leaf)
+    lifted = _lift_state(modules)
+    for entry in lifted:
+        module_index, fqn = entry.names[0]
+        runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
+    _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
+    _refuse_hooks(modules, module_positions, lifted)
+    return _Arguments(
+        example_inputs=example_inputs,
+        module_positions=module_positions,
+        modules=modules,
+        user_positions=user_positions,
+        lifted=lifted,
+        input_leaves=input_leaves,
+        input_spec=input_spec,
+        input_paths=input_paths,
+        tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
+        optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
+    )
+
+
+def _refuse_state_as_input(lifted: list, module_positions: list, leaves: list, paths: list) -> None:
+    """A module's parameter or buffer passed again as a plain input (Note invariant 11).
+
+    Capture traces each input on its own clone, so fn would see two unrelated
+    tensors: gradients (``clip_grad_norm_(params)``) and writes through one
+    would not reach the other, unlike eager.
+    """
+    owners = {_storage_address(e.tensor): e for e in lifted}
+    owners.pop(0, None)  # empty tensors share no storage
+    for path, leaf in zip(paths, leaves):
+        entry = isinstance(leaf, torch.Tensor) and owners.get(_storage_address(leaf))
+        if entry:
+            module_index, fqn = entry.names[0]
+            raise PrecompileError(
+                f"{path} is (or shares memory with) args[{module_positions[module_index]}].{fqn}, a "
+                f"{entry.kind} of a module argument: precompile lifts module state itself and would "
+                "trace this input as a separate tensor, so gradients and writes would not reach "
+                f"it as in eager. Reach it through the module inside fn (e.g. "
+                f"args[{module_positions[module_index]}].parameters()), or pass a .clone()"
+            )
+
+
+def _refuse_hooks(modules: list, module_positions: list, lifted: list) -> None:
+    """Hooks on fn's modules or their tensors (Note invariant 11).
+
+    The trace would inline what a hook computes once, and the artifact could
+    not tell if it is removed later (or repeat its Python side effects).
+    """
+    named_modules = runtime.named_submodules(module_positions, modules)
+    named_tensors = [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.tensor) for e in lifted]
+    hook = runtime.find_hook(named_modules, named_tensors)
+    if hook is not None:
+        raise PrecompileError(
+            f"{hook}: precompile cannot keep a hook in step with the artifact (it would be "
+            "baked at capture and never run again). Remove it before precompile (handle.remove()); "
+            "for weight reparametrizations use torch.nn.utils.parametrize, which fn's trace includes"
+        )
+
+
+# How to make a pytree node type recordable in the artifact's calling convention.
+_PYTREE_FIX = (
+    "pass plain tuples, lists and dicts instead, or register the type with "
+    "torch.utils._pytree.register_pytree_node(cls, flatten_fn, unflatten_fn, "
+    "serialized_type_name='pkg.Name', flatten_with_keys_fn=...) (a namedtuple: "
+    "torch.utils._pytree._register_namedtuple(cls, serialized_type_name='pkg.Name')), adding "
+    "to_dumpable_context/from_dumpable_context if its context is not JSON; the process that "
+    "loads the artifact must make the same registration"
+)
+
+
+def _dump_structure(what: str, spec: pytree.TreeSpec) -> str:
+    """The artifact records fn's input/output structure as JSON (treespec_dumps)."""
+    try:
+        return pytree.treespec_dumps(spec)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise PrecompileError(
+            f"{what}: its pytree structure cannot be recorded ({str(error).rstrip('.')}); {_PYTREE_FIX}"
+        ) from None
+
+
+def _recordable_spec(what: str, spec: pytree.TreeSpec) -> pytree.TreeSpec:
+    _dump_structure(what, spec)  # to_literal() dumps it when the artifact is rendered
+    return spec
+
+
+def _check_recordable_structure(what: str, value: Any) -> None:
+    try:  # the driver names leaves by key path in its errors
+        pytree.tree_flatten_with_path(value)
+    except ValueError as error:
+        raise PrecompileError(f"{what}: {str(error).rstrip('.')}; {_PYTREE_FIX}") from None
+    _dump_structure(what, pytree.tree_structure(value))
+
+
+def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
+    free = {dim for dim, *_ in free_dims}
+    return TensorSpec(
+        shape=tuple(None if d in free else size for d, size in enumerate(t.shape)),
+        # Free dims: strides vary with the size, so the layout is pinned as a memory format.
+        stride=tuple(t.stride()) if backend == "inductor" and not free else None,
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+        free_dims=tuple(free_dims),
+        memory_format=_memory_format(t) if free else None,
+        requires_grad=t.requires_grad,
+    )
+
+
+def _memory_format(t: torch.Tensor) -> str | None:
+    """The first memory format ``t`` is dense in (row-major first), or None."""
+    for name, memory_format in runtime.MEMORY_FORMATS.items():
+        if t.is_contiguous(memory_format=memory_format):
+            return name
+    return None
+
+
+def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
+    # Same strides as the caller's tensor, no autograd history, no .grad.
+    clone = t.detach().clone(memory_format=torch.preserve_format)
+    return clone.requires_grad_(t.requires_grad)
+
+
+def _check_value_leaf(what: str, value: Any) -> None:
+    if not isinstance(value, runtime.LEAF_VALUE_TYPES):
+        raise PrecompileError(
+            f"{what}: unsupported leaf of type {type(value).__name__}; inputs and outputs "
+            "must be pytrees of tensors, int, float, bool, str or None"
+        )
+
+
+def _read_marks(args: _Arguments, backend: str) -> list:
+    """Dims marked with torch._dynamo.decorators.mark_unbacked on the user inputs."""
+    for entry in args.lifted:
+        if compat.dim_marks(entry.tensor).marked:
+            raise PrecompileError(
+                f"parameter/buffer '{entry.names[0][1]}' has dynamic-dim marks; only user "
+                "inputs can have free dims: remove the marks from the module's tensors"
+            )
+    free_dims = []
+    for index in args.tensor_indices:
+        tensor, what = args.input_leaves[index], args.input_paths[index]
+        marks = compat.dim_marks(tensor)
+        if marks.dynamic:
+            raise PrecompileError(
+                f"{what}: dims {sorted(marks.dynamic)} are marked with "
+                "mark_dynamic (backed), which precompile does not support; use "
+                "torch._dynamo.decorators.mark_unbacked instead"
+            )
+        marked = marks.unbacked
+        if not marked:
+            continue
+        if backend != "inductor":
+            raise NotImplementedError(
+                f"precompile: {what} has dims marked with mark_unbacked; free dims are only "
+                "supported by backend='inductor' (backend='eager' specializes every size)"
+            )
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            raise PrecompileError(
+                f"{what}: mark_unbacked on a tensor subclass ({type(tensor).__name__}) is not "
+                "supported; pass a plain torch.Tensor"
+            )
+        if _memory_format(tensor) is None:
+            raise PrecompileError(
+                f"{what}: an input with marked dims must be dense in a memory format (its strides "
+                f"depend on the free sizes); got strides {tuple(tensor.stride())}: pass "
+                "x.contiguous() or x.contiguous(memory_format=torch.channels_last)"
+            )
+        bounds, shape_ids = marks.bounds, marks.shape_ids
+        for dim in sorted(marked):
+            low, high = bounds.get(dim, (None, None))
+            free_dims.append(_FreeDim(index, dim, 0 if low is None else low, high, shape_ids.get(dim)))
+    return _combine_shape_id_bounds(free_dims, args)
+
+
+def _combine_shape_id_bounds(free_dims: list, args: _Arguments) -> list:
+    """Dims sharing a shape_id are one size: each gets the tightest bounds of all their marks."""
+    groups: dict[str, list] = {}
+    for free in free_dims:
+        if free.shape_id is not None:
+            groups.setdefault(free.shape_id, []).append(free)
+    for shape_id, members in groups.items():
+        low = max(f.low for f in members)
+        highs = [f.high for f in members if f.high is not None]
+        high = min(highs) if highs else None
+        if high is not None and low > high:
+            dims = ", ".join(f"{args.input_paths[f.leaf]} dim {f.dim}" for f in members)
+            raise PrecompileError(
+                f"the marks of shape_id {shape_id!r} ({dims}) have no size in common: min={low} "
+                f"> max={high}; fix the bounds given to mark_unbacked"
+            )
+        for free in members:
+            free.low, free.high = low, high
+    return free_dims
+
+
+class _CaptureGuard(TorchDispatchMode):
+    """Sees every op fn runs while it is traced, before make_fx records it.
+
+    It refuses, before anything is written, what the graph would not repeat
+    (Note invariants 8 and 14): an optimizer's step() / zero_grad() (the
+    optimizer holds the caller's tensors, not the traced copies) and in-place
+    writes to tensors the trace does not track (the caller's parameters, .grad
+    or inputs reached through a closure, a global).  It also notes whether fn
+    runs autograd (an op run by the autograd engine): only then do grad mode
+    and requires_grad shape the graph (invariant 11).
+    """
+
+    # torch.cond & co. pass through to make_fx; the contract refuses them after the trace.
+    supports_higher_order_operators = True
+
+    def __init__(self, caller_tensors: dict, optimizer_arguments: bool):
+        super().__init__()
+        self.caller_tensors = caller_tensors  # storage address -> "args[0].weight (parameter)"
+        # Optimizers that are arguments of fn step the traced copies (invariant 15);
+        # any other optimizer's writes to the caller's tensors are still refused below.
+        self.optimizer_arguments = optimizer_arguments
+        self.ran_autograd = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
+            _refuse_optimizer_call(args[0])
+        self._refuse_untracked_writes(func, args, kwargs)
+        if not self.ran_autograd and compat.current_autograd_node() is not None:
+            self.ran_autograd = True
+        return func(*args, **kwargs)
+        if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
+            _refuse_optimizer_call(args[0])
+        self._refuse_untracked_writes(func, args, kwargs)
+        # The autograd engine's own accumulation (a second backward) is no read.
+        if self.produced_grads and compat.current_autograd_node() is None:
+            self.note_grad_reads((args, kwargs))
+        return func(*args, **kwargs)
+
+    def _refuse_untracked_writes(self, func, args: tuple, kwargs: dict) -> None:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
+
+        written = _written_arguments(func)
+        if not written:
+            return
+        tracer = get_proxy_mode().tracer
+        values = [args[i] if i < len(args) else kwargs.get(name) for i, name in written]
+        for tensor in pytree.tree_leaves(values):
+            if not isinstance(tensor, torch.Tensor) or compat.is_fake(tensor) or has_proxy_slot(tensor, tracer):
+                continue
+            what = self.caller_tensors.get(_storage_address(tensor)) or (
+                f"a tensor of shape {tuple(tensor.shape)} that is neither an argument of fn nor created inside it"
+            )
+            raise PrecompileError(
+                f"fn writes in place ({func}) to {what}{_user_line(traceback.extract_stack())}, through a "
+                "reference precompile does not trace: the artifact would not repeat the write. "
+                "Update state through fn's module arguments (or its inputs), or do it outside fn"
+            )
+
+
+@functools.lru_cache(maxsize=None)
+def _written_arguments(func) -> tuple:
+    """(position, name) of the arguments an operator writes in place (`Tensor(a!)`)."""
+    return tuple(
+        (i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def _refuse_optimizer_call(record_name: str) -> None:
+    # torch.optim announces step() / zero_grad() as e.g. "Optimizer.step#SGD.step".
+    kind, _, method = record_name.partition("#")
+    if kind in ("Optimizer.step", "Optimizer.zero_grad"):
+        raise PrecompileError(
+            f"fn calls {method}(){_user_line(traceback.extract_stack())}: the optimizer holds the "
+            "caller's parameters, not the copies precompile traces, so the artifact would silently "
+            "leave the call out. Call optimizer.zero_grad() and optimizer.step() outside fn, around the "
+            "precompiled call (the artifact accumulates .grad like loss.backward())"
+        )
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+        return 0
+
+
+def _caller_tensors(args: _Arguments) -> dict:
+    """Storage address -> how the caller passed it, for every tensor fn must not write."""
+    described = []
+    for entry in args.lifted:
+        module_index, fqn = entry.names[0]
+        path = f"args[{args.module_positions[module_index]}].{fqn}"
+        described.append((entry.tensor, f"{path} ({entry.kind})"))
+        if entry.tensor.grad is not None:
+            described.append((entry.tensor.grad, f"{path}.grad"))
+    described += [(args.input_leaves[i], args.input_paths[i]) for i in args.tensor_indices]
+    addresses = {_storage_address(t): what for t, what in described}
+    addresses.pop(0, None)  # empty tensors share no storage
+    return addresses
+
+
+@contextlib.contextmanager
+def _caller_grads_kept(args: _Arguments):
+    """Invariant 8: fn rebinding the caller's .grad (through a closure) is undone and refused."""
+    params = [entry for entry in args.lifted if entry.kind == "parameter"]
+    grads = [entry.tensor.grad for entry in params]
+    try:
+        yield
+    finally:
+        rebound = [(entry, grad) for entry, grad in zip(params, grads) if entry.tensor.grad is not grad]
+        for entry, grad in rebound:
+            entry.tensor.grad = grad
+    if rebound:
+        module_index, fqn = rebound[0][0].names[0]
+        raise PrecompileError(
+            f"fn rebinds args[{args.module_positions[module_index]}].{fqn}.grad through a reference "
+            "precompile does not trace (restored): the artifact would not repeat it; set .grad "
+            "outside fn"
+        )
+
+
+def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
+    """fn over flat tensors: (*state, *user tensors, *free sizes, *trailing) -> (*outputs, *grads).
+
+    The trailing inputs are the optimizers' (invariant 15), then each
+    parameter's incoming ``.grad`` (invariant 13).
+    """
+    num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
+    caller_tensors = _caller_tensors(args)
+    candidates = _grad_candidates(args)
+    num_optimizer_inputs = sum(
+        len(lifted.groups) + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
+    )
+
+    def flat_fn(*flat):
+        state = flat[:num_state]
+        tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
+        trailing = flat[len(flat) - num_optimizer_inputs - len(candidates) :]
+        optimizer_inputs, incoming_grads = trailing[:num_optimizer_inputs], trailing[num_optimizer_inputs:]
+        leaves = list(args.input_leaves)
+        for index, tensor in zip(args.tensor_indices, tensors):
+            leaves[index] = tensor
+        call_args = list(args.example_inputs)
+        for position, arg in zip(args.user_positions, pytree.tree_unflatten(leaves, args.input_spec)):
+            call_args[position] = arg
+        mappings = [{} for _ in args.modules]
+        for entry, leaf in zip(args.lifted, state):
+            for index, fqn in entry.names:
+                mappings[index][fqn] = leaf
+        guard = _CaptureGuard(caller_tensors, bool(args.optimizers))
+        with contextlib.ExitStack() as stack:
+            for module, mapping in zip(args.modules, mappings):
+                stack.enter_context(compat.reparametrized(module, mapping))
+            if args.optimizers:
+                stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
+            for index, grad in zip(candidates, incoming_grads):
+                state[index].grad = grad
+            with torch.enable_grad(), guard:
+                result = fn(*call_args)
+            _check_state_not_rebound(args.modules, mappings)
+        out_leaves, out_spec = pytree.tree_flatten(result)
+        recorded["ran_autograd"] = guard.ran_autograd
+        recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
+        _check_gradients_reach_only_parameters(args, state, tensors)
+        recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
+        recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None]
+        outputs = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+        return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
+
+    return flat_fn
+
+
+def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
+    """Real-mode make_fx on clones: every size is static (Note invariant 3, 8)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
+        _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
+    ] + _trailing_example_inputs(args)
+    try:
+        graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
+    except PrecompileError:
+        raise
+    except RuntimeError as error:
+        # make_fx's "value out of a tracing tensor with aten._local_scalar_dense"
+        if "_local_scalar_dense" not in str(error):
+            raise
+        raise _data_dependent_error(error) from None
+    graph, constants = _enforce_contract(graph)
+    example = [t.detach() for t in inputs] + constants
+    return graph, example, (), constants
+
+
+def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decompositions) -> tuple:
+    """Symbolic make_fx with marked dims as unbacked symints (design.md section 2).
+
+    A data-dependent guard ``Eq(a, b)`` between two marked dims whose example
+    sizes agree means the graph requires them equal: they are merged into one
+    shape group (checked by the driver at every call) and the trace is redone.
+    Any other guard on a marked dim is refused.
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    groups = {i: free.shape_id or f"free{i}" for i, free in enumerate(free_dims)}
+    for _ in range(len(free_dims) + 1):
+        attempt = _SymbolicAttempt(args, free_dims, groups)
+        try:
+            return attempt.trace(flat_fn, decompositions)
+        except GuardOnDataDependentSymNode as error:
+            if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
+                raise _data_dependent_error(error) from None
+            merged = attempt.mergeable(error.cond)
+            if merged is None:
+                raise attempt.guard_error(error) from None
+            keep, drop = merged
+            groups = {i: groups[keep] if g == groups[drop] else g for i, g in groups.items()}
+    raise AssertionError("unreachable: each retry merges two shape groups")
+
+
+def _data_dependent_error(error: Exception) -> PrecompileError:
+    """fn turned a traced tensor into a Python value: control flow on tensor data."""
+    return PrecompileError(
+        f"fn uses the value of a tensor as a Python value{_user_line(traceback.extract_tb(error.__traceback__))} "
+        "(`if tensor:`, .item(), bool(), .tolist()): the artifact would bake the example's "
+        "outcome. Write the branch with torch.where(cond, a, b), or compute the value outside fn "
+        "and pass it as a Python input (baked and checked at every call)"
+    )
+
+
+class _SymbolicAttempt:
+    """One symbolic trace: fakes in a fresh ShapeEnv, one symint per marked dim."""
+
+    def __init__(self, args: _Arguments, free_dims: list, groups: dict):
+        self.args, self.free_dims = args, free_dims
+        self.shape_env, self.fake_mode = compat.symbolic_fake_mode()
+
+        def fakify(tensor, name, free=()):
+            dims = {f.dim: (groups[i], f.low, f.high) for i, f in free}
+            fake = compat.fake_with_unbacked_dims(self.fake_mode, tensor.detach(), name, dims)
+            return fake.requires_grad_(tensor.requires_grad)
+
+        self.inputs = [fakify(e.tensor, f"state{i}") for i, e in enumerate(args.lifted)]
+        by_leaf: dict[int, list] = {}
+        for i, free in enumerate(free_dims):
+            by_leaf.setdefault(free.leaf, []).append((i, free))
+        fake_leaves = {}
+        for index in args.tensor_indices:
+            tensor = args.input_leaves[index]
+            fake_leaves[index] = fakify(tensor, f"input{index}", by_leaf.get(index, ()))
+            self.inputs.append(fake_leaves[index])
+        # Free sizes are graph inputs too: AOTAutograd needs a binding for each symbol.
+        self.sizes = [fake_leaves[f.leaf].shape[f.dim] for f in free_dims]
+        self.symbols = {size.node.expr: i for i, size in enumerate(self.sizes)}
+        self.trailing = [fakify(t, f"grad{i}") for i, t in enumerate(_trailing_example_inputs(args))]
+        compat.forget_pending_unbacked_symbols(self.shape_env)
+
+    def trace(self, flat_fn: Callable, decompositions) -> tuple:
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        graph = make_fx(
+            flat_fn, decomposition_table=decompositions, tracing_mode="symbolic", record_stack_traces=True
+        )(*self.inputs, *self.sizes, *self.trailing)
+        self.refuse_specialization()
+        insert_deferred_runtime_asserts(graph, self.shape_env, "torch.compiler.precompile")
+        graph.recompile()
+        graph, constants = _enforce_contract(graph)
+        example = (
+            [t.detach() for t in self.inputs]
+            + list(self.sizes)
+            + [t.detach() for t in self.trailing]
+            + [self.fake_mode.from_tensor(c) for c in constants]
+        )
+        return graph, example, self.size_sources(), constants
+
+    def describe(self, index: int) -> str:
+        free = self.free_dims[index]
+        return f"{self.args.input_paths[free.leaf]} dim {free.dim}"
+
+    def refuse_specialization(self) -> None:
+        """Every requirement fn put on a free dim must be a mark bound or a shape group."""
+        for symbol, index in self.symbols.items():
+            replaced = compat.shape_env_replacements(self.shape_env).get(symbol)
+            if replaced is not None and self.shape_env.simplify(replaced) not in self.symbols:
+                raise PrecompileError(
+                    f"fn specializes {self.describe(index)} (marked with mark_unbacked) to "
+                    f"{replaced}, e.g. through .view() with literal sizes; use -1 or sizes derived "
+                    "from the input's .shape, or remove the mark"
+                )
+        for requirement in compat.shape_env_deferred_asserts(self.shape_env):
+            if not self.implied_by_marks(requirement.expr):
+                names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
+                raise PrecompileError(
+                    f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
+                    "(marked with mark_unbacked); state it in the mark instead (min=/max=) or "
+                    "remove the mark"
+                )
+
+    def implied_by_marks(self, expr) -> bool:
+        """Equalities between free dims, and bounds the driver already checks."""
+        import sympy
+
+        sides = [self.shape_env.simplify(side) for side in getattr(expr, "args", ())]
+        if isinstance(expr, sympy.Eq) and all(side in self.symbols for side in sides):
+            return True
+        if not isinstance(expr, (sympy.LessThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.StrictGreaterThan)):
+            return False
+        lhs, rhs = sides
+        if lhs in self.symbols and rhs.is_Integer:  # symbol OP constant
+            symbol, constant, lower = lhs, int(rhs), isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan))
+        elif rhs in self.symbols and lhs.is_Integer:  # constant OP symbol
+            symbol, constant, lower = rhs, int(lhs), isinstance(expr, (sympy.LessThan, sympy.StrictLessThan))
+        else:
+            return False
+        free = self.free_dims[self.symbols[symbol]]
+        strict = isinstance(expr, (sympy.StrictLessThan, sympy.StrictGreaterThan))
+        if lower:  # requires size >= constant (+1 if strict)
+            return constant + strict <= free.low
+        return free.high is not None and free.high <= constant - strict
+
+    def size_sources(self) -> tuple:
+        """(leaf, dim, group, low, high) per free size, groups by canonical symbol."""
+        canonical = {}
+        result = []
+        for free, size in zip(self.free_dims, self.sizes):
+            symbol = self.shape_env.simplify(size.node.expr)
+            group = canonical.setdefault(symbol, len(canonical))
+            result.append((free.leaf, free.dim, group, free.low, free.high))
+        return tuple(result)
+
+    def involves_free_dim(self, cond) -> bool:
+        marked = {str(symbol) for symbol in self.symbols}
+        return any(str(symbol) in marked for symbol in getattr(cond, "free_symbols", ()))
+
+    def mergeable(self, cond) -> tuple | None:
+        import sympy
+
+        if not isinstance(cond, (sympy.Eq, sympy.Ne)):
+            return None
+        lhs, rhs = (self.shape_env.simplify(side) for side in cond.args)
+        if lhs not in self.symbols or rhs not in self.symbols:
+            return None
+        a, b = self.symbols[lhs], self.symbols[rhs]
+        example_sizes = [
+            self.args.input_leaves[self.free_dims[i].leaf].shape[self.free_dims[i].dim] for i in (a, b)
+        ]
+        return (a, b) if example_sizes[0] == example_sizes[1] and a != b else None
+
+    def guard_error(self, error) -> PrecompileError:
+        names = {
+            str(symbol): f"{self.args.input_paths[self.free_dims[i].leaf]} dim {self.free_dims[i].dim}"
+            for symbol, i in self.symbols.items()
+        }
+        involved = [names[str(s)] for s in getattr(error.cond, "free_symbols", ()) if str(s) in names]
+        where = _user_line(traceback.extract_tb(error.__traceback__))
+        return PrecompileError(
+            f"fn needs the size of {' and '.join(involved) or 'a marked dim'} (marked with "
+            f"mark_unbacked) to decide {error.cond}{where}: a free dim cannot be guarded on. "
+            "Give the mark bounds that decide it (min=1 rules out empty sizes, which .view(n, -1) "
+            "and .flatten() must exclude), remove the mark to specialize it, or avoid branching "
+            "on / reshaping with that size"
+        )
+
+
+@contextlib.contextmanager
+def _without_mkldnn():
+    """Trace nn.LSTM & co. through their cell-by-cell decomposition.
+
+    With MKLDNN enabled, CPU ``aten::lstm`` dispatches to ``aten::mkldnn_rnn_layer``,
+    which make_fx records as one op.  Its ``workspace`` output (saved for
+    ``mkldnn_rnn_layer_backward``) is undefined when grad mode is off, as it is
+    while the driver runs the graph, and its fake kernel reports a (1,)-sized
+    workspace that Inductor's size asserts then reject.  The decomposition is
+    plain ATen and serves both backends.
+    """
+    # The public flags() sets every MKLDNN flag it is given; None leaves
+    # deterministic, allow_tf32 and fp32_precision as they are.
+    with torch.backends.mkldnn.flags(enabled=False, deterministic=None, allow_tf32=None, fp32_precision=None):
+        yield
+
+
+@contextlib.contextmanager
+def _seen_as_export():
+    """Present the trace to model libraries as torch.export's non-strict capture does.
+
+    Libraries skip data-dependent shortcuts (``if mask.all(): mask = None``) when
+    ``torch.compiler.is_compiling()`` / ``is_exporting()`` is true; without
+    them a padding mask would be read as data and fail the trace, or be baked.
+    Same flags, set by the same helper torch.export uses; restored on exit.
+    """
+    with compat.compiling_and_exporting():
+        yield
+
+
+def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
+    args = _split_arguments(example_inputs)
+    free_dims = _read_marks(args, backend)
+    if free_dims and args.optimizers:
+        raise PrecompileError(
+            "an optimizer argument together with mark_unbacked dims is not supported yet: "
+            "remove the marks (sizes are then specialized) or keep opt.step() outside fn"
+        )
+    recorded: dict[str, Any] = {}
+    flat_fn = _flat_function(fn, args, recorded)
+    compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
+    with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModuleReads(args) as module_reads:
+        if free_dims:
+            graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
+        else:
+            graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
+    first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
+    optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
+
+    outputs, output_tensors = [], []
+    for i, leaf in enumerate(recorded["out_leaves"]):
+        if isinstance(leaf, torch.Tensor):
+            outputs.append(LeafSpec(graph_output=len(output_tensors)))
+            output_tensors.append(_output_spec(leaf))
+        else:
+            _check_value_leaf(f"fn's output leaf {i}", leaf)
+            outputs.append(LeafSpec(value=leaf))
+
+    mutated = _mutated_inputs(graph, len(args.lifted) + len(args.tensor_indices))
+    _refuse_aliased_examples(args, mutated)
+    free_by_leaf: dict[int, list] = {}
+    for leaf, dim, group, low, high in sizes:
+        free_by_leaf.setdefault(leaf, []).append((dim, group, low, high))
+    convention = CallingConvention(
+        format_version=FORMAT_VERSION,
+        backend=backend,
+        arity=len(example_inputs),
+        modules=tuple(
+            ModuleSpec(
+                position=position,
+                parameters=tuple(n for n, _ in m.named_parameters(remove_duplicate=False)),
+                buffers=tuple(n for n, _ in m.named_buffers(remove_duplicate=False)),
+                submodules=tuple(
+                    (name, sub.training if module_reads.read_mode(sub) else None) for name, sub in m.named_modules()
+                ),
+                classes=tuple(runtime.class_name(type(sub)) for _, sub in m.named_modules()),
+                attributes=tuple(
+                    (name, attribute, value)
+                    for name, sub in m.named_modules()
+                    for attribute, value in module_reads.read_attributes(sub)
+                ),
+            )
+            for position, m in zip(args.module_positions, args.modules)
+        ),
+        state=tuple(
+            StateSpec(kind=e.kind, names=tuple(e.names), tensor=_tensor_spec(e.tensor, backend))
+            for e in args.lifted
+        ),
+        input_spec=args.input_spec,
+        inputs=tuple(
+            LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
+            if isinstance(leaf, torch.Tensor)
+            else LeafSpec(value=leaf)
+            for i, leaf in enumerate(args.input_leaves)
+        ),
+        output_spec=_recordable_spec("fn's output", recorded["out_spec"]),
+        outputs=tuple(outputs),
+        grad_state=grads["grad_state"],
+        constants=tuple(_constant_spec(c) for c in constants),
+        # Autograd in the graph (backward(), autograd.grad) makes grad mode and
+        # every requires_grad part of the contract; a pure forward computes the
+        # same values either way.
+        needs_grad=recorded["ran_autograd"],
+        mutated=tuple(sorted(mutated)),
+        default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
+        autocast=runtime.autocast_state(),
+        optimizers=optimizers,
+        grad_inputs=grads["grad_inputs"],
+        grads_assigned=grads["grads_assigned"],
+        grads_cleared=grads["grads_cleared"],
+        output_tensors=tuple(output_tensors),
+    )
+    return _Capture(graph, convention, example)
+
+
+def _output_spec(t: torch.Tensor) -> TensorSpec:
+    """What an output tensor of the trace is: a size that depends on free dims (a SymInt) is None."""
+    return TensorSpec(
+        shape=tuple(size if type(size) is int else None for size in t.shape),
+        stride=None,
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+    )
+
+
+def _mutated_inputs(graph: torch.fx.GraphModule, count: int) -> set:
+    """Indices among the first ``count`` placeholders that the graph writes in place.
+
+    A write reaches a placeholder through any chain of views or in-place ops
+    (whose results alias their first argument).
+    """
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))[:count]
+    base = {node: index for index, node in enumerate(placeholders)}  # node -> placeholder it aliases
+    mutated = set()
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:  # an element of split() / unbind()
+            if node.args[0] in base:
+                base[node] = base[node.args[0]]
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        values = list(zip(schema.arguments, node.args)) + [
+            (a, node.kwargs[a.name]) for a in schema.arguments if a.name in node.kwargs
+        ]
+        for argument, value in values:
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                for arg in value if isinstance(value, (list, tuple)) else [value]:
+                    if arg in base:
+                        mutated.add(base[arg])
+        if any(r.alias_info is not None for r in schema.returns) and node.args and node.args[0] in base:
+            base[node] = base[node.args[0]]
+    return mutated
+
+
+def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
+    """Example tensors sharing memory where one is written: the clones traced do not.
+
+    Capture traces each example on its own clone, so the graph assumes
+    distinct memory; that is only what fn computes when nothing they share is
+    written.  The driver refuses such aliasing at every call (Note invariant 11).
+    """
+    tensors = [e.tensor for e in args.lifted] + [args.input_leaves[i] for i in args.tensor_indices]
+    names = [f"parameter/buffer '{e.names[0][1]}'" for e in args.lifted] + [
+        args.input_paths[i] for i in args.tensor_indices
+    ]
+    for i in sorted(mutated):
+        for j in range(len(tensors)):
+            if j != i and compat.is_alias_of(tensors[i], tensors[j]):
+                raise PrecompileError(
+                    f"{names[i]} and {names[j]} share memory and fn writes {names[i]} in place; "
+                    "precompile traces every example tensor separately and cannot reproduce "
+                    "that: pass distinct tensors (e.g. .clone()) at capture and at every call"
+                )
+
+
+class _ModuleReads:
+    """Records what of each submodule fn reads while it is traced: ``training``
+    flags and plain attributes (``eps``, ``p``, ``momentum``: values in the
+    instance ``__dict__`` that a calling convention can hold as literals).
+
+    Only what was read can have shaped the graph, so only that is recorded and
+    checked at every call (Note invariant 11).  Each submodule's class is
+    swapped, for the trace only, for a subclass that logs reads; a module whose
+    class cannot be swapped counts as having read its flag.  During the trace
+    ``type(module)`` is that subclass (``isinstance`` still holds, names are
+    kept).  fn changing a mode (``model.eval()`` inside fn) is refused: the
+    artifact would not reproduce that side effect.
+    """
+
+    _probes: dict = {}  # original class -> its probe subclass
+    _tracing = threading.local()  # .reads: {id(module): names read} of this thread's capture
+
+    def __init__(self, args: _Arguments):
+        self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
+        for path, sub in runtime.named_submodules(args.module_positions, args.modules):
+            self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
+        self.reads: dict = collections.defaultdict(set)
+
+    def read_mode(self, module: torch.nn.Module) -> bool:
+        return "training" in self.reads.get(id(module), ())
+
+    def read_attributes(self, module: torch.nn.Module) -> list:
+        """(name, value) of the plain attributes fn read, in name order."""
+        values = vars(module)
+        return [
+            (name, values[name])
+            for name in sorted(self.reads.get(id(module), ()))
+            if name != "training" and name in values and runtime.is_literal(values[name])
+        ]
+
+    def __enter__(self) -> "_ModuleReads":
+        self._tracing.reads = self.reads
+        for _, sub, cls, _ in self.modules.values():
+            try:
+                sub.__class__ = self._probe(cls)
+            except TypeError:  # __slots__, script modules, a class's own `training`: assume read
+                self.reads[id(sub)].add("training")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._tracing.reads = None
+        changed = []
+        for path, sub, cls, mode in self.modules.values():
+            sub.__class__ = cls
+            if sub.training != mode:
+                changed.append(path)
+                sub.training = mode  # capture leaves the caller's model as it was
+        if changed and exc_info[0] is None:
+            raise PrecompileError(
+                f"fn changes the train/eval mode of {', '.join(changed[:5])} (it calls .eval() or "
+                ".train()); the artifact would not reproduce that: set the mode before calling fn"
+            )
+
+    @classmethod
+    def _note_read(cls, module: torch.nn.Module, name: str) -> None:
+        reads = getattr(cls._tracing, "reads", None)
+        if reads is not None:  # None: read by another thread, not by fn's trace
+            reads[id(module)].add(name)
+
+    @classmethod
+    def _probe(cls, module_class: type) -> type:
+        if any("training" in vars(k) for k in module_class.__mro__):
+            raise TypeError(f"{module_class.__name__} defines its own `training`")
+        probe = cls._probes.get(module_class)
+        if probe is None:
+            get_attribute = module_class.__getattribute__
+
+            def get_training(module):
+                cls._note_read(module, "training")
+                return module.__dict__["training"]
+
+            def set_training(module, value):
+                module.__dict__["training"] = value
+
+            def getattribute(module, name):
+                value = get_attribute(module, name)
+                if name[0] != "_" and name in get_attribute(module, "__dict__"):
+                    cls._note_read(module, name)
+                return value
+
+            probe = type(
+                module_class.__name__,
+                (module_class,),
+                {"training": property(get_training, set_training), "__getattribute__": getattribute},
+            )
+            probe.__module__, probe.__qualname__ = module_class.__module__, module_class.__qualname__
+            cls._probes[module_class] = probe
+        return probe
+
+
+def _check_state_not_rebound(modules: list, mappings: list) -> None:
+    # Invariant 5: state updates must be in-place; rebinding an attribute
+    # (`self.buf = new`) would be lost when the runnable is called.
+    for index, (module, mapping) in enumerate(zip(modules, mappings)):
+        for fqn, leaf in mapping.items():
+            owner_path, _, name = fqn.rpartition(".")
+            owner = module.get_submodule(owner_path)
+            if getattr(owner, name, None) is not leaf:
+                raise PrecompileError(
+                    f"fn rebinds {type(module).__name__} attribute '{fqn}' (module argument {index}) "
+                    "instead of updating it in place; the artifact cannot reproduce that: "
+                    "write `x.copy_(new)` (or `x.add_(...)`) instead of `self.x = new`"
+                )
+
+
+def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tensors: tuple) -> None:
+    # Invariant 4: only parameters receive gradients from the runnable.
+    for entry, leaf in zip(args.lifted, state):
+        if entry.kind == "buffer" and leaf.grad is not None:
+            raise PrecompileError(
+                f"buffer '{entry.names[0][1]}' would receive a gradient; precompile only "
+                "accumulates gradients of parameters: make it an nn.Parameter or set "
+                "requires_grad=False on the buffer"
+            )
+    for index, tensor in zip(args.tensor_indices, tensors):
+        if tensor.grad is not None:
+            raise PrecompileError(
+                f"{args.input_paths[index]} would receive a gradient; precompile only accumulates "
+                "gradients of module parameters: pass the input with requires_grad=False "
+                "(e.g. x.detach()) or make it a parameter of a module argument"
+            )
+
+
+# ---------------------------------------------------------------------------
+# Optimizers as arguments (Note invariant 11): lifted like modules.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _LiftedOptimizer:
+    position: int
+    optimizer: torch.optim.Optimizer
+    cls: str  # key of runtime.OPTIMIZER_STATE_KEYS
+    groups: list  # per param group: indices into args.lifted
+    hyper: list  # per param group: [(key, baked value)], every default but lr
+    keys: tuple  # state keys of one stepped parameter
+    state: list  # per (group, param): {key: example tensor} (a clone, or eager's initial state)
+
+
+_SUPPORTED_OPTIMIZERS = {cls.__name__: cls for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)}
+# Options whose step the trace cannot reproduce; the value is why.
+_REFUSED_OPTIONS = {
+    "fused": "the fused kernel's rounding differs from the traced step; pass fused=False (backend "
+    "'inductor' fuses the update itself)",
+    "capturable": "it is for CUDA graphs and eager refuses it on CPU; pass capturable=False (precompile "
+    "traces the capturable formulation itself)",
+    "differentiable": "a step that builds autograd history cannot be part of the graph; pass differentiable=False",
+}
+
+
+def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptimizer:
+    where = f"args[{position}] (optimizer)"
+    cls = type(optimizer).__name__
+    if _SUPPORTED_OPTIMIZERS.get(cls) is not type(optimizer):
+        raise PrecompileError(
+            f"{where}: {type(optimizer).__qualname__} is not supported inside fn (supported: "
+            f"{', '.join('torch.optim.' + c for c in _SUPPORTED_OPTIMIZERS)}); keep opt.step() outside "
+            "fn and precompile the forward/backward step only"
+        )
+    if compat.optimizer_has_step_hooks(optimizer):
+        raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
+    parameter_index = {id(e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
+    groups, hyper, state, keys = [], [], [], None
+    for g, group in enumerate(optimizer.param_groups):
+        _check_optimizer_group(where, g, cls, group)
+        group_keys = runtime.optimizer_state_keys(cls, group)
+        if keys not in (None, group_keys):
+            raise PrecompileError(
+                f"{where} param_groups[{g}]: its state keys {list(group_keys)} differ from group 0's "
+                f"{list(keys)} (momentum / amsgrad per group); use the same options in every group"
+            )
+        keys = group_keys
+        indices = []
+        for j, param in enumerate(group["params"]):
+            if id(param) not in parameter_index:
+                raise PrecompileError(
+                    f"{where} param_groups[{g}]['params'][{j}] (shape {tuple(param.shape)}) is not a "
+                    "parameter of any module argument of fn; the artifact can only update lifted "
+                    "parameters: pass the module that owns it as an argument"
+                )
+            indices.append(parameter_index[id(param)])
+            state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), param))
+        groups.append(indices)
+        hyper.append([(key, group[key]) for key in sorted(optimizer.defaults) if key != "lr"])
+    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state)
+
+
+def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
+    for key, why in _REFUSED_OPTIONS.items():
+        if group.get(key):
+            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]=True is not supported: {why}")
+    if cls == "SGD" and group["dampening"] != 0:
+        raise PrecompileError(
+            f"{where} param_groups[{g}]['dampening']={group['dampening']} is not supported: eager's first "
+            "step initializes the momentum buffer without dampening, which one graph cannot reproduce; "
+            "use dampening=0 or keep opt.step() outside fn"
+        )
+    for key, value in group.items():
+        if key != "params" and isinstance(value, torch.Tensor):
+            raise PrecompileError(
+                f"{where} param_groups[{g}][{key!r}] is a Tensor; pass a Python float (lr becomes a graph "
+                "input; other hyperparameters are baked)"
+            )
+        if key != "params" and not isinstance(value, (*runtime.LEAF_VALUE_TYPES, tuple)):
+            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}")
+
+
+def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: Any, param: torch.Tensor) -> dict:
+    """Clones of the caller's state, or eager's initial state before the first step."""
+    if not existing:
+        return runtime.initial_optimizer_state(keys, param)
+    if set(existing) != set(keys):
+        raise PrecompileError(
+            f"{where} state of param_groups[{g}]['params'][{j}] has keys {sorted(existing)}, expected "
+            f"{sorted(keys)}: it does not belong to this optimizer's options"
+        )
+    return {key: _clone_leaf(existing[key]) for key in keys}
+
+
+def _trailing_example_inputs(args: _Arguments) -> list:
+    """Flat graph inputs after the sizes: per optimizer lrs then state; then incoming grads."""
+    inputs = []
+    for lifted in args.optimizers:
+        # float64 like eager's Python float; requires_grad steers SGD onto its
+        # tensor-lr path (addcmul) instead of reading lr as a number.
+        inputs += [
+            torch.tensor(group["lr"], dtype=torch.float64, requires_grad=True)
+            for group in lifted.optimizer.param_groups
+        ]
+        inputs += [tensor for entry in lifted.state for tensor in entry.values()]
+    # Incoming grads: empty, not zeros, so a fn that never touches .grad (a
+    # forward) costs no resident memory (untouched pages); values are not read.
+    return inputs + [torch.empty_like(args.lifted[i].tensor) for i in _grad_candidates(args)]
+
+
+def _grad_candidates(args: _Arguments) -> list:
+    return [i for i, e in enumerate(args.lifted) if e.kind == "parameter" and e.tensor.requires_grad]
+
+
+@contextlib.contextmanager
+def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
+    """While fn runs, point each optimizer at the traced leaves and inputs; restore after.
+
+    Adam/AdamW trace their ``capturable`` formulation (step, lr and bias
+    corrections as tensor ops, not Python numbers baked into the graph), with
+    ``torch.compiler.is_compiling()`` true during ``step()`` like under
+    torch.compile, so no tensor is read back as a number.
+    """
+    inputs = iter(inputs)
+    saved, handles = [], []
+    compiling = compat.compiling_flag()
+    try:
+        for lifted in args.optimizers:
+            optimizer = lifted.optimizer
+            saved.append((optimizer, optimizer.state, [dict(group) for group in optimizer.param_groups]))
+            traced_state = collections.defaultdict(dict)
+            for group, indices in zip(optimizer.param_groups, lifted.groups):
+                group["params"], group["lr"] = [state[i] for i in indices], next(inputs)
+                if lifted.cls != "SGD":
+                    group["capturable"] = True
+            for group in optimizer.param_groups:
+                for leaf in group["params"]:
+                    traced_state[leaf] = {key: next(inputs) for key in lifted.keys}
+            optimizer.state = traced_state
+            handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
+            handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
+        yield
+    finally:
+        compat.set_compiling_flag(compiling)
+        for handle in handles:
+            handle.remove()
+        for optimizer, original_state, groups in saved:
+            optimizer.state = original_state
+            for group, original in zip(optimizer.param_groups, groups):
+                group.clear()
+                group.update(original)
+
+
+def _set_compiling(value: bool) -> None:
+    compat.set_compiling_flag(value)
+
+
+_PROFILER_OPS = ("profiler._record_function_enter_new", "profiler._record_function_exit")
+
+
+def _finish_trailing_inputs(
+    graph: torch.fx.GraphModule, example: list, args: _Arguments, recorded: dict, backend: str, position: int
+) -> tuple:
+    """Settle the inputs after the sizes (optimizers', incoming grads): keep only what fn read.
+
+    ``position`` is the first of them among the placeholders.  Returns the
+    OptimizerSpecs and the grad bookkeeping of the convention.
+    """
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    optimizers, unused, position = _finish_optimizer_inputs(graph, placeholders, args, backend, position)
+    grad_nodes = placeholders[position : position + len(_grad_candidates(args))]
+    grads = _finish_grad_inputs(graph, grad_nodes, args, recorded)
+    unused.update(position + i for i, node in enumerate(grad_nodes) if not node.users)
+    for i in sorted(unused, reverse=True):
+        graph.graph.erase_node(placeholders[i])
+        del example[i]
+    graph.recompile()
+    return optimizers, grads
+
+
+def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, backend: str, position: int) -> tuple:
+    """Drop the step's profiler ranges; find the optimizer state inputs fn never read.
+
+    State of a parameter that got no gradient (eager creates none) is an
+    unused placeholder: the runtime does not create it.
+    """
+    if not args.optimizers:
+        return (), set(), position
+    for node in reversed(list(graph.graph.nodes)):
+        if node.op == "call_function" and str(node.target).startswith(_PROFILER_OPS):
+            graph.graph.erase_node(node)
+    unused = set()
+    specs = []
+    for lifted in args.optimizers:
+        position += len(lifted.groups)  # the lrs stay, even when unused
+        stepped, tensors = [], []
+        slots = [(g, j) for g, indices in enumerate(lifted.groups) for j in range(len(indices))]
+        for slot, entry in zip(slots, lifted.state):
+            nodes = placeholders[position : position + len(entry)]
+            if any(node.users for node in nodes):
+                stepped.append(slot)
+                tensors += [_tensor_spec(t, backend) for t in entry.values()]
+            else:
+                unused.update(range(position, position + len(entry)))
+            position += len(entry)
+        specs.append(
+            OptimizerSpec(
+                position=lifted.position,
+                cls=lifted.cls,
+                groups=tuple(tuple(g) for g in lifted.groups),
+                hyper=tuple(tuple(h) for h in lifted.hyper),
+                keys=tuple(lifted.keys),
+                stepped=tuple(stepped),
+                tensors=tuple(tensors),
+            )
+        )
+    return tuple(specs), unused, position
+
+
+def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, recorded: dict) -> dict:
+    """Decide, per parameter, how the runnable writes ``.grad`` (Note invariant 13).
+
+    fn was traced with each parameter's ``.grad`` set to its own graph input,
+    the incoming gradient, so every use fn makes of it is in the graph.  Then:
+
+    - ``.grad`` still that input, untouched: fn left it alone; no output.
+    - its one use is backward's accumulation ``incoming.add_(g)``: output
+      ``g`` and let the runnable accumulate like eager (assign when None,
+      else add), with no incoming input (the common training step).
+    - ``.grad`` None at the end: fn cleared it (``zero_grad()`` after backward).
+    - otherwise the graph's gradient is final and is assigned: fn cleared the
+      incoming one before backward (its input is unused), or read it
+      (``clip_grad_norm_`` over accumulated gradients; the input stays).
+    """
+    output = graph.graph.output_node()
+    results = list(output.args[0])
+    grad_state = list(recorded["grad_state"])
+    first = len(results) - len(grad_state)
+    assigned = []
+    for index, node in zip(_grad_candidates(args), placeholders):
+        if index not in grad_state:
+            continue
+        slot = first + grad_state.index(index)
+        produced = results[slot]
+        if produced is node:
+            del results[slot]
+            grad_state.remove(index)
+        elif _is_plain_accumulation(produced, node, results):
+            results[slot] = produced.args[1]
+            output.args = (tuple(results),)
+            graph.graph.erase_node(produced)
+        else:
+            assigned.append(index)
+    output.args = (tuple(results),)
+    return {
+        "grad_state": tuple(grad_state),
+        "grads_assigned": tuple(assigned),
+        "grads_cleared": tuple(recorded["grads_cleared"]),
+        "grad_inputs": tuple(i for i, node in zip(_grad_candidates(args), placeholders) if node.users),
+    }
+
+
+def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list) -> bool:
+    """``produced`` is autograd's ``incoming.add_(g)`` and nothing else reads either."""
+    return (
+        isinstance(produced, torch.fx.Node)
+        and produced.target in (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor)
+        and len(produced.args) == 2
+        and not produced.kwargs
+        and produced.args[0] is incoming
+        and isinstance(produced.args[1], torch.fx.Node)
+        and len(incoming.users) == 1
+        and list(produced.users) == [incoming.graph.output_node()]
+        and results.count(produced) == 1
+    )
+
+
+# ---------------------------------------------------------------------------
+# Enforce: the graph must only depend on its inputs (Note invariants 2, 5).
+# ---------------------------------------------------------------------------
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+# precompile's modules and the driver sit outside torch's directory in an editable install.
+_PRECOMPILE_FILES = tuple(os.path.abspath(m.__file__) for m in (api, compat, runtime)) + (os.path.abspath(__file__),)
+
+
+def _is_user_file(filename: str) -> bool:
+    """fn's own code: not torch's, not precompile's, not FX-generated."""
+    return not (
+        filename.startswith(_TORCH_DIR) or filename in _PRECOMPILE_FILES or filename.startswith("<eval_with_key")
+    )
+
+
+def _user_line(frames: list) -> str:
+    """' at file:line (code)' for the innermost frame of fn's own code, or ''."""
+    user = [f for f in frames if _is_user_file(f.filename)]
+    return f" at {user[-1].filename}:{user[-1].lineno} ({user[-1].line})" if user else ""
+
+
+def _source_of(node: torch.fx.Node) -> str:
+    # The innermost frame of user code: skip torch's own files and FX's generated code.
+    frame = compat.innermost_frame(node.meta.get("stack_trace"), _is_user_file)
+    return f' (at File "{frame[0]}", line {frame[1]}, in {frame[2]})' if frame else ""
+
+
+def _enforce_contract(graph: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list]:
+    """Refuse live state, effects and control flow; lift tensor literals to inputs."""
+    calls = [n for n in graph.graph.nodes if n.op == "call_function"]
+    for node in calls:
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            raise PrecompileError(
+                f"fn uses the higher-order operator {node.target.name()}{_source_of(node)} "
+                "(control flow such as torch.cond / while_loop), which precompile does not "
+                "support; write the branch as plain Python (it is specialized to the example "
+                "inputs) or keep it outside fn"
+            )
+        if compat.has_effects(node.target):
+            raise PrecompileError(
+                f"fn calls the effectful operator {node.target}{_source_of(node)}; side effects "
+                "would be lost or reordered by the artifact: move it out of fn"
+            )
+    constants = []
+    last_placeholder = list(graph.graph.find_nodes(op="placeholder"))[-1]
+    for node in list(graph.graph.find_nodes(op="get_attr")):
+        value = getattr(graph, node.target)
+        users = list(node.users)
+        is_literal = isinstance(value, torch.Tensor) and all(
+            u.target is torch.ops.aten.lift_fresh_copy.default for u in users
+        )
+        if not is_literal:
+            where = "".join(_source_of(u) for u in users[:1])
+            description = (
+                f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+                if isinstance(value, torch.Tensor)
+                else type(value).__name__
+            )
+            raise PrecompileError(
+                f"fn reads {description} that is neither an argument of fn nor created inside "
+                f"it{where}: a global, a captured local or an unregistered module attribute is "
+                "live state the artifact cannot see; pass it as an argument, or register it "
+                "on a module argument with register_buffer / nn.Parameter"
+            )
+        with graph.graph.inserting_after(last_placeholder):
+            placeholder = graph.graph.placeholder(f"constant{len(constants)}")
+        last_placeholder = placeholder
+        node.replace_all_uses_with(placeholder)
+        graph.graph.erase_node(node)
+        delattr(graph, node.target)
+        constants.append(value.detach().clone())
+    graph.recompile()
+    return graph, constants
+
+
+def _constant_spec(t: torch.Tensor) -> ConstantSpec:
+    import base64
+
+    # reshape(-1): a 0-dim literal (torch.tensor(torch.finfo(dtype).min)) cannot be
+    # viewed as bytes directly ("self.dim() cannot be 0 to view Float as Byte").
+    data = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return ConstantSpec(
+        shape=tuple(t.shape),
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+        data=base64.b64encode(data).decode("ascii"),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Lower: eager keeps the ATen graph; inductor goes through AOTAutograd.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Lowered:
+    graph_code: str  # python_code section that defines the graph
+    bind_code: str  # statements binding `_run_graph(list_of_inputs) -> outputs`
+
+
+def _lower_eager(capture: _Capture) -> _Lowered:
+    graph = capture.graph.graph
+    _name_graph_inputs(graph, capture.convention)
+    _keep_user_frames(graph)
+    graph.eliminate_dead_code()  # keeps in-place and random ops (Node.is_impure)
+    # verbose: each node's shape/dtype and, where capture recorded one, its source line.
+    code = graph.python_code(root_module="self", verbose=True, expanded_def=True)
+    imports, unknown = compat.fx_builtin_imports(code.globals)
+    if unknown:
+        raise PrecompileError(f"the captured graph refers to globals the artifact cannot render: {unknown}")
+    source = re.sub(r"\bdef forward\(\s*self,?\s*", "def eager_graph(\n    ", code.src.strip(), count=1)
+    graph_code = (
+        "# The captured ATen graph: inputs in the calling convention's order (p_ parameters,\n"
+        "# b_ buffers, then fn's tensors by argument), each value's dtype[shape], and the\n"
+        "# source line of fn or the model that produced it where capture recorded one.\n"
+        + "\n".join(imports)
+        + "\n\n\n"
+        + source
+        + "\n"
+    )
+    return _Lowered(graph_code, '_run_graph = _driver["eager_runner"](eager_graph)\n')
+
+
+def _name_graph_inputs(graph: torch.fx.Graph, convention: CallingConvention) -> None:
+    """Name each placeholder after what the driver passes there (FX makes them identifiers)."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    names = _graph_input_names(convention)
+    if len(names) != len(placeholders):
+        raise AssertionError(
+            f"the calling convention names {len(names)} graph inputs, the graph has {len(placeholders)}"
+        )
+    for node, name in zip(placeholders, names):
+        compat.rename_node(node, name)
+        node.target = node.name  # FX renders a placeholder's parameter from its target
+
+
+def _graph_input_names(convention: CallingConvention) -> list[str]:
+    """What each graph input is, in CallingConvention's input order."""
+
+    def fqn(state_index: int) -> str:
+        return convention.state[state_index].names[0][1]
+
+    user_spec = convention.input_spec
+    paths = [
+        f"args_{convention.user_positions[position.idx]}{pytree.keystr(tuple(rest))}"
+        for (position, *rest), _ in pytree.tree_flatten_with_path(
+            pytree.tree_unflatten([None] * user_spec.num_leaves, user_spec)
+        )[0]
+    ]
+    names = [f"{'p' if s.kind == 'parameter' else 'b'}_{fqn(i)}" for i, s in enumerate(convention.state)]
+    names += [paths[i] for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
+    names += [f"size_{paths[leaf]}_dim{dim}" for leaf, dim in convention.sizes]
+    for optimizer in convention.optimizers:
+        names += [f"lr_group{g}" for g in range(len(optimizer.groups))]
+        for group, index in optimizer.stepped:
+            names += [f"{key}_{fqn(optimizer.groups[group][index])}" for key in optimizer.keys]
+    names += [f"grad_{fqn(i)}" for i in convention.grad_inputs]
+    names += [f"constant{i}" for i in range(len(convention.constants))]
+    return names
+
+
+def _keep_user_frames(graph: torch.fx.Graph) -> None:
+    """Reduce each node's recorded stack trace to its innermost frame in fn's or the model's code.
+
+    FX's verbose codegen shows a trace's innermost frame: for an nn.Linear that
+    is torch's linear.py, not the model line that called it.
+    """
+    for node in graph.nodes:
+        frame = compat.innermost_frame(node.stack_trace, _is_user_file)
+        node.stack_trace = "".join(traceback.format_list([frame])) if frame else None
+
+
+# Inductor config pinned for lowering (see ../shared/design.md section 2): kernels
+# size their scratch by the runtime thread count, Python wrapper only, and
+# random ops use ATen's RNG so results match eager under torch.manual_seed.
+_INDUCTOR_CONFIG = {
+    "cpp.dynamic_threads": True,
+    "cpp_wrapper": False,
+    "benchmark_harness": False,
+    "size_asserts": True,
+    "fallback_random": True,
+    "freezing": False,
+}
+
+
+def _inductor_config(capture: _Capture) -> dict:
+    config = dict(_INDUCTOR_CONFIG)
+    if capture.convention.sizes:
+        # Free (unbacked) dims.  Layout optimization makes convolutions
+        # channels_last, and the stride Inductor predicts for their output is
+        # then contiguous while the kernel returns channels_last: every call
+        # failed its stride assert.  Constant folding of uniform values
+        # (`ones_like(loss)` in backward) asks `numel == 0`, which a mark
+        # without min=1 cannot decide.
+        config["layout_optimization"] = False
+        config["joint_graph_constant_folding"] = False
+    return config
+
+
+def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:
+    """Turn each ``aten.view`` whose aliasing nothing observes into ``aten.reshape``.
+
+    The real-mode trace records ``view`` where the real kernels happened to
+    return compatible strides; Inductor's decompositions may not (its ``cat``
+    drops an empty input and keeps the other's strides), and AOTAutograd's
+    re-trace then fails with "Cannot view a tensor ...".  ``reshape`` computes
+    the same values and is a view whenever one is possible; only a view in an
+    alias set that something writes to must stay a view.
+    """
+    root, written = _alias_sets(graph)
+    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        if root(node) not in written:
+            node.target = torch.ops.aten.reshape.default
+    graph.recompile()
+
+
+def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
+    """Make random fills draw into memory laid out as eager laid it out.
+
+    ``bernoulli_`` & co. draw numbers in memory order, so a dropout mask
+    ``empty_like(x).bernoulli_(p)`` depends on x's strides.  Inductor clones
+    the fill's target contiguous, which gave other masks than eager under the
+    same seed wherever x was not contiguous (nn.MultiheadAttention's output).
+    Fill a contiguous tensor in eager's memory order, then permute it to x's
+    strides: the same numbers land in the same elements on both backends.
+    """
+    aten = torch.ops.aten
+    fills = {
+        aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default, aten.normal_.default,
+        aten.exponential_.default, aten.random_.default, aten.geometric_.default,
+        aten.log_normal_.default, aten.cauchy_.default,
+    }
+    for node in graph.graph.find_nodes(op="call_function", target=aten.empty_like.default):
+        value = node.meta.get("val")
+        (fill,) = node.users if len(node.users) == 1 else (None,)
+        if (
+            fill is None
+            or fill.target not in fills
+            or value is None
+            or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
+            or value.is_contiguous()
+            or not compat.is_non_overlapping_and_dense(value)
+        ):
+            continue
+        order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # outermost first
+        inverse = sorted(range(value.dim()), key=order.__getitem__)
+        with graph.graph.inserting_before(node):
+            base = graph.graph.call_function(
+                aten.empty.memory_format,
+                ([value.shape[d] for d in order],),
+                {"dtype": value.dtype, "device": value.device},
+            )
+        fill.args = (base, *fill.args[1:])
+        with graph.graph.inserting_after(fill):
+            permuted = graph.graph.call_function(aten.permute.default, (fill, inverse))
+        fill.replace_all_uses_with(permuted, delete_user_cb=lambda user: user is not permuted)
+        graph.graph.erase_node(node)
+    graph.recompile()
+
+
+def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
+    """Union the nodes that share storage (per op schemas): (root of a node, written roots)."""
+    import operator
+
+    parent: dict = {}
+
+    def root(node):
+        while parent.get(node, node) is not node:
+            node = parent[node]
+        return node
+
+    written = []
+    for node in (n for n in graph.graph.nodes if n.op == "call_function"):
+        if node.target is operator.getitem:  # an element of a multi-output op aliases it
+            parent[root(node)] = root(node.args[0])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        bound = dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)
+        for argument in schema.arguments:
+            if argument.alias_info is None:
+                continue
+            # Conservatively, the outputs alias every argument with alias info
+            # (view ops, in-place and out= ops; `Tensor(a)[]` returns of split).
+            for value in pytree.tree_leaves(bound.get(argument.name)):
+                if isinstance(value, torch.fx.Node):
+                    parent[root(node)] = root(value)
+                    if argument.alias_info.is_write:
+                        written.append(value)
+    return root, {root(node) for node in written}
+
+
+def _refuse_tensor_subclasses(capture: _Capture) -> None:
+    # AOTAutograd would unwrap them into their inner tensors, a calling
+    # convention the driver does not speak.
+    state = capture.convention.state
+    for i, tensor in enumerate(capture.example_inputs):
+        if isinstance(tensor, torch.Tensor) and compat.is_traceable_wrapper_subclass(tensor):
+            what = f"{state[i].kind} '{state[i].names[0][1]}'" if i < len(state) else "an input of fn"
+            raise PrecompileError(
+                f"{what} is a {type(tensor).__name__}: backend='inductor' does not support tensor "
+                "subclasses (DTensor, as from fully_shard or tensor parallelism) yet; use "
+                "backend='eager', or pass plain tensors (e.g. DTensor.to_local())"
+            )
+
+
+def _lower_inductor(capture: _Capture) -> _Lowered:
+    # torch 2.13 has no compile_to_python: keep the module Inductor generates
+    # for the single inner graph through an inner_compile hook.
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    num_inputs = len(capture.example_inputs)
+    num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
+        capture.convention.grad_state
+    )
+    _refuse_tensor_subclasses(capture)
+    _views_as_reshapes(capture.graph)
+    _fill_randoms_in_eager_memory_order(capture.graph)
+    with torch.no_grad():
+        try:
+            compiled = compat.inductor_compile(capture.graph, capture.example_inputs, _inductor_config(capture))
+        except GuardOnDataDependentSymNode as error:
+            raise PrecompileError(
+                f"backend='inductor' needs to decide {error.cond} about a dim marked with "
+                "mark_unbacked while optimizing the graph; give the mark bounds that decide it "
+                "(e.g. mark_unbacked(x, 0, min=1)), remove the mark, or use backend='eager'"
+            ) from error
+    if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs):
+        signature = [(inputs, outputs) for _, inputs, outputs in compiled]
+        raise PrecompileError(
+            "backend='inductor' cannot reproduce this graph faithfully: AOTAutograd changed its "
+            f"calling signature (expected one graph with {num_inputs} inputs and {num_outputs} "
+            f"outputs, got {signature}); this happens with metadata mutations such as x.t_() or "
+            "x.resize_(): avoid them in fn, or use backend='eager'"
+        )
+    if not hasattr(compiled[0][0], "source_code"):
+        # Inductor generates no module for a graph without compute (fn returns an
+        # input, detached or viewed): the captured graph itself is the program.
+        return _lower_eager(capture)
+    source = compat.without_input_asserts(_strip_stand_in_imports(compiled[0][0].source_code))
+    graph_code = (
+        "# Inductor's generated module, verbatim but for its imports from torch._inductor\n"
+        "# (a 2 s import): the driver binds stand-ins for them in the forward section below;\n"
+        "# and for its graph-input size/stride asserts, which the driver's guards perform.\n"
+        f"EXTERN_KERNELS = {pprint.pformat(_extern_kernel_table(source))}\n\n\n"
+        f"{_DEFERRED_KERNELS}\n\n{source}"
+    )
+    bind = (
+        '_kernel_loader = _driver["bind_inductor_graph"](globals(), EXTERN_KERNELS, _kernel_files)\n'
+        "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
+    )
+    return _Lowered(graph_code, bind)
+
+
+# Stands in for Inductor's AsyncCompile while the graph section runs, before the
+# driver: kernels are loaded when the forward section binds them.
+_DEFERRED_KERNELS = '''\
+class PendingKernel(tuple):
+    """(argtypes, C++ source) of a kernel Inductor's module requests; bind_inductor_graph loads it."""
+
+
+class AsyncCompile:
+    def cpp_pybinding(self, argtypes, source):
+        return PendingKernel((argtypes, source))
+
+    def wait(self, scope):
+        pass
+'''
+
+
+def _strip_stand_in_imports(source: str) -> str:
+    lines = source.splitlines(keepends=True)
+    drop = set()
+    for node in _parse(source).body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith(compat.INDUCTOR_MODULE)
+            and all((alias.asname or alias.name) in compat.INDUCTOR_STAND_INS for alias in node.names)
+        ):
+            drop.update(range(node.lineno - 1, node.end_lineno))
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def _extern_kernel_table(source: str) -> dict[str, str]:
+    """Map each extern kernel the graph calls to a torch name that resolves without Inductor."""
+    extern_kernels = compat.inductor_extern_kernels()
+    table = {}
+    for name in sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source))):
+        kernel = getattr(extern_kernels, name, None)
+        dotted = _torch_name(kernel)
+        if dotted is not None:
+            table[name] = dotted
+    return table
+
+
+def _torch_name(obj: Any) -> str | None:
+    if isinstance(obj, torch._ops.OpOverload):
+        namespace, op = obj._schema.name.split("::")
+        candidate = f"torch.ops.{namespace}.{op}.{obj._overloadname or 'default'}"
+    else:
+        candidate = f"torch.{getattr(obj, '__name__', '')}"
+    try:
+        return candidate if runtime._resolve_dotted(candidate) is obj else None
+    except AttributeError:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# Render: python_code = header (calling convention) + graph + driver + forward.
+# ---------------------------------------------------------------------------
+
+
+def _describe_call(convention: CallingConvention) -> str:
+    """One comment line per argument, for the artifact's header."""
+    lines = []
+    modules = {m.position: m for m in convention.modules}
+    optimizers = {o.position: o for o in convention.optimizers}
+    spec = convention.input_spec
+    leaves = iter(convention.inputs)
+    for position in range(convention.arity):
+        if position in optimizers:
+            o = optimizers[position]
+            lines.append(
+                f"args[{position}]: torch.optim.{o.cls} over {sum(map(len, o.groups))} parameters in "
+                f"{len(o.groups)} groups (lr read at every call; state updated in place)"
+            )
+            continue
+        if position in modules:
+            module = modules[position]
+            lines.append(
+                f"args[{position}]: nn.Module with {len(module.parameters)} parameters, "
+                f"{len(module.buffers)} buffers"
+            )
+            continue
+        child = spec.children()[convention.user_positions.index(position)]
+        described = [_describe_leaf(next(leaves)) for _ in range(child.num_leaves)]
+        lines.append(f"args[{position}]: " + (described[0] if child.is_leaf() else f"pytree of {described}"))
+    return "\n".join(f"#   {line}" for line in lines)
+
+
+def _describe_leaf(leaf: LeafSpec) -> str:
+    if leaf.is_value:
+        return f"{leaf.value!r} (baked)"
+    t = leaf.tensor
+    return f"Tensor{t.describe_shape()} {t.dtype} {t.device}"
+
+
+def _render(convention: CallingConvention, lowered: _Lowered) -> str:
+    header = f"""\
+# torch.compiler.precompile artifact -- format {convention.format_version}, backend {convention.backend!r}.
+# Generated by torch {torch.__version__}. Do not edit: the cache is bound to this
+# exact text by its sha256, and the constants below are the calling convention.
+#
+# Load it with:   fn = torch.compiler.precompile.load(python_code, cache)
+# Or run it alone (no cache; any kernels are compiled on first use):
+#     namespace = {{}}
+#     exec(open("this_file.py").read(), namespace)
+#     out = namespace["forward"](model, *inputs)
+#
+# Sections: the constants, then {", ".join(_SECTIONS)}.
+# Calling convention (positional arguments only):
+{_describe_call(convention)}
+# Pass the model(s) again at every call; no weights are stored here.
+
+{_NO_BYTECODE}
+CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}
+"""
+    forward = (
+        "# Binds the graph to the driver.  load() passes its driver (the installed\n"
+        "# torch._precompile_runtime when it is the driver section's exact text), the\n"
+        "# cached kernels' files and the calling convention it already decoded and\n"
+        "# validated; run alone, the driver section above, no files, and it is decoded here.\n"
+        '_driver = globals().get("__precompile_driver__") or globals()\n'
+        '_kernel_files = globals().get("__precompile_kernel_files__", {})\n'
+        + lowered.bind_code
+        + '_convention = globals().get("__precompile_convention__") or _driver["CallingConvention"].from_literal(\n'
+        "    CALLING_CONVENTION\n"
+        ")\n"
+        'forward = _driver["PrecompiledFunction"](\n'
+        '    _convention, _run_graph, _driver["materialize_constants"](_convention.constants)\n'
+        ")\n"
+    )
+    sections = {"graph": lowered.graph_code, "driver": _driver_source(), "forward": forward}
+    _check_names_disjoint(header, sections)
+    return header + "".join(_marker(name) + sections[name] for name in _SECTIONS)
+
+
+def _check_names_disjoint(header: str, sections: dict[str, str]) -> None:
+    """Run alone, the sections share one namespace: the driver must not rebind a name the others bind."""
+    driver = _driver_names()
+    others: dict[str, str | None] = {}
+    for source in (header, sections["graph"], sections["forward"]):
+        others.update(_top_level_names(source))
+    # The same import twice is harmless; anything else would rebind the other's name.
+    clashes = sorted(
+        name for name in driver.keys() & others.keys() if driver[name] is None or driver[name] != others[name]
+    )
+    if clashes:
+        raise AssertionError(f"the driver section rebinds names the artifact's other sections bind: {clashes}")
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_names() -> dict[str, str | None]:
+    return _top_level_names(_driver_source())
+
+
+def _top_level_names(source: str) -> dict[str, str | None]:
+    """Names a module binds at top level -> the module an import binds there (None: anything else)."""
+    names: dict[str, str | None] = {}
+
+    def visit(statements: list) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    bound = alias.name if alias.asname else alias.name.partition(".")[0]
+                    names[alias.asname or bound] = bound
+            elif isinstance(node, ast.ImportFrom):
+                names.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names[node.name] = None
+            elif isinstance(node, (ast.If, ast.Try)):  # as the driver's choice of PrecompileError
+                handlers = [handler.body for handler in getattr(node, "handlers", [])]
+                for block in (node.body, node.orelse, getattr(node, "finalbody", []), *handlers):
+                    visit(block)
+            else:  # assignments; over-approximated for other compound statements
+                names.update(dict.fromkeys(_stored_names(node)))
+
+    visit(_parse(source).body)
+    return names
+
+
+def _stored_names(node: ast.stmt) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
