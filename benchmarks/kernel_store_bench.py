@@ -30,14 +30,20 @@ clock = time.perf_counter
 t0 = clock(); constants = P._read_constants(code); convention = P._convention_from(constants)
 t1 = clock(); zipfile.ZipFile(io.BytesIO(cache)).infolist()
 t2 = clock(); envelope = P._read_envelope(cache)
-t3 = clock(); assert P._pair_error(code, convention, envelope) is None; kernels = P._payload(envelope)
-t4 = clock(); bound = P._bound_kernels(kernels, P._kernel_hashes(constants))
+t3 = clock(); assert P._pair_error(code, convention, envelope) is None; kernels, digests = P._payload(envelope)
+t4 = clock(); bound = P._bound_kernels(kernels, digests, P._kernel_hashes(constants))
 t5 = clock(); P._prime_kernels(bound)
 t6 = clock()
 print(len(bound), sum(len(b) for _, b in bound.values()), *(1e3 * (b - a) for a, b in
       ((t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6))))
 """
-STAGES = ("zip directory check", "read envelope (zip + JSON)", "payload sha256", "per-kernel sha256", "prime: read + compare files")
+STAGES = (
+    "zip directory check",
+    "read envelope (zip + JSON)",
+    "per-kernel sha256 + payload hash",
+    "bind to KERNEL_SHA256",
+    "prime: read + compare files",
+)
 
 
 def build(work: str) -> None:

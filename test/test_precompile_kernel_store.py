@@ -333,7 +333,7 @@ class TestCacheEnvelope(_StoreTestCase):
         keys = list(kernels)
         rotated = {key: kernels[keys[(i + 1) % len(keys)]] for i, key in enumerate(keys)}
         envelope["artifact"]["kernels"] = rotated
-        envelope["payload_sha256"] = precompile_module._payload_hash(rotated)
+        envelope["payload_sha256"] = precompile_module._payload_hash(precompile_module._kernel_digests(rotated))
         forged = _save(envelope)
         with self.assertWarnsRegex(UserWarning, f"{len(keys)} of the cache's {len(keys)} kernels do not match"):
             self.assertEqual(self.kernels(forged), {})

@@ -404,13 +404,14 @@ def _build_environment() -> dict[str, str]:
     }
 
 
-def _payload_hash(kernels: dict[str, bytes]) -> str:
-    digest = hashlib.sha256()
-    for key in sorted(kernels):
-        digest.update(key.encode())
-        digest.update(len(kernels[key]).to_bytes(8, "little"))
-        digest.update(kernels[key])
-    return digest.hexdigest()
+def _kernel_digests(kernels: dict[str, bytes]) -> dict[str, str]:
+    """Kernel key -> sha256 of its compiled bytes: what KERNEL_SHA256 records and the payload hash covers."""
+    return {key: hashlib.sha256(blob).hexdigest() for key, blob in kernels.items()}
+
+
+def _payload_hash(digests: dict[str, str]) -> str:
+    """The cache's own hash of its kernels, over their keys and digests (each kernel is hashed once)."""
+    return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
 
 
 def _code_hash(python_code: str) -> str:
@@ -425,7 +426,7 @@ def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode
             "backend": backend,
             "code_hash": _code_hash(python_code),
             "build_env": _build_environment(),
-            "payload_sha256": _payload_hash(kernels),
+            "payload_sha256": _payload_hash(_kernel_digests(kernels)),
             "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
         }
     )
@@ -456,7 +457,7 @@ def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
     The cache is bound to python_code by code_hash, so this binds each cache
     key to its bytes: load() never runs a kernel under another kernel's key.
     """
-    hashes = {key: hashlib.sha256(blob).hexdigest() for key, blob in sorted(kernels.items())}
+    hashes = dict(sorted(_kernel_digests(kernels).items()))
     header_end = python_code.index(_marker("graph"))
     recorded = f"\nKERNEL_SHA256 = {pprint.pformat(hashes, width=100)}\n"
     return python_code[:header_end] + recorded + python_code[header_end:]
@@ -512,7 +513,8 @@ def _pinned_parts(python_code: str, envelope: dict, pin: str | None) -> tuple[di
     return dict(zip(_CACHED_PARTS, parts)), None
 
 
-_PIN_LINE = re.compile(r"^BYTECODE_SHA256 = '([0-9a-f]{64})'$", re.MULTILINE)
+_PIN_LINE_START = "\nBYTECODE_SHA256 = "
+_PIN_LINE = re.compile(r"BYTECODE_SHA256 = '([0-9a-f]{64})'$", re.MULTILINE)
 
 
 def _pinned_header(python_code: str, envelope: dict) -> tuple[dict[str, Any], dict[str, bytes]] | None:
@@ -523,12 +525,14 @@ def _pinned_header(python_code: str, envelope: dict) -> tuple[dict[str, Any], di
     they were made from (``_pinned_parts``), so the constants are the ones
     precompile read from this very text.
     """
-    header_end = python_code.find(_marker(_SECTIONS[0]))
-    pins = _PIN_LINE.findall(python_code, 0, max(header_end, 0))
-    parts = _pinned_parts(python_code, envelope, pins[0])[0] if len(pins) == 1 else {}
+    header_end = max(python_code.find(_marker(_SECTIONS[0])), 0)
+    if python_code.count(_PIN_LINE_START, 0, header_end) != 1:  # str methods: a regex scan costs more
+        return None
+    pin = _PIN_LINE.match(python_code, python_code.find(_PIN_LINE_START, 0, header_end) + 1, header_end)
+    parts = _pinned_parts(python_code, envelope, pin[1])[0] if pin else {}
     if "header" not in parts:
         return None
-    return {**marshal.loads(parts["header"]), "BYTECODE_SHA256": pins[0]}, parts
+    return {**marshal.loads(parts["header"]), "BYTECODE_SHA256": pin[1]}, parts
 
 
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
@@ -738,19 +742,18 @@ def _version_error(envelope: dict) -> _CacheUnusable | None:
     return None
 
 
-def _payload(envelope: dict) -> dict[str, bytes]:
-    """The cache's kernels, whatever code it is paired with; _CacheUnusable if they are damaged."""
+def _payload(envelope: dict) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The cache's kernels and their sha256, whatever code it is paired with; _CacheUnusable if damaged."""
     if set(envelope) != _ENVELOPE_KEYS:
         raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     artifact = envelope["artifact"]
     kernels = artifact.get("kernels") if isinstance(artifact, dict) else None
-    if (
-        not isinstance(kernels, dict)
-        or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in kernels.items())
-        or _payload_hash(kernels) != envelope["payload_sha256"]
-    ):
+    if not isinstance(kernels, dict) or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in kernels.items()):
         raise _CacheUnusable("cache is damaged: its payload does not match its recorded sha256")
-    return kernels
+    digests = _kernel_digests(kernels)
+    if _payload_hash(digests) != envelope["payload_sha256"]:
+        raise _CacheUnusable("cache is damaged: its payload does not match its recorded sha256")
+    return kernels, digests
 
 
 class Artifact(NamedTuple):
@@ -772,6 +775,7 @@ class Artifact(NamedTuple):
     bytecode_hash: str | None  # BYTECODE_SHA256 (None: no compiled Python pinned)
     envelope: dict | None  # the cache's envelope (None: unreadable, see cache_error)
     kernels: dict[str, bytes]  # the cache's kernels, their payload sha256 checked ({} when not)
+    kernel_digests: dict[str, str]  # the sha256 of each of them
     compiled: dict[str, bytes]  # the cache's marshalled header and sections, as BYTECODE_SHA256 pins them
     compiled_problem: str | None  # why the cache's compiled parts are not used, when they are not pinned
     pair_error: PrecompileError | None  # the cache is for another backend or another python_code
@@ -808,12 +812,12 @@ def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = F
     constants = pinned[0] if pinned else _read_constants(python_code)
     convention = _convention_from(constants)
     hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
-    kernels, compiled, compiled_problem, pair_error, version_error = {}, {}, None, None, None
+    kernels, digests, compiled, compiled_problem, pair_error, version_error = {}, {}, {}, None, None, None
     if envelope is not None:
         try:
             pair_error = _pair_error(python_code, convention, envelope)
             version_error = _version_error(envelope)
-            kernels = _payload(envelope)
+            kernels, digests = _payload(envelope)
             compiled, compiled_problem = (
                 (pinned[1], None) if pinned else _pinned_parts(python_code, envelope, bytecode_hash)
             )
@@ -828,6 +832,7 @@ def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = F
         bytecode_hash=bytecode_hash,
         envelope=envelope,
         kernels=kernels,
+        kernel_digests=digests,
         compiled=compiled,
         compiled_problem=compiled_problem,
         pair_error=pair_error,
@@ -857,23 +862,23 @@ def _usable_cache(artifact: Artifact) -> tuple[dict, dict]:
         return {}, {}
     if artifact.compiled_problem is not None:
         _warn_once(f"torch.compiler.precompile: {artifact.compiled_problem}; compiling python_code instead")
-    return _usable_kernels(artifact.envelope, artifact.kernels, artifact.kernel_hashes), artifact.compiled
+    return _usable_kernels(artifact), artifact.compiled
 
 
-def _usable_kernels(envelope: dict, kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
-    if not kernels:
+def _usable_kernels(artifact: Artifact) -> dict:
+    if not artifact.kernels:
         return {}
-    here = _build_environment()
-    if envelope["build_env"] != here:
+    built, here = artifact.envelope["build_env"], _build_environment()
+    if built != here:
         _warn_once(
-            f"torch.compiler.precompile: the cache's kernels were built for {envelope['build_env']!r}, "
+            f"torch.compiler.precompile: the cache's kernels were built for {built!r}, "
             f"this process runs {here!r}; compiling the kernels from python_code instead (slower first call)"
         )
         return {}
-    return _bound_kernels(kernels, hashes)
+    return _bound_kernels(artifact.kernels, artifact.kernel_digests, artifact.kernel_hashes)
 
 
-def _bound_kernels(kernels: dict[str, bytes], hashes: dict[str, str] | None) -> dict:
+def _bound_kernels(kernels: dict[str, bytes], digests: dict[str, str], hashes: dict[str, str] | None) -> dict:
     """The kernels whose bytes hash to what python_code records for their key.
 
     A cache's own hashes can be recomputed by whoever edits it; python_code's
@@ -887,11 +892,7 @@ def _bound_kernels(kernels: dict[str, bytes], hashes: dict[str, str] | None) -> 
             stacklevel=4,
         )
         return {}
-    bound = {}
-    for key, blob in kernels.items():
-        digest = hashlib.sha256(blob).hexdigest()
-        if hashes.get(key) == digest:
-            bound[key] = (digest, blob)
+    bound = {key: (digests[key], blob) for key, blob in kernels.items() if hashes.get(key) == digests[key]}
     if len(bound) < len(kernels):
         warnings.warn(
             f"torch.compiler.precompile: {len(kernels) - len(bound)} of the cache's {len(kernels)} kernels "
@@ -1157,10 +1158,11 @@ def _split_sections(python_code: str) -> dict[str, tuple[int, str]]:
             )
         starts.append((name, at))
     ends = [at for _, at in starts[1:]] + [len(python_code)]
-    sections = {}
+    sections, lines_before, counted_to = {}, 0, 0
     for (name, at), end in zip(starts, ends):
         body = at + len(_marker(name))
-        sections[name] = (python_code.count("\n", 0, body), python_code[body:end])
+        lines_before += python_code.count("\n", counted_to, body)  # counted once over the text
+        sections[name], counted_to = (lines_before, python_code[body:end]), body
     return sections
 
 
