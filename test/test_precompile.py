@@ -522,7 +522,8 @@ class TestArtifact(TestCase):
         self.assertEqual(envelope["version"], precompile_module.FORMAT_VERSION)
         self.assertEqual(envelope["backend"], backend)
         self.assertEqual(envelope["code_hash"], precompile_module._code_hash(code))
-        self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(precompile_module._kernel_digests(envelope["artifact"]["kernels"])))
+        digests = precompile_module._kernel_digests(envelope["artifact"]["kernels"])
+        self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(digests))
         if backend == "eager":
             self.assertEqual(envelope["artifact"]["kernels"], {})
         else:
@@ -724,7 +725,9 @@ class TestLoad(TestCase):
             "foreign": b"\x89PNG\r\n\x1a\n" + os.urandom(64),
             "pickle": buffer.getvalue(),
         }[damage]
-        with self.assertWarnsRegex(UserWarning, "ignoring the cache: cache is damaged"):
+        # A flipped byte may land in the compiled Python, which is then compiled again (the kernels still load).
+        precompile_module._warn_once.cache_clear()
+        with self.assertWarnsRegex(UserWarning, "ignoring the cache: cache is damaged|compiled Python does not match"):
             f = precompile.load(code, damaged)
         self.assertEqual(f(self.model, self.x), self.model(self.x))
 

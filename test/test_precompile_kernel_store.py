@@ -246,6 +246,25 @@ class TestUntrustedStore(_StoreTestCase):
         self.assert_uses_fallback(f"lies in {self.root}, owned by uid {NOBODY}")
 
 
+class TestStoreLocation(TestCase):
+    def test_store_sits_in_inductors_cache_directory(self):
+        # Mirrors Inductor's default cache_dir() (whose user name is getpass.getuser()) without importing either.
+        import getpass
+
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        user_variables = ("LOGNAME", "USER", "LNAME", "USERNAME")
+        for environment in ({}, {"USER": "some/user:name"}, {"LNAME": "other"}):
+            with self.subTest(environment=environment), mock.patch.dict(os.environ, environment):
+                for variable in set(user_variables) - set(environment):
+                    os.environ.pop(variable, None)
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                self.assertEqual(precompile_module._user_name(), getpass.getuser())
+                self.assertEqual(
+                    precompile_module._kernel_directory(), os.path.join(default_cache_dir(), "precompile_kernels")
+                )
+
+
 class TestUnwritableStore(_StoreTestCase):
     def test_directory_in_the_way(self):
         path, _ = self.some_kernel()
