@@ -397,6 +397,11 @@ class TestCaptureInternals(TestCase):
         self.assertEqual(compat.innermost_frame(trace, lambda file: True)[:2], ("/torch/nn/linear.py", 125))
         self.assertIsNone(compat.innermost_frame(trace, lambda file: False))
         self.assertIsNone(compat.innermost_frame(None, lambda file: True))
+        # A frame with no source line (code read from stdin) has no code, not the next frame's line.
+        sourceless = trace.replace("    y = self.fc(x)\n", "").replace("/user/model.py", "<stdin>")
+        self.assertEqual(
+            compat.innermost_frame(sourceless, lambda file: not file.startswith("/torch")), ("<stdin>", 3, "forward", "")
+        )
 
     def test_inductor_inner_graph_and_stand_ins(self):
         # The inner_compile hook yields one inner graph whose module imports from

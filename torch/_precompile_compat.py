@@ -255,7 +255,12 @@ def innermost_frame(stack_trace: str | None, keep: Callable[[str], bool]) -> tup
     from torch.fx.graph import _parse_stack_trace
 
     frame = _parse_stack_trace(stack_trace, lambda file, name, code: keep(file)) if stack_trace else None
-    return None if frame is None else (frame.file, int(frame.lineno), frame.name, frame.code)
+    if frame is None:
+        return None
+    # It takes the line after a frame's as its code; a frame without source (code
+    # read from stdin or exec'd) is followed by the next frame's line instead.
+    code = "" if frame.code.startswith('File "') else frame.code
+    return frame.file, int(frame.lineno), frame.name, code
 
 
 # ---------------------------------------------------------------------------
