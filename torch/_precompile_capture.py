@@ -344,13 +344,6 @@ class _CaptureGuard(TorchDispatchMode):
         if not self.ran_autograd and compat.current_autograd_node() is not None:
             self.ran_autograd = True
         return func(*args, **kwargs)
-        if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
-            _refuse_optimizer_call(args[0])
-        self._refuse_untracked_writes(func, args, kwargs)
-        # The autograd engine's own accumulation (a second backward) is no read.
-        if self.produced_grads and compat.current_autograd_node() is None:
-            self.note_grad_reads((args, kwargs))
-        return func(*args, **kwargs)
 
     def _refuse_untracked_writes(self, func, args: tuple, kwargs: dict) -> None:
         from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
