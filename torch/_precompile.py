@@ -377,7 +377,6 @@ def _driver_source() -> str:
         return f.read()
 
 
-
 # ---------------------------------------------------------------------------
 # Package: the cache is a zip archive of stored entries (``unzip -l`` lists
 # it): ``envelope.json``, a plain dict (format, version, backend, code_hash,
@@ -470,7 +469,12 @@ def _record_kernel_hashes(python_code: str, kernels: dict[str, bytes]) -> str:
 # these parts by sha256 (like its kernels), and they record the sha256 of the
 # text they were made from: the cache cannot substitute other code or values,
 # and an edited python_code is compiled and parsed as it now reads.
-_NO_BYTECODE = "BYTECODE_SHA256 = None"
+def _pin_line(digest: str | None) -> str:
+    """python_code's BYTECODE_SHA256 line (None: the placeholder it holds until its parts are compiled)."""
+    return f"BYTECODE_SHA256 = {digest!r}"
+
+
+_NO_BYTECODE = _pin_line(None)
 _BYTECODE_MAGIC = importlib.util.MAGIC_NUMBER.hex()
 _CACHED_PARTS = ("header", *_SECTIONS)
 
@@ -487,8 +491,7 @@ def _record_bytecode(python_code: str) -> tuple[str, bytes]:
     parts = {"header": header, **compiled}
     # Each part marshalled on its own: load() unmarshals only those it needs.
     bytecode = marshal.dumps((_code_hash(python_code), *(marshal.dumps(parts[name]) for name in _CACHED_PARTS)))
-    recorded = f"BYTECODE_SHA256 = {hashlib.sha256(bytecode).hexdigest()!r}"
-    return python_code.replace(_NO_BYTECODE, recorded, 1), bytecode
+    return python_code.replace(_NO_BYTECODE, _pin_line(hashlib.sha256(bytecode).hexdigest()), 1), bytecode
 
 
 def _bytecode_hash(constants: dict[str, Any]) -> str | None:
@@ -512,7 +515,7 @@ def _pinned_parts(python_code: str, envelope: dict, pin: str | None) -> tuple[di
             "(damaged, or another artifact's)"
         )
     source_hash, *parts = marshal.loads(bytecode)
-    if source_hash != _code_hash(python_code.replace(f"BYTECODE_SHA256 = {pin!r}", _NO_BYTECODE, 1)):
+    if source_hash != _code_hash(python_code.replace(_pin_line(pin), _NO_BYTECODE, 1)):
         return {}, "python_code was edited after its compiled Python was recorded"
     return dict(zip(_CACHED_PARTS, parts)), None
 
@@ -551,8 +554,8 @@ def _harvest_kernels(python_code: str) -> dict[str, bytes]:
 
 
 # ---------------------------------------------------------------------------
-# load: read_artifact (header by ast, envelope, pairing, payload) -> usable cache
-# -> prime kernels -> warn -> exec.
+# load: read_artifact (envelope, header: the cache's pinned copy or ast, pairing,
+# payload) -> usable cache -> prime kernels -> warn -> exec.
 # ---------------------------------------------------------------------------
 
 
@@ -584,8 +587,6 @@ def _parse(source: str) -> ast.Module:
 
 
 def _read_constants(python_code: str) -> dict[str, Any]:
-    if not isinstance(python_code, str):
-        raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
     # The constants precede the graph: parsing only that header keeps load()
     # fast for large graphs; the rest is compiled when executed.
     header_end = python_code.find(_marker("graph"))

@@ -1,7 +1,8 @@
 """The private torch 2.13 internals torch.compiler.precompile's capture side relies on.
 
-Every private torch API that ``torch/_precompile.py`` (and the entry-point
-shim ``torch_precompile.py``) uses goes through one name here, with a line
+Every private torch API that ``torch/_precompile.py``,
+``torch/_precompile_capture.py`` (and the entry-point shim
+``torch_precompile.py``) use goes through one name here, with a line
 saying what torch 2.13 lacks and what there is instead.
 ``test/test_precompile_compat.py`` pins each against the installed torch
 (existence, signature, the behaviour relied on) and checks that no other
