@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -475,8 +476,8 @@ class TestArtifact(TestCase):
             trace = traceback.extract_tb(error.__traceback__)
         else:
             self.fail("an out-of-range index was accepted")
-        filename = precompile_module._register_source(code)
-        self.assertRegex(filename, r"^<precompile artifact [0-9a-f]{12}>$")
+        filename = precompile_module._artifact_filename(precompile_module._source_hash(code))
+        self.assertRegex(filename, r"^<precompile artifact [0-9a-f]{12}>\.py$")
         frames = [f for f in trace if f.filename == filename]
         self.assertEqual([f.name for f in frames], ["eager_graph"])
         self.assertIn("torch.ops.aten.embedding.default(p_weight, args_1)", frames[0].line)
@@ -521,7 +522,7 @@ class TestArtifact(TestCase):
         self.assertEqual(envelope["format"], "torch.compiler.precompile")
         self.assertEqual(envelope["version"], precompile_module.FORMAT_VERSION)
         self.assertEqual(envelope["backend"], backend)
-        self.assertEqual(envelope["code_hash"], precompile_module._code_hash(code))
+        self.assertEqual(envelope["code_hash"], precompile_module._source_hash(code))
         digests = precompile_module._kernel_digests(envelope["artifact"]["kernels"])
         self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(digests))
         if backend == "eager":
@@ -590,7 +591,7 @@ class TestArtifact(TestCase):
         else:
             edited = code + "\nforward = (lambda run: lambda *args: run(*args) * 2)(forward)\n"
         envelope = precompile_module._read_envelope(cache)
-        envelope["code_hash"] = precompile_module._code_hash(edited)
+        envelope["code_hash"] = precompile_module._source_hash(edited)
         rebound = precompile_module._pack_envelope(envelope)
         self.assertEqual(precompile_module.read_artifact(edited, rebound, header_from_cache=True).compiled, {})
         precompile_module._warn_once.cache_clear()
@@ -819,6 +820,31 @@ class TestConventionSchema(TestCase):
         self.assertEqual(decoded.sizes, ((0, 0),))  # derived from the inputs' free dims
         for record in (decoded.modules[0], decoded.state[0], decoded.inputs[0], decoded.constants[0], decoded.optimizers[0]):
             self.assertEqual(runtime._DECODERS[type(record)](runtime._to_literal(record)), record)
+
+    def test_records_behave_as_named_tuples(self):
+        # Record: typing.NamedTuple's interface without its per-class eval at import.
+        spec = runtime.TensorSpec((2, 3), (3, 1), "float32", "cpu")
+        self.assertEqual(spec, (((2, 3), (3, 1), "float32", "cpu", (), None, False)))
+        self.assertEqual((spec.shape, spec.free_dims, spec.requires_grad), ((2, 3), (), False))
+        self.assertEqual(runtime.TensorSpec._fields[:4], ("shape", "stride", "dtype", "device"))
+        self.assertEqual(spec._replace(dtype="int64").dtype, "int64")
+        self.assertEqual(runtime.TensorSpec._make(spec), spec)
+        self.assertFalse(hasattr(spec, "__dict__"))
+        self.assertEqual(copy.deepcopy(spec), spec)
+        self.assertEqual(pickle.loads(pickle.dumps(spec)), spec)
+        self.assertEqual(repr(runtime.LeafSpec(graph_output=1)), "LeafSpec(tensor=None, graph_output=1, value=Ellipsis)")
+        self.assertEqual(runtime.OptimizerSpec(*range(7)).cls, 1)  # a field may be named cls
+        with self.assertRaisesRegex(TypeError, r"TensorSpec\(\) lacks its field 'stride'"):
+            runtime.TensorSpec((2,))
+        with self.assertRaisesRegex(TypeError, r"unexpected or repeated fields \['shape'\]"):
+            runtime.TensorSpec((2,), None, "float32", "cpu", shape=(3,))
+        with self.assertRaisesRegex(TypeError, "takes 3 fields, got 4"):
+            runtime.StateSpec(1, 2, 3, 4)
+        with self.assertRaisesRegex(TypeError, "fields with defaults must come last"):
+
+            class Bad(runtime.Record):
+                first: int = 0
+                second: int
 
     def test_defaults_omitted_and_leaves_tagged(self):
         literal = self.literal()

@@ -23,7 +23,6 @@ deterministic and fast; every artifact is compiled once per process.
 import ast
 import contextlib
 import copy
-import hashlib
 import io
 import logging
 import math
@@ -193,7 +192,7 @@ def write_envelope(envelope: dict) -> bytes:
 def rebind(cache: bytes, python_code: str) -> bytes:
     """The cache re-tagged for an edited python_code (a consistent, forged pair)."""
     envelope = read_envelope(cache)
-    envelope["code_hash"] = hashlib.sha256(python_code.encode()).hexdigest()
+    envelope["code_hash"] = torch._precompile._source_hash(python_code)
     return write_envelope(envelope)
 
 

@@ -248,21 +248,36 @@ class TestUntrustedStore(_StoreTestCase):
 
 class TestStoreLocation(TestCase):
     def test_store_sits_in_inductors_cache_directory(self):
-        # Mirrors Inductor's default cache_dir() (whose user name is getpass.getuser()) without importing either.
+        # Mirrors Inductor's default cache_dir() (getpass.getuser() and tempfile.gettempdir(),
+        # whose candidates are tried in its order) without importing or probing either.
+        with tempfile.TemporaryDirectory() as tmp:
+            read_only = os.path.join(tmp, "read-only")
+            os.mkdir(read_only, 0o500)
+            environments = (
+                {},
+                {"USER": "some/user:name"},
+                {"LNAME": "other"},
+                {"TMPDIR": tmp},
+                {"TMPDIR": os.path.join(tmp, "missing"), "TMP": tmp},
+                {"TEMP": read_only} if os.geteuid() != 0 else {"TEMP": tmp},  # root may write anywhere
+            )
+            for environment in environments:
+                with self.subTest(environment=environment), mock.patch.dict(os.environ, environment):
+                    self.assert_store_in_inductors_directory(environment)
+
+    def assert_store_in_inductors_directory(self, environment):
         import getpass
 
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        user_variables = ("LOGNAME", "USER", "LNAME", "USERNAME")
-        for environment in ({}, {"USER": "some/user:name"}, {"LNAME": "other"}):
-            with self.subTest(environment=environment), mock.patch.dict(os.environ, environment):
-                for variable in set(user_variables) - set(environment):
-                    os.environ.pop(variable, None)
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-                self.assertEqual(precompile_module._user_name(), getpass.getuser())
-                self.assertEqual(
-                    precompile_module._kernel_directory(), os.path.join(default_cache_dir(), "precompile_kernels")
-                )
+        variables = ("LOGNAME", "USER", "LNAME", "USERNAME", "TMPDIR", "TEMP", "TMP", "TORCHINDUCTOR_CACHE_DIR")
+        for variable in set(variables) - set(environment):
+            os.environ.pop(variable, None)
+        with mock.patch.object(tempfile, "tempdir", None):  # where gettempdir() caches its answer
+            self.assertEqual(precompile_module._user_name(), getpass.getuser())
+            self.assertEqual(
+                precompile_module._kernel_directory(), os.path.join(default_cache_dir(), "precompile_kernels")
+            )
 
 
 class TestUnwritableStore(_StoreTestCase):
@@ -399,7 +414,7 @@ class TestCacheEnvelope(_StoreTestCase):
         start = self.code.index("KERNEL_SHA256 = ")
         older = self.code[:start] + self.code[self.code.index("\n\n# ====", start) + 1 :]
         envelope = _envelope(self.cache)
-        envelope["code_hash"] = precompile_module._code_hash(older)
+        envelope["code_hash"] = precompile_module._source_hash(older)
         with self.assertWarnsRegex(UserWarning, "records no hashes of its compiled kernels"):
             f = precompile.load(older, _save(envelope))
         self.assertIsNotNone(f)

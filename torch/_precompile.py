@@ -325,7 +325,7 @@ import threading
 import time
 import warnings
 import zipfile
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 from torch import _precompile_compat as compat, _precompile_runtime as runtime
@@ -347,10 +347,12 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # are derived from the inputs' free_dims, a LeafSpec's unset value is no None.
 # 5: each tensor output's shape, dtype and device (output_tensors).  6: the
 # cache is a zip of a JSON envelope and raw entries, not a torch.save pickle,
-# and carries the header's constants beside the compiled sections.
+# and carries the header's constants beside the compiled sections.  7: the
+# cache's code_hash is python_code's _source_hash (hashed once per load), and
+# the sections run under the file name <precompile artifact HASH>.py.
 # load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
-MIN_FORMAT_VERSION = 6
-FORMAT_VERSION = 6
+MIN_FORMAT_VERSION = 7
+FORMAT_VERSION = 7
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
 
@@ -392,6 +394,9 @@ def _driver_source() -> str:
 _ENVELOPE_ENTRY = "envelope.json"
 _BLOB_REFERENCE = "$blob"
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same artifact gives the same bytes
+# Entry names are ASCII, read as UTF-8: zipfile's default for them, cp437, is a
+# codec a warm load would import (~0.4 ms); Python 3.10 has no such option.
+_ZIP_READ_OPTIONS = {"metadata_encoding": "utf-8"} if sys.version_info >= (3, 11) else {}
 
 
 def _build_environment() -> dict[str, str]:
@@ -418,13 +423,27 @@ def _code_hash(python_code: str) -> str:
     return hashlib.sha256(python_code.encode()).hexdigest()
 
 
+def _source_hash(python_code: str) -> str:
+    """sha256 of the text python_code's parts were compiled from: python_code with
+    its BYTECODE_SHA256 line holding the placeholder.  The cache's code_hash and
+    its compiled parts both record it, so a load hashes python_code once."""
+    span = _pin_span(python_code)
+    if span is None:
+        return _code_hash(python_code)
+    start, end = span
+    digest = hashlib.sha256(python_code[:start].encode())
+    digest.update(_NO_PIN)
+    digest.update(python_code[end:].encode())
+    return digest.hexdigest()
+
+
 def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode: bytes | None = None) -> bytes:
     return _pack_envelope(
         {
             "format": CACHE_FORMAT,
             "version": FORMAT_VERSION,
             "backend": backend,
-            "code_hash": _code_hash(python_code),
+            "code_hash": _source_hash(python_code),
             "build_env": _build_environment(),
             "payload_sha256": _payload_hash(_kernel_digests(kernels)),
             "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
@@ -475,6 +494,8 @@ def _pin_line(digest: str | None) -> str:
 
 
 _NO_BYTECODE = _pin_line(None)
+_PIN_LINE_START = "\n" + _NO_BYTECODE.removesuffix("None")
+_NO_PIN = b"None"
 _BYTECODE_MAGIC = importlib.util.MAGIC_NUMBER.hex()
 _CACHED_PARTS = ("header", *_SECTIONS)
 
@@ -486,24 +507,26 @@ def _record_bytecode(python_code: str) -> tuple[str, bytes]:
     line number and the sections' text, so their code objects stay exact.  The
     header's constants are all but BYTECODE_SHA256 itself.
     """
-    compiled = _compile_sections(python_code)
+    source_hash = _code_hash(python_code)  # = _source_hash() of the result
+    compiled = _compile_sections(python_code, source_hash)
     header = {name: value for name, value in _read_constants(python_code).items() if name != "BYTECODE_SHA256"}
     parts = {"header": header, **compiled}
     # Each part marshalled on its own: load() unmarshals only those it needs.
-    bytecode = marshal.dumps((_code_hash(python_code), *(marshal.dumps(parts[name]) for name in _CACHED_PARTS)))
+    bytecode = marshal.dumps((source_hash, *(marshal.dumps(parts[name]) for name in _CACHED_PARTS)))
     return python_code.replace(_NO_BYTECODE, _pin_line(hashlib.sha256(bytecode).hexdigest()), 1), bytecode
 
 
 def _bytecode_hash(constants: dict[str, Any]) -> str | None:
     recorded = constants.get("BYTECODE_SHA256")
-    if recorded is not None and not (isinstance(recorded, str) and _SHA256_HEX.fullmatch(recorded)):
+    if recorded is not None and not _is_sha256_hex(recorded):
         raise PrecompileError("python_code: BYTECODE_SHA256 is malformed (expected a sha256 hex or None); it was edited")
     return recorded
 
 
-def _pinned_parts(python_code: str, envelope: dict, pin: str | None) -> tuple[dict[str, bytes], str | None]:
+def _pinned_parts(envelope: dict, pin: str | None, source_hash: str) -> tuple[dict[str, bytes], str | None]:
     """The cache's compiled parts (part -> marshalled bytes), if python_code pins exactly
-    these bytes and is the text they were made from; else {} and why, if worth a warning."""
+    these bytes (``pin``) and is the text they were made from (``source_hash``); else {}
+    and why, if worth a warning."""
     artifact = envelope.get("artifact")
     entry = artifact.get("bytecode") if isinstance(artifact, dict) else None
     if pin is None or not isinstance(entry, dict) or entry.get("magic") != _BYTECODE_MAGIC:
@@ -514,17 +537,31 @@ def _pinned_parts(python_code: str, envelope: dict, pin: str | None) -> tuple[di
             "the cache's compiled Python does not match the sha256 python_code records for it "
             "(damaged, or another artifact's)"
         )
-    source_hash, *parts = marshal.loads(bytecode)
-    if source_hash != _code_hash(python_code.replace(_pin_line(pin), _NO_BYTECODE, 1)):
+    recorded_source_hash, *parts = marshal.loads(bytecode)
+    if recorded_source_hash != source_hash:
         return {}, "python_code was edited after its compiled Python was recorded"
     return dict(zip(_CACHED_PARTS, parts)), None
 
 
-_PIN_LINE_START = "\nBYTECODE_SHA256 = "
-_PIN_LINE = re.compile(r"BYTECODE_SHA256 = '([0-9a-f]{64})'$", re.MULTILINE)
+def _pin_span(python_code: str) -> tuple[int, int] | None:
+    """Where the header's one BYTECODE_SHA256 line has its quoted sha256, if it has one.
+
+    Found with str methods: a regex scan of the header costs more.
+    """
+    header_end = max(python_code.find(_marker(_SECTIONS[0])), 0)
+    if python_code.count(_PIN_LINE_START, 0, header_end) != 1:
+        return None
+    start = python_code.find(_PIN_LINE_START, 0, header_end) + len(_PIN_LINE_START)
+    end = start + 66  # '<64 hex digits>'
+    quoted = python_code[start:end]
+    if quoted[:1] != "'" or quoted[-1:] != "'" or python_code[end : end + 1] != "\n" or not _is_sha256_hex(quoted[1:-1]):
+        return None
+    return start, end
 
 
-def _pinned_header(python_code: str, envelope: dict) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+def _pinned_header(
+    python_code: str, envelope: dict, source_hash: str
+) -> tuple[dict[str, Any], dict[str, bytes]] | None:
     """The header's constants and the compiled parts as the cache carries them, or None.
 
     load()'s warm path, which parses no header: taken when the header's one
@@ -532,14 +569,12 @@ def _pinned_header(python_code: str, envelope: dict) -> tuple[dict[str, Any], di
     they were made from (``_pinned_parts``), so the constants are the ones
     precompile read from this very text.
     """
-    header_end = max(python_code.find(_marker(_SECTIONS[0])), 0)
-    if python_code.count(_PIN_LINE_START, 0, header_end) != 1:  # str methods: a regex scan costs more
-        return None
-    pin = _PIN_LINE.match(python_code, python_code.find(_PIN_LINE_START, 0, header_end) + 1, header_end)
-    parts = _pinned_parts(python_code, envelope, pin[1])[0] if pin else {}
+    span = _pin_span(python_code)
+    pin = python_code[span[0] + 1 : span[1] - 1] if span else None
+    parts = _pinned_parts(envelope, pin, source_hash)[0] if pin else {}
     if "header" not in parts:
         return None
-    return {**marshal.loads(parts["header"]), "BYTECODE_SHA256": pin[1]}, parts
+    return {**marshal.loads(parts["header"]), "BYTECODE_SHA256": pin}, parts
 
 
 def _harvest_kernels(python_code: str) -> dict[str, bytes]:
@@ -653,7 +688,8 @@ def _check_format_version(what: str, version: Any) -> None:
     )
 
 
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+def _is_sha256_hex(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
 
 
 def _kernel_hashes(constants: dict[str, Any]) -> dict[str, str] | None:
@@ -662,7 +698,7 @@ def _kernel_hashes(constants: dict[str, Any]) -> dict[str, str] | None:
     if hashes is None:
         return None
     if not isinstance(hashes, dict) or not all(
-        isinstance(key, str) and isinstance(digest, str) and _SHA256_HEX.fullmatch(digest)
+        isinstance(key, str) and _is_sha256_hex(digest)
         for key, digest in hashes.items()
     ):
         raise PrecompileError("python_code: KERNEL_SHA256 is malformed (expected {key: sha256 hex}); it was edited")
@@ -675,7 +711,7 @@ def _read_envelope(cache: bytes) -> dict:
         raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
     data = bytes(cache)
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
+        archive = zipfile.ZipFile(io.BytesIO(data), **_ZIP_READ_OPTIONS)
     except Exception as error:  # any parser failure means damaged bytes
         raise _CacheUnusable(
             f"cache is damaged or not a precompile cache (not a zip archive: {str(error)[:200]})"
@@ -736,7 +772,7 @@ def _check_stored(archive: zipfile.ZipFile, size: int) -> None:
 _ENVELOPE_KEYS = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
 
 
-def _pair_error(python_code: str, convention: CallingConvention, envelope: dict) -> PrecompileError | None:
+def _pair_error(source_hash: str, convention: CallingConvention, envelope: dict) -> PrecompileError | None:
     """Why the cache belongs to other code (load() refuses the pair), or None.
 
     _CacheUnusable if the fields that say so are damaged."""
@@ -748,7 +784,7 @@ def _pair_error(python_code: str, convention: CallingConvention, envelope: dict)
             f"cache was built for backend {backend!r} but python_code is for "
             f"{convention.backend!r}: the pair does not belong together"
         )
-    if code_hash != _code_hash(python_code):
+    if code_hash != source_hash:
         return PrecompileError(
             "cache belongs to a different python_code (code_hash mismatch): pass the cache "
             "returned together with this python_code"
@@ -781,7 +817,7 @@ def _payload(envelope: dict) -> tuple[dict[str, bytes], dict[str, str]]:
     return kernels, digests
 
 
-class Artifact(NamedTuple):
+class Artifact(runtime.Record):
     """A ``(python_code, cache)`` pair as read and checked, with nothing executed.
 
     ``read_artifact`` makes it: the first stage of ``load()``, and what the
@@ -833,18 +869,21 @@ def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = F
         envelope = _read_envelope(cache)
     except _CacheUnusable as problem:
         cache_error = problem
-    pinned = _pinned_header(python_code, envelope) if header_from_cache and envelope is not None else None
+    source_hash = _source_hash(python_code)
+    pinned = (
+        _pinned_header(python_code, envelope, source_hash) if header_from_cache and envelope is not None else None
+    )
     constants = pinned[0] if pinned else _read_constants(python_code)
     convention = _convention_from(constants)
     hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
     kernels, digests, compiled, compiled_problem, pair_error, version_error = {}, {}, {}, None, None, None
     if envelope is not None:
         try:
-            pair_error = _pair_error(python_code, convention, envelope)
+            pair_error = _pair_error(source_hash, convention, envelope)
             version_error = _version_error(envelope)
             kernels, digests = _payload(envelope)
             compiled, compiled_problem = (
-                (pinned[1], None) if pinned else _pinned_parts(python_code, envelope, bytecode_hash)
+                (pinned[1], None) if pinned else _pinned_parts(envelope, bytecode_hash, source_hash)
             )
         except _CacheUnusable as problem:
             cache_error = problem
@@ -932,8 +971,24 @@ def _kernel_directory() -> str:
     # Mirrors torch._inductor.runtime.cache_dir_utils.cache_dir() without importing Inductor.
     root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if root is None:
-        root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", _user_name()))
+        root = os.path.join(_temp_directory(), "torchinductor_" + _user_name().translate(_PATH_UNSAFE))
     return os.path.abspath(os.path.join(root, "precompile_kernels"))
+
+
+def _temp_directory() -> str:
+    """``tempfile.gettempdir()`` without the probe of its first call, which writes
+    and removes a file (~0.3 ms of a warm load): the first of its candidate
+    directories (TMPDIR, TEMP, TMP, then the system's) that this process may write."""
+    if tempfile.tempdir is None and os.name == "posix":
+        candidates = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")]
+        for candidate in [*filter(None, candidates), "/tmp", "/var/tmp", "/usr/tmp"]:
+            candidate = os.path.abspath(candidate)
+            if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+                return candidate
+    return tempfile.gettempdir()
+
+
+_PATH_UNSAFE = str.maketrans(dict.fromkeys('\\/:*?"<>|', "_"))  # what Inductor replaces by "_"
 
 
 def _user_name() -> str:
@@ -1094,7 +1149,7 @@ def _holds(path: str, blob: bytes) -> bool:
 
 
 # mkstemp names, with the writer's pid (older versions wrote tmpXXXXXXXX.tmp without one).
-_TEMPORARY = re.compile(r"tmp(?:-(\d+)-)?\w+\.tmp")
+_TEMPORARY = r"tmp(?:-(\d+)-)?\w+\.tmp"
 _STALE_AFTER_S = 600
 
 
@@ -1117,7 +1172,7 @@ def _remove_stale_temporaries(directory: str) -> None:
     now = time.time()
     with os.scandir(directory) as entries:
         for entry in entries:
-            match = _TEMPORARY.fullmatch(entry.name)
+            match = re.fullmatch(_TEMPORARY, entry.name)
             if match is None:
                 continue
             try:
@@ -1153,18 +1208,20 @@ def _exec_artifact(
     at all when ``compiled`` (the cache's marshalled parts) has it.
     """
     sections = _split_sections(python_code)
-    filename = _register_source(python_code)
-    compiled = compiled or {}
+    # The cache's parts come all together, compiled under python_code's file name.
+    filename = None if compiled else _artifact_filename(_source_hash(python_code))
 
     def code(name: str) -> Any:
-        return marshal.loads(compiled[name]) if name in compiled else _compile_section(filename, *sections[name])
+        return marshal.loads(compiled[name]) if compiled else _compile_section(filename, *sections[name])
 
     namespace = {
         "__name__": "torch_precompile_artifact",
         **constants,
         "__precompile_kernel_files__": kernel_files,
     }
-    exec(code("graph"), namespace)
+    graph = code("graph")
+    _register_source(python_code, graph.co_filename)
+    exec(graph, namespace)
     driver = namespace["__precompile_driver__"] = _driver_namespace(sections["driver"][1], lambda: code("driver"))
     if convention is not None and driver is vars(runtime):  # the installed driver's records: no second decode
         namespace["__precompile_convention__"] = convention
@@ -1196,23 +1253,27 @@ def _compile_section(filename: str, line_offset: int, text: str) -> Any:
     return compile("\n" * line_offset + text, filename, "exec", dont_inherit=True)
 
 
-def _compile_sections(python_code: str) -> dict[str, Any]:
-    filename = _register_source(python_code)
+def _compile_sections(python_code: str, source_hash: str) -> dict[str, Any]:
+    filename = _artifact_filename(source_hash)
     return {name: _compile_section(filename, *text) for name, text in _split_sections(python_code).items()}
 
 
-def _register_source(python_code: str) -> str:
-    """A stable file name for python_code, whose lines tracebacks and pdb then show (as torch.fx does).
+def _artifact_filename(source_hash: str) -> str:
+    """The file name python_code's code runs under, after its ``_source_hash``.
 
-    Named after the sections and where they start, not the header's hashes:
-    the compiled sections, which carry the name, are made before those are set.
+    Like torch.fx's ``<eval_with_key>.N``, it is not of the form ``<...>``,
+    for which linecache serves only lines registered already split.
     """
-    body = python_code.index(_marker(_SECTIONS[0]))
-    lines_before = python_code.count("\n", 0, body)
-    located = f"{lines_before}:{python_code[body:]}"
-    filename = f"<precompile artifact {_code_hash(located)[:12]}>"
-    linecache.cache[filename] = (len(python_code), None, python_code.splitlines(keepends=True), filename)
-    return filename
+    return f"<precompile artifact {source_hash[:12]}>.py"
+
+
+def _register_source(python_code: str, filename: str) -> None:
+    """Let tracebacks, pdb and inspect show python_code's lines under ``filename``.
+
+    Registered lazily, as torch.fx does (linecache splits the text when a
+    traceback first asks): splitting costs a warm load ~1 ms per 400 KB.
+    """
+    linecache.cache[filename] = (lambda: python_code,)
 
 
 def _driver_namespace(source: str, compiled: Callable[[], Any]) -> dict:

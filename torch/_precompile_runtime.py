@@ -24,7 +24,7 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Any, Callable, Literal, NamedTuple, NewType, Union, get_args, get_origin
+from typing import Any, Callable, Literal, NewType, Union, get_args, get_origin
 
 import torch
 import torch.utils._pytree as pytree
@@ -145,9 +145,80 @@ else:
 
 
 # ---------------------------------------------------------------------------
-# The calling convention: one explicit, versioned record.  NamedTuples rather
-# than dataclasses: creating a dataclass execs generated code (~2 ms each),
-# paid by every load() of an artifact.
+# Records: typing.NamedTuple's interface, without its cost at import
+# ---------------------------------------------------------------------------
+
+try:  # the C field accessor namedtuple uses; CPython-private
+    from collections import _tuplegetter as _field_getter
+except ImportError:  # another Python: a plain property
+    def _field_getter(index: int, doc: str | None) -> Any:
+        return property(operator.itemgetter(index), doc=doc)
+
+
+class _RecordMeta(type):
+    def __new__(mcls, name: str, bases: tuple, namespace: dict) -> type:
+        if not any(isinstance(base, _RecordMeta) for base in bases):
+            return super().__new__(mcls, name, bases, namespace)  # Record itself
+        fields = tuple(namespace.get("__annotations__", {}))
+        defaults = {field: namespace.pop(field) for field in fields if field in namespace}
+        if list(defaults) != list(fields[len(fields) - len(defaults) :]):
+            raise TypeError(f"{name}: fields with defaults must come last")
+        namespace.setdefault("__slots__", ())  # no per-instance __dict__, as namedtuple
+        for index, field in enumerate(fields):
+            namespace[field] = _field_getter(index, f"Alias for field number {index}")
+        if fields:
+            namespace["_fields"], namespace["_field_defaults"] = fields, defaults
+        return super().__new__(mcls, name, bases, namespace)
+
+
+class Record(tuple, metaclass=_RecordMeta):
+    """An immutable record whose fields are its class annotations (as typing.NamedTuple).
+
+    typing.NamedTuple compiles each class's ``__new__`` from generated source
+    (``eval``): ~0.3 ms per class at import, which every ``load()`` of an
+    artifact pays.  A Record class is an ordinary class statement, so its
+    code comes from cached bytecode; it is a tuple with named fields,
+    ``_fields``, ``_field_defaults``, ``_make`` and ``_replace``.
+    """
+
+    __slots__ = ()
+    _fields: "tuple[str, ...]" = ()  # set per subclass by _RecordMeta
+    _field_defaults: "dict[str, Any]" = {}
+
+    def __new__(cls, /, *args: Any, **kwargs: Any) -> Any:
+        fields = cls._fields
+        if len(args) > len(fields):
+            raise TypeError(f"{cls.__name__}() takes {len(fields)} fields, got {len(args)}")
+        values = list(args)
+        for field in fields[len(args) :]:
+            if field in kwargs:
+                values.append(kwargs.pop(field))
+            elif field in cls._field_defaults:
+                values.append(cls._field_defaults[field])
+            else:
+                raise TypeError(f"{cls.__name__}() lacks its field {field!r}")
+        if kwargs:
+            raise TypeError(f"{cls.__name__}() got unexpected or repeated fields {sorted(kwargs)}")
+        return tuple.__new__(cls, values)
+
+    @classmethod
+    def _make(cls, values: Any) -> Any:
+        return tuple.__new__(cls, values)
+
+    def _replace(self, **changes: Any) -> Any:
+        return type(self)(**{**dict(zip(self._fields, self)), **changes})
+
+    def __getnewargs__(self) -> tuple:  # copy and pickle rebuild through __new__
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
+        return f"{type(self).__name__}({fields})"
+
+
+# ---------------------------------------------------------------------------
+# The calling convention: one explicit, versioned record (Records, not
+# dataclasses: creating a dataclass execs generated code, ~2 ms each).
 #
 # Each field's annotation is its schema: _decoder() turns it, once at import,
 # into the function that reads the field from python_code's literal
@@ -180,7 +251,7 @@ MEMORY_FORMATS = {
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
 
 
-class TensorSpec(NamedTuple):
+class TensorSpec(Record):
     """What the graph was specialized to for one tensor."""
 
     shape: tuple[Count | None, ...]  # None marks a free (unbacked) dim
@@ -200,7 +271,7 @@ class TensorSpec(NamedTuple):
         return "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
 
 
-class StateSpec(NamedTuple):
+class StateSpec(Record):
     """One lifted parameter or buffer (tied names collapse onto one entry)."""
 
     kind: Literal["parameter", "buffer"]
@@ -208,7 +279,7 @@ class StateSpec(NamedTuple):
     tensor: TensorSpec
 
 
-class ModuleSpec(NamedTuple):
+class ModuleSpec(Record):
     """The structure a module argument must have at runtime."""
 
     position: Count  # positional index in fn's arguments
@@ -228,7 +299,7 @@ class ModuleSpec(NamedTuple):
 NO_VALUE = ...
 
 
-class LeafSpec(NamedTuple):
+class LeafSpec(Record):
     """A pytree leaf of fn's inputs or outputs: a tagged union.
 
     Exactly one of ``tensor`` (an input tensor), ``graph_output`` (an output
@@ -245,7 +316,7 @@ class LeafSpec(NamedTuple):
         return self.value is not NO_VALUE
 
 
-class ConstantSpec(NamedTuple):
+class ConstantSpec(Record):
     """A tensor literal created inside fn, reproduced bit-exactly."""
 
     shape: tuple[Count, ...]
@@ -254,7 +325,7 @@ class ConstantSpec(NamedTuple):
     data: str  # base64 of the raw little-endian bytes
 
 
-class OptimizerSpec(NamedTuple):
+class OptimizerSpec(Record):
     """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
 
     Graph inputs per optimizer: one 0-dim float64 ``lr`` per param group, then
@@ -271,7 +342,7 @@ class OptimizerSpec(NamedTuple):
     tensors: tuple[TensorSpec, ...]  # the state inputs, len(stepped) * len(keys)
 
 
-class CallingConvention(NamedTuple):
+class CallingConvention(Record):
     """Everything a caller must match; rendered into python_code as literals.
 
     Graph inputs are ``state`` tensors, then the tensor leaves of the user
@@ -834,7 +905,7 @@ _is_anomaly_enabled = torch.is_anomaly_enabled
 _get_default_dtype = torch.get_default_dtype
 
 
-class _ModuleCache(NamedTuple):
+class _ModuleCache(Record):
     """What the driver checked about the module arguments, re-verified cheaply.
 
     Cached per tuple of module ids, dropped by a weakref callback when a
