@@ -200,6 +200,14 @@ class TestSoundness(TestCase):
         self.assertRefused(
             r"args\[0\]\.total \(buffer\) and args\[1\] share memory", lambda: g(m, m.total), m
         )
+        # Two buffers the graph writes, made to share memory after capture.
+        pair = _runnable("accumulators", _forward, nn.Sequential(_Accumulator(), _Accumulator()), x, backend=backend)
+        m = nn.Sequential(_Accumulator(), _Accumulator())
+        torch.testing.assert_close(pair(m, x), nn.Sequential(_Accumulator(), _Accumulator())(x))
+        m[1].register_buffer("total", m[0].total[:])
+        self.assertRefused(
+            r"args\[0\]\.0\.total \(buffer\) and args\[0\]\.1\.total \(buffer\) share memory", lambda: pair(m, x), m
+        )
 
     @parametrize("backend", BACKENDS)
     def test_frozen_parameter_is_refused(self, backend):

@@ -466,12 +466,21 @@ def _scalar(expected: str, ok: Callable[[Any], bool]) -> Callable[[Any], Any]:
 
 
 def _is_dtype(name: Any) -> bool:
-    return type(name) is str and isinstance(getattr(torch, name, None), torch.dtype)
+    return type(name) is str and _names_dtype(name)
 
 
 def _is_device(name: Any) -> bool:
-    if type(name) is not str:
-        return False
+    return type(name) is str and _names_device(name)
+
+
+# Every tensor spec names its dtype and device: each name is checked once per process.
+@functools.lru_cache(maxsize=None)
+def _names_dtype(name: str) -> bool:
+    return isinstance(getattr(torch, name, None), torch.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _names_device(name: str) -> bool:
     try:
         torch.device(name)
     except (RuntimeError, ValueError, TypeError):
@@ -1001,6 +1010,19 @@ def find_hook(named_modules: Any, named_tensors: Any) -> str | None:
     return None
 
 
+def _distinct_storages(tensors: list) -> bool:
+    """Whether no two of ``tensors`` can share memory: their storages' data pointers differ.
+
+    Storages with one data pointer (and empty ones) may still be distinct:
+    a False answer only sends the caller to the exact pairwise check.
+    """
+    try:
+        pointers = [tensor.untyped_storage().data_ptr() for tensor in tensors]
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError):  # no storage of its own (DTensor)
+        return False
+    return 0 not in pointers and len(set(pointers)) == len(pointers)
+
+
 def guard_passes(guard: Any, tensors: list) -> bool:
     try:
         return guard.check(*tensors)
@@ -1077,12 +1099,8 @@ class PrecompiledFunction:
         # the module cache is rebuilt.
         num_state = len(convention.state)
         num_tensors = num_state + len(self._tensor_inputs)
-        pairs = [
-            (i, j)
-            for i in range(num_tensors)
-            for j in range(i + 1, num_tensors)
-            if i in convention.mutated or j in convention.mutated
-        ]
+        mutated = frozenset(convention.mutated)
+        pairs = [(i, j) for i in range(num_tensors) for j in range(i + 1, num_tensors) if i in mutated or j in mutated]
         self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
@@ -1275,8 +1293,9 @@ class PrecompiledFunction:
             children=watched_values[len(watched) - len(parents) :],  # the parents' entries come last
             expected=[*map(id, watched_values), *(len(_children(parent)) for parent in parents)],
         )
-        if self._state_alias_pairs:
-            self._check_aliasing(list(map(dict.__getitem__, cached.tables, cached.names)), self._state_alias_pairs)
+        state = list(map(dict.__getitem__, cached.tables, cached.names))
+        if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
+            self._check_aliasing(state, self._state_alias_pairs)
         self._state_cache[key] = cached
         return cached
 
