@@ -476,7 +476,7 @@ class TestArtifact(TestCase):
             trace = traceback.extract_tb(error.__traceback__)
         else:
             self.fail("an out-of-range index was accepted")
-        filename = precompile_module._artifact_filename(precompile_module._source_hash(code))
+        filename = precompile_module._artifact_filename(precompile_module._text_hashes(code)[0])
         self.assertRegex(filename, r"^<precompile artifact [0-9a-f]{12}>\.py$")
         frames = [f for f in trace if f.filename == filename]
         self.assertEqual([f.name for f in frames], ["eager_graph"])
@@ -522,7 +522,7 @@ class TestArtifact(TestCase):
         self.assertEqual(envelope["format"], "torch.compiler.precompile")
         self.assertEqual(envelope["version"], precompile_module.FORMAT_VERSION)
         self.assertEqual(envelope["backend"], backend)
-        self.assertEqual(envelope["code_hash"], precompile_module._source_hash(code))
+        self.assertEqual(envelope["code_hash"], precompile_module._text_hashes(code)[1])
         digests = precompile_module._kernel_digests(envelope["artifact"]["kernels"])
         self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(digests))
         if backend == "eager":
@@ -591,7 +591,7 @@ class TestArtifact(TestCase):
         else:
             edited = code + "\nforward = (lambda run: lambda *args: run(*args) * 2)(forward)\n"
         envelope = precompile_module._read_envelope(cache)
-        envelope["code_hash"] = precompile_module._source_hash(edited)
+        envelope["code_hash"] = precompile_module._text_hashes(edited)[1]
         rebound = precompile_module._pack_envelope(envelope)
         self.assertEqual(precompile_module.read_artifact(edited, rebound, header_from_cache=True).compiled, {})
         precompile_module._warn_once.cache_clear()

@@ -192,7 +192,7 @@ def write_envelope(envelope: dict) -> bytes:
 def rebind(cache: bytes, python_code: str) -> bytes:
     """The cache re-tagged for an edited python_code (a consistent, forged pair)."""
     envelope = read_envelope(cache)
-    envelope["code_hash"] = torch._precompile._source_hash(python_code)
+    envelope["code_hash"] = torch._precompile._text_hashes(python_code)[1]
     return write_envelope(envelope)
 
 

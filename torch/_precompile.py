@@ -348,8 +348,9 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # 5: each tensor output's shape, dtype and device (output_tensors).  6: the
 # cache is a zip of a JSON envelope and raw entries, not a torch.save pickle,
 # and carries the header's constants beside the compiled sections.  7: the
-# cache's code_hash is python_code's _source_hash (hashed once per load), and
-# the sections run under the file name <precompile artifact HASH>.py.
+# cache's code_hash is derived from python_code's source hash (_text_hashes:
+# python_code is hashed once per load), and the sections run under the file
+# name <precompile artifact HASH>.py.
 # load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
 MIN_FORMAT_VERSION = 7
 FORMAT_VERSION = 7
@@ -423,18 +424,24 @@ def _code_hash(python_code: str) -> str:
     return hashlib.sha256(python_code.encode()).hexdigest()
 
 
-def _source_hash(python_code: str) -> str:
-    """sha256 of the text python_code's parts were compiled from: python_code with
-    its BYTECODE_SHA256 line holding the placeholder.  The cache's code_hash and
-    its compiled parts both record it, so a load hashes python_code once."""
+def _text_hashes(python_code: str) -> tuple[str, str]:
+    """(source hash, code hash) of python_code, reading its text once.
+
+    The source hash is the sha256 of the text its compiled parts were made
+    from: python_code with its BYTECODE_SHA256 line holding the placeholder
+    (the parts record it).  The code hash adds that line's value, so it
+    covers every character: the cache's code_hash, binding it to python_code.
+    """
     span = _pin_span(python_code)
     if span is None:
-        return _code_hash(python_code)
-    start, end = span
-    digest = hashlib.sha256(python_code[:start].encode())
-    digest.update(_NO_PIN)
-    digest.update(python_code[end:].encode())
-    return digest.hexdigest()
+        source_hash, pin = _code_hash(python_code), None
+    else:
+        start, end = span
+        digest = hashlib.sha256(python_code[:start].encode())
+        digest.update(_NO_PIN)
+        digest.update(python_code[end:].encode())
+        source_hash, pin = digest.hexdigest(), python_code[start + 1 : end - 1]
+    return source_hash, _code_hash(f"{source_hash} {pin}")
 
 
 def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode: bytes | None = None) -> bytes:
@@ -443,7 +450,7 @@ def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode
             "format": CACHE_FORMAT,
             "version": FORMAT_VERSION,
             "backend": backend,
-            "code_hash": _source_hash(python_code),
+            "code_hash": _text_hashes(python_code)[1],
             "build_env": _build_environment(),
             "payload_sha256": _payload_hash(_kernel_digests(kernels)),
             "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
@@ -507,7 +514,7 @@ def _record_bytecode(python_code: str) -> tuple[str, bytes]:
     line number and the sections' text, so their code objects stay exact.  The
     header's constants are all but BYTECODE_SHA256 itself.
     """
-    source_hash = _code_hash(python_code)  # = _source_hash() of the result
+    source_hash = _code_hash(python_code)  # = _text_hashes()[0] of the result
     compiled = _compile_sections(python_code, source_hash)
     header = {name: value for name, value in _read_constants(python_code).items() if name != "BYTECODE_SHA256"}
     parts = {"header": header, **compiled}
@@ -772,19 +779,19 @@ def _check_stored(archive: zipfile.ZipFile, size: int) -> None:
 _ENVELOPE_KEYS = {"format", "version", "backend", "code_hash", "build_env", "payload_sha256", "artifact"}
 
 
-def _pair_error(source_hash: str, convention: CallingConvention, envelope: dict) -> PrecompileError | None:
+def _pair_error(code_hash: str, convention: CallingConvention, envelope: dict) -> PrecompileError | None:
     """Why the cache belongs to other code (load() refuses the pair), or None.
 
     _CacheUnusable if the fields that say so are damaged."""
-    backend, code_hash = envelope.get("backend"), envelope.get("code_hash")
-    if not isinstance(backend, str) or not isinstance(code_hash, str):
+    backend, recorded = envelope.get("backend"), envelope.get("code_hash")
+    if not isinstance(backend, str) or not isinstance(recorded, str):
         raise _CacheUnusable("cache is damaged or not a precompile cache (unexpected envelope)")
     if backend != convention.backend:
         return PrecompileError(
             f"cache was built for backend {backend!r} but python_code is for "
             f"{convention.backend!r}: the pair does not belong together"
         )
-    if code_hash != source_hash:
+    if recorded != code_hash:
         return PrecompileError(
             "cache belongs to a different python_code (code_hash mismatch): pass the cache "
             "returned together with this python_code"
@@ -869,7 +876,7 @@ def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = F
         envelope = _read_envelope(cache)
     except _CacheUnusable as problem:
         cache_error = problem
-    source_hash = _source_hash(python_code)
+    source_hash, code_hash = _text_hashes(python_code)
     pinned = (
         _pinned_header(python_code, envelope, source_hash) if header_from_cache and envelope is not None else None
     )
@@ -879,7 +886,7 @@ def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = F
     kernels, digests, compiled, compiled_problem, pair_error, version_error = {}, {}, {}, None, None, None
     if envelope is not None:
         try:
-            pair_error = _pair_error(source_hash, convention, envelope)
+            pair_error = _pair_error(code_hash, convention, envelope)
             version_error = _version_error(envelope)
             kernels, digests = _payload(envelope)
             compiled, compiled_problem = (
@@ -1209,7 +1216,7 @@ def _exec_artifact(
     """
     sections = _split_sections(python_code)
     # The cache's parts come all together, compiled under python_code's file name.
-    filename = None if compiled else _artifact_filename(_source_hash(python_code))
+    filename = None if compiled else _artifact_filename(_text_hashes(python_code)[0])
 
     def code(name: str) -> Any:
         return marshal.loads(compiled[name]) if compiled else _compile_section(filename, *sections[name])
@@ -1259,7 +1266,7 @@ def _compile_sections(python_code: str, source_hash: str) -> dict[str, Any]:
 
 
 def _artifact_filename(source_hash: str) -> str:
-    """The file name python_code's code runs under, after its ``_source_hash``.
+    """The file name python_code's code runs under, after its source hash (``_text_hashes``).
 
     Like torch.fx's ``<eval_with_key>.N``, it is not of the form ``<...>``,
     for which linecache serves only lines registered already split.

@@ -104,7 +104,7 @@ def report(artifact: _impl.Artifact) -> dict[str, Any]:
             "problem": None if problem is None else _one_line(str(problem)),
             "version_matches": envelope["version"] == convention.format_version,
             "backend_matches": envelope["backend"] == convention.backend,
-            "code_hash_matches": envelope["code_hash"] == _impl._source_hash(python_code),
+            "code_hash_matches": envelope["code_hash"] == _impl._text_hashes(python_code)[1],
         },
         "build_environment": _build_environment_report(envelope["build_env"], len(kernels)),
         "call": _call_text(convention),

@@ -785,6 +785,11 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+@functools.lru_cache(maxsize=None)
+def _device(name: str) -> torch.device:
+    return torch.device(name)
+
+
 def _checked_strides(spec: TensorSpec) -> list[int | None]:
     """Strides the graph relies on, with Inductor's exemptions.
 
@@ -827,8 +832,8 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
         )
     check_plain_torch_function(what, value)
     shape = tuple(value.shape)
-    if len(shape) != len(spec.shape) or any(
-        want is not None and want != got for want, got in zip(spec.shape, shape)
+    if shape != spec.shape and (  # equal tuples: the common case, one comparison
+        len(shape) != len(spec.shape) or any(want is not None and want != got for want, got in zip(spec.shape, shape))
     ):
         raise PrecompileError(
             f"{what}: expected shape {spec.describe_shape()}, got {shape}; shapes are "
@@ -846,7 +851,7 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
         raise PrecompileError(
             f"{what}: expected dtype torch.{spec.dtype}, got {value.dtype}; convert it with .to(torch.{spec.dtype})"
         )
-    if str(value.device) != spec.device:
+    if value.device != _device(spec.device):
         raise PrecompileError(
             f"{what}: expected device {spec.device}, got {value.device}; move it with .to('{spec.device}')"
         )
@@ -870,8 +875,10 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
             f"so its layout is pinned as a format), got strides {tuple(value.stride())}; pass "
             f".contiguous(memory_format=torch.{spec.memory_format})"
         )
-    want = _checked_strides(spec)
     got = value.stride()
+    if got == spec.stride:  # the common case: exactly the captured strides
+        return
+    want = _checked_strides(spec)
     if any(w is not None and w != g for w, g in zip(want, got)):
         expected = tuple("*" if w is None else w for w in want)
         raise PrecompileError(
