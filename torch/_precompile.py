@@ -78,8 +78,8 @@ says who guarantees it and, where it is enforced, which tests (in
    ``load`` takes them from the cache when it holds this Python's code objects
    and python_code pins their bytes (BYTECODE_SHA256, which pins the header's
    constants too, so a warm load parses no header; otherwise it compiles
-   them) under ``<precompile artifact sha[:12]>``, named after the sections,
-   registered with ``linecache`` so tracebacks and pdb show the artifact's
+   them) under ``<precompile artifact sha[:12]>.py``, named after the text,
+   registered lazily with ``linecache`` so tracebacks and pdb show the artifact's
    lines, and reuses the installed driver when it is the section's exact text
    (TestArtifact test_traceback_shows_artifact_lines,
    test_warm_load_compiles_no_python,
