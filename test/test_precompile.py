@@ -213,6 +213,25 @@ class TestCapture(TestCase):
         torch.testing.assert_close(a, eager)
         self.assertTrue((a == 0).any())
 
+    def test_inductor_computes_a_scalar_read_by_a_large_loop_once(self):
+        # AdamW's bias corrections in miniature: a pow of a 0-d step tensor
+        # scaling a 4096-element tensor (capture's _compute_scalars_once).
+        def fn(x, step, small):
+            return x * (1 - 0.9**step), small * (1 - 0.8**step)
+
+        x, step, small = torch.randn(64, 64), torch.tensor(3.0), torch.randn(16)
+        python_code, cache = precompile(fn, x, step, small, backend="inductor")
+        f = load((python_code, cache))
+        for s in (step, torch.tensor(7.0)):
+            for got, want in zip(f(x, s, small), fn(x, s, small)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        kernels = re.findall(r"r'''\n(.*?)'''\)", python_code, re.DOTALL)
+        loops = [part for kernel in kernels for part in kernel.split("for(")[1:]]
+        self.assertEqual(sum("4096L" in loop for loop in loops), 1)
+        for loop in loops:
+            # The large loop loads the scalar; below 1024 elements recomputing beats a buffer.
+            self.assertEqual("std::pow" in loop, "4096L" not in loop, loop)
+
 
 class TestTraining(TestCase):
     @parametrize("backend", BACKENDS)

@@ -431,6 +431,41 @@ class TestCaptureInternals(TestCase):
         self.assertNotIn("'input')", kept)
         self.assertEqual(len(source.splitlines()) - len(kept.splitlines()), 2)
 
+    def test_inductor_realize_op_and_post_grad_pass(self):
+        # The op computes its input into a buffer of its own (a scalar is then
+        # computed once, outside the loop that reads it); eagerly it is a copy.
+        realize = compat.inductor_realize_op()
+        self.assertIs(compat.inductor_realize_op(), realize)
+        s = torch.tensor(2.0)
+        copied = realize(s)
+        self.assertEqual(copied, s)
+        self.assertNotEqual(copied.data_ptr(), s.data_ptr())
+
+        seen = []
+
+        def scale_by_realized_pow(graph):
+            seen.append(graph)
+            (node,) = [n for n in graph.nodes if n.target == torch.ops.aten.pow.Scalar]
+            with graph.inserting_after(node):
+                computed = graph.call_function(realize, (node,))
+            computed.meta["val"] = node.meta["val"]
+            node.replace_all_uses_with(computed, delete_user_cb=lambda user: user is not computed)
+
+        graph_pass = compat.inductor_post_grad_pass(scale_by_realized_pow, "test version")
+        self.assertEqual(graph_pass.uuid(), "test version")
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        graph = make_fx(lambda x, step: (x * 0.9**step,))(torch.randn(64, 64), torch.tensor(3.0))
+        inputs = [torch.randn(64, 64), torch.tensor(3.0)]
+        with torch.no_grad():
+            (compiled,) = compat.inductor_compile(graph, inputs, {"post_grad_custom_post_pass": graph_pass})
+        self.assertEqual(len(seen), 1)
+        source = compiled[0].source_code
+        self.assertIn("empty_strided_cpu((), (), torch.float32)", source)  # the scalar's own buffer
+        loop = source[source.index("#pragma omp for"):]
+        self.assertIn("std::pow", source)
+        self.assertNotIn("std::pow", loop)
+
     def test_mkldnn_public_flags_toggle_only_enabled(self):
         import torch._precompile_capture as implementation
 

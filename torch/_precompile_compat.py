@@ -301,6 +301,51 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     return compiled
 
 
+def inductor_realize_op() -> Any:
+    """``torch.ops._precompile.realize``: Inductor computes its input into a buffer of its own.
+
+    Lowered as Inductor's test-only ``torch.ops._inductor_test.realize`` (which
+    torch 2.13 defines only in ``torch._inductor.test_operators``): realize the
+    input, then read it.  Eager and fake semantics are a copy.  Defined once
+    per process, on the first Inductor lowering.
+    """
+    if not hasattr(torch.ops._precompile, "realize"):
+        from torch._inductor.lowering import clone, register_lowering
+
+        @torch.library.custom_op("_precompile::realize", mutates_args=())
+        def realize(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @realize.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        @register_lowering(torch.ops._precompile.realize.default)
+        def _(x):
+            x.realize()
+            return clone(x)
+
+    return torch.ops._precompile.realize.default
+
+
+def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None], version: str) -> Any:
+    """``graph_pass`` as Inductor's ``post_grad_custom_post_pass`` config value.
+
+    Inductor takes it as a ``CustomGraphPass`` (private in 2.13) whose uuid keys
+    its FX graph cache: ``version`` must change whenever the pass does.
+    """
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _Pass(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            graph_pass(graph)
+
+        def uuid(self) -> str:
+            return version
+
+    return _Pass()
+
+
 # How Inductor 2.13's generated call() asserts a graph input's size and stride
 # (``write_assert_size_stride(name, size, stride, "input")``); a private format.
 _INDUCTOR_INPUT_ASSERT = re.compile(r"^[ \t]*assert_size_stride\([A-Za-z_]\w*, .*, 'input'\)\n", re.MULTILINE)
