@@ -451,8 +451,11 @@ class TestCaptureInternals(TestCase):
             computed.meta["val"] = node.meta["val"]
             node.replace_all_uses_with(computed, delete_user_cb=lambda user: user is not computed)
 
-        graph_pass = compat.inductor_post_grad_pass(scale_by_realized_pow, "test version")
-        self.assertEqual(graph_pass.uuid(), "test version")
+        graph_pass = compat.inductor_post_grad_pass(scale_by_realized_pow, "settings")
+        # Its cache key changes with the settings and with the pass's code.
+        self.assertTrue(graph_pass.uuid().startswith("settings "))
+        self.assertNotEqual(graph_pass.uuid(), compat.inductor_post_grad_pass(scale_by_realized_pow, "other").uuid())
+        self.assertNotEqual(graph_pass.uuid(), compat.inductor_post_grad_pass(lambda graph: None, "settings").uuid())
         from torch.fx.experimental.proxy_tensor import make_fx
 
         graph = make_fx(lambda x, step: (x * 0.9**step,))(torch.randn(64, 64), torch.tensor(3.0))

@@ -1446,7 +1446,7 @@ _INDUCTOR_CONFIG = {
 def _inductor_config(capture: _Capture) -> dict:
     config = dict(_INDUCTOR_CONFIG)
     config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(
-        _compute_scalars_once, f"torch.compiler.precompile: compute scalars once, {_SCALAR_READERS_MIN_NUMEL}"
+        _compute_scalars_once, f"_SCALAR_READERS_MIN_NUMEL={_SCALAR_READERS_MIN_NUMEL}"
     )
     if capture.convention.sizes:
         # Free (unbacked) dims.  Layout optimization makes convolutions
