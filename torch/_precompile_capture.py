@@ -1445,9 +1445,7 @@ _INDUCTOR_CONFIG = {
 
 def _inductor_config(capture: _Capture) -> dict:
     config = dict(_INDUCTOR_CONFIG)
-    config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(
-        _compute_scalars_once, f"_SCALAR_READERS_MIN_NUMEL={_SCALAR_READERS_MIN_NUMEL}"
-    )
+    config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(_compute_scalars_once)
     if capture.convention.sizes:
         # Free (unbacked) dims.  Layout optimization makes convolutions
         # channels_last, and the stride Inductor predicts for their output is
@@ -1490,7 +1488,9 @@ def _compute_scalars_once(graph: torch.fx.Graph) -> None:
     realize = compat.inductor_realize_op()
     for node in [node for node in graph.nodes if node.op == "call_function"]:
         numel = cpu_numel(node)
-        readers = [user for user in node.users if reads_many(user)] if isinstance(numel, int) and numel == 1 else []
+        if not (isinstance(numel, int) and numel == 1):
+            continue
+        readers = [user for user in node.users if reads_many(user)]
         if not readers:
             continue
         with graph.inserting_after(node):

@@ -328,19 +328,17 @@ def inductor_realize_op() -> Any:
     return torch.ops._precompile.realize.default
 
 
-def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None], settings: str) -> Any:
+def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any:
     """``graph_pass`` as Inductor's ``post_grad_custom_post_pass`` config value.
 
     Inductor takes it as a ``CustomGraphPass`` (private in 2.13) whose uuid keys
-    its FX graph cache: the pass's bytecode and the ``settings`` it reads from
-    elsewhere, so an edited pass never reuses a graph the old one produced.
+    its FX graph cache: the hash of the file that defines the pass (Inductor's
+    own helper), so an edit to the pass or to a setting beside it never reuses
+    a graph the old version produced.
     """
-    import hashlib
-    import marshal
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    version = f"{settings} {hashlib.sha256(marshal.dumps(graph_pass.__code__)).hexdigest()}"
+    version = get_hash_for_files((graph_pass.__code__.co_filename,)).hex()
 
     class _Pass(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
