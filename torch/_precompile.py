@@ -400,14 +400,42 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same artifact gives
 _ZIP_READ_OPTIONS = {"metadata_encoding": "utf-8"} if sys.version_info >= (3, 11) else {}
 
 
-def _build_environment() -> dict[str, str]:
-    """What compiled kernels depend on; they are loaded only on an exact match."""
-    return {
+def _build_environment(gpu: bool = False) -> dict[str, str]:
+    """What compiled kernels depend on; they are loaded only on an exact match.
+
+    ``gpu``: the cache holds Triton kernels, whose cubins also depend on the
+    GPU architecture and on the Triton that built them (its launch ABI).
+    """
+    environment = {
         "torch": str(torch.__version__),
         "python": sys.implementation.cache_tag,
         "platform": f"{sys.platform}-{platform.machine()}",
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
+    if gpu:
+        environment["gpu"] = _gpu_environment()
+    return environment
+
+
+def _gpu_environment() -> str:
+    if not torch.cuda.is_available():
+        return "none"
+    import importlib.metadata
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = "none"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor} triton {triton}"
+
+
+def _has_gpu_kernels(keys) -> bool:
+    return any(key.endswith(_GPU_KERNEL_SUFFIX) for key in keys)
+
+
+# Cache keys of a Triton kernel: KEY.cubin (its binary) and KEY.json (how to launch it).
+_GPU_KERNEL_SUFFIX = ".cubin"
 
 
 def _kernel_digests(kernels: dict[str, bytes]) -> dict[str, str]:
@@ -451,7 +479,7 @@ def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode
             "version": FORMAT_VERSION,
             "backend": backend,
             "code_hash": _text_hashes(python_code)[1],
-            "build_env": _build_environment(),
+            "build_env": _build_environment(gpu=_has_gpu_kernels(kernels)),
             "payload_sha256": _payload_hash(_kernel_digests(kernels)),
             "artifact": {"kernels": kernels, "bytecode": {"magic": _BYTECODE_MAGIC, "code": bytecode}},
         }
@@ -584,15 +612,40 @@ def _pinned_header(
     return {**marshal.loads(parts["header"]), "BYTECODE_SHA256": pin}, parts
 
 
-def _harvest_kernels(python_code: str) -> dict[str, bytes]:
-    """Run the artifact once (JIT, Inductor's cache is warm) and keep its kernels."""
+def _harvest_kernels(python_code: str, example_inputs: list) -> dict[str, bytes]:
+    """Run the artifact once (JIT, Inductor's cache is warm) and keep its kernels.
+
+    Triton kernels are autotuned at their first launch, so the graph runs once
+    on copies of the example inputs; each keeps the binary of the config that
+    won and the record of how to launch it (``TritonLaunch``).  With free dims
+    the example inputs are fakes: each kernel then keeps Inductor's first
+    (heuristically preferred) config, untuned.
+    """
     namespace = _exec_artifact(python_code, _read_constants(python_code), {})
     kernels = {}
     loader = namespace.get("_kernel_loader")  # none when Inductor generated no module
     for key, path in (loader.compiled if loader else {}).items():
         with open(path, "rb") as f:
             kernels[key] = f.read()
+    if loader and loader.compiled_triton:
+        if not any(compat.is_fake(t) or isinstance(t, torch.SymInt) for t in example_inputs):
+            with torch.no_grad():
+                namespace["_run_graph"]([_copy_of(t) for t in example_inputs])
+        for key, autotuner in loader.compiled_triton.items():
+            launch = compat.triton_launch_record(autotuner)
+            if launch is None:  # not statically launchable: load() compiles it from python_code
+                log.info("precompile: Triton kernel %s stays JIT-compiled at load", autotuner.fn.__name__)
+                continue
+            record, cubin = launch
+            kernels[key + ".json"] = json.dumps(record, sort_keys=True).encode()
+            kernels[key + _GPU_KERNEL_SUFFIX] = cubin
     return kernels
+
+
+def _copy_of(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device).copy_(value)
 
 
 # ---------------------------------------------------------------------------
@@ -939,7 +992,8 @@ def _usable_cache(artifact: Artifact) -> tuple[dict, dict]:
 def _usable_kernels(artifact: Artifact) -> dict:
     if not artifact.kernels:
         return {}
-    built, here = artifact.envelope["build_env"], _build_environment()
+    built = artifact.envelope["build_env"]
+    here = _build_environment(gpu=isinstance(built, dict) and "gpu" in built)
     if built != here:
         _warn_once(
             f"torch.compiler.precompile: the cache's kernels were built for {built!r}, "
@@ -1123,7 +1177,7 @@ def _fallback_directory() -> str:
 def _place_kernels(directory: str, kernels: dict) -> dict[str, str]:
     files, cleaned = {}, False
     for key, (digest, blob) in kernels.items():
-        path = os.path.join(directory, digest + ".so")
+        path = os.path.join(directory, digest + (os.path.splitext(key)[1] or ".so"))
         if not _holds(path, blob):  # missing, planted, damaged, a symlink: (re)write it
             try:
                 if not cleaned:
@@ -1334,7 +1388,7 @@ class _Precompile:
             with timer("render"):
                 python_code = stages._render(capture.convention, lowered)
             with timer("package"):
-                kernels = _harvest_kernels(python_code) if backend == "inductor" else {}
+                kernels = _harvest_kernels(python_code, capture.example_inputs) if backend == "inductor" else {}
                 python_code = _record_kernel_hashes(python_code, kernels)
                 python_code, bytecode = _record_bytecode(python_code)
                 cache = _package(python_code, backend, kernels, bytecode)
@@ -1353,6 +1407,7 @@ class _Precompile:
         timer = _StageTimer("load")
         with timer("verify"):
             artifact = read_artifact(python_code, cache, header_from_cache=True)
+            _check_gpus_present(artifact.convention)
             kernels, compiled = _usable_cache(artifact)
             constants, convention = artifact.constants, artifact.convention
         with timer("prime"):
@@ -1378,6 +1433,25 @@ class _Precompile:
                 raise PrecompileError("python_code does not define a callable `forward`")
         timer.done(f"backend={convention.backend} kernels={len(kernel_files)}")
         return forward
+
+
+def _check_gpus_present(convention: CallingConvention) -> None:
+    """Refuse, before executing anything, an artifact whose tensors live on GPUs this process lacks."""
+    devices = [spec.tensor.device for spec in convention.state]
+    devices += [leaf.tensor.device for leaf in convention.inputs if leaf.tensor is not None]
+    devices += [constant.device for constant in convention.constants]
+    cuda = sorted({torch.device(d) for d in devices if d.startswith("cuda")}, key=str)
+    if not cuda:
+        return
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = [str(d) for d in cuda if (d.index or 0) >= available]
+    if missing:
+        raise PrecompileError(
+            f"this artifact was captured on {', '.join(str(d) for d in cuda)} and needs "
+            f"{', '.join(missing)}, but this process sees {available} CUDA GPU(s) "
+            f"(torch.cuda.is_available() is {torch.cuda.is_available()}); load it on a host with the GPU, "
+            "or precompile again with the model and inputs on the CPU"
+        )
 
 
 @contextlib.contextmanager

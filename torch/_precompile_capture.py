@@ -1663,9 +1663,16 @@ class PendingKernel(tuple):
     """(argtypes, C++ source) of a kernel Inductor's module requests; bind_inductor_graph loads it."""
 
 
+class PendingTritonKernel(tuple):
+    """(kernel name, Triton source, device type) of a GPU kernel; bind_inductor_graph loads it."""
+
+
 class AsyncCompile:
     def cpp_pybinding(self, argtypes, source):
         return PendingKernel((argtypes, source))
+
+    def triton(self, kernel_name, source_code, device_str="cuda"):
+        return PendingTritonKernel((kernel_name, source_code, device_str))
 
     def wait(self, scope):
         pass
@@ -1673,13 +1680,24 @@ class AsyncCompile:
 
 
 def _strip_stand_in_imports(source: str) -> str:
+    """Inductor's module without its imports from Inductor and Triton (seconds to import).
+
+    Dropped: imports of what the driver stands in for, and imports of Triton or
+    Inductor that the module's own code never uses (a GPU module imports
+    ``triton`` for its kernels' source strings, which import it themselves
+    when they are compiled).
+    """
+    tree = _parse(source)
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     lines = source.splitlines(keepends=True)
     drop = set()
-    for node in _parse(source).body:
-        if (
-            isinstance(node, ast.ImportFrom)
-            and (node.module or "").startswith(compat.INDUCTOR_MODULE)
-            and all((alias.asname or alias.name) in compat.INDUCTOR_STAND_INS for alias in node.names)
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+        bound = [(alias.asname or alias.name).split(".")[0] for alias in node.names]
+        if all(module.startswith(compat.INDUCTOR_MODULE) or module.split(".")[0] == "triton" for module in modules) and all(
+            name in compat.INDUCTOR_STAND_INS or name not in used for name in bound
         ):
             drop.update(range(node.lineno - 1, node.end_lineno))
     return "".join(line for i, line in enumerate(lines) if i not in drop)

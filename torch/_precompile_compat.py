@@ -31,6 +31,7 @@ directly.
 """
 
 import contextlib
+import os
 import re
 import types
 from typing import Any, Callable
@@ -299,6 +300,71 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     with inductor_config.patch(config):
         compile_fx(graph, example_inputs, inner_compile=keep_inner)
     return compiled
+
+
+def triton_launch_record(autotuner: Any) -> tuple[dict, bytes] | None:
+    """How to launch the config ``autotuner`` settled on, and its cubin; None if it cannot be cached.
+
+    ``autotuner`` is Inductor's ``CachingAutotuner`` (2.11-2.14, private), after
+    its first launch (which autotunes), or with its first config when the graph
+    could not run at precompile time.  The record is what
+    ``StaticTritonCompileResult.make_launcher`` generates its launcher from: the
+    grid expressions (``GridExpr``), the arguments the graph passes and those
+    the cubin takes, shared memory, warps, and Triton's trailing scratch
+    pointers.  Kernels the static launcher cannot run (no cubin, launch
+    attributes, a grid needing prefix statements) are not cached.
+    """
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    from torch._inductor.runtime.triton_heuristics import GridExpr, StaticTritonCompileResult
+
+    if not autotuner.launchers:
+        return None
+    cache_hash = getattr(autotuner.launchers[0], "cache_hash", None)
+    result = next(
+        (
+            r
+            for r in autotuner.compile_results
+            if isinstance(r, StaticTritonCompileResult) and _triton_path_key(r.kernel.hash) == cache_hash
+        ),
+        None,
+    )
+    if result is None:
+        return None
+    static = result.kernel
+    grid = GridExpr.from_meta(result.inductor_meta, result.config)
+    if grid.prefix:
+        return None
+    _, def_args, none_args = result._get_arg_lists(static.arg_names, static.declared_constexprs)
+    call_args = [
+        name for i, name in enumerate(static.arg_names) if i not in static.full_constexprs and name not in none_args
+    ]
+    if not set(call_args) <= set(def_args):
+        return None
+    device = result.compile_meta.get("device") or 0
+    path = os.path.join(triton_cache_dir(device), cache_hash, static.name + ".cubin")
+    try:
+        with open(path, "rb") as f:
+            cubin = f.read()
+    except OSError:
+        return None
+    record = {
+        "name": static.name,
+        "device": device,
+        "shared": static.shared,
+        "num_warps": static.num_warps,
+        "arg_tys": static.arg_tys,
+        "scratch": int(getattr(static, "has_global_scratch", False)) + int(getattr(static, "has_profile_scratch", False)),
+        "def_args": list(def_args),
+        "call_args": call_args,
+        "grid": [str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)],
+    }
+    return record, cubin
+
+
+def _triton_path_key(kernel_hash: str) -> str:
+    from torch._inductor.runtime.runtime_utils import triton_hash_to_path_key
+
+    return triton_hash_to_path_key(kernel_hash)
 
 
 def inductor_realize_op() -> Any:

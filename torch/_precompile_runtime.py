@@ -12,11 +12,13 @@ neither ``torch._inductor`` nor ``torch._dynamo``; they are imported only when
 a kernel has to be compiled because the cache did not provide it.
 """
 
+import ast
 import base64
 import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import math
 import operator
 import os
@@ -112,6 +114,21 @@ def _inductor_extern_kernels() -> Any:
     from torch._inductor.select_algorithm import extern_kernels
 
     return extern_kernels
+
+
+def _inductor_compile_triton(kernel_name: str, source: str, device_str: str) -> Any:
+    """Inductor's CachingAutotuner for one Triton kernel (the cold path: imports Inductor and Triton)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    kernel = AsyncCompile().triton(kernel_name, source, device_str)
+    # With compile worker processes Inductor hands back a future of the autotuner.
+    return kernel if hasattr(kernel, "run") else kernel.result()
+
+
+def _static_cuda_launcher() -> Any:
+    # torch._C._StaticCudaLauncher (2.11-2.14): what Inductor's StaticallyLaunchedCudaKernel
+    # calls to load a cubin (_load_kernel) and launch it (_launch_kernel); no public API.
+    return torch._C._StaticCudaLauncher
 
 
 # --- end of torch 2.13 internals ---
@@ -1711,16 +1728,116 @@ def jit_compile_kernel(argtypes: list[str], source: str) -> Callable:
     return _inductor_compile_kernel(argtypes, source)
 
 
+def triton_kernel_key(kernel_name: str, source: str) -> str:
+    """Content address of one Inductor Triton kernel; its cache entries are KEY.cubin and KEY.json."""
+    digest = hashlib.sha256(kernel_name.encode())
+    digest.update(b"\0")
+    digest.update(source.encode())
+    return digest.hexdigest()
+
+
+# What a launch record's grid expressions may contain: the ceil-divisions,
+# products and bounds Inductor's GridExpr writes over the kernel's size arguments.
+_GRID_NODES = (
+    ast.Expression, ast.Tuple, ast.Load, ast.Name, ast.Constant, ast.BinOp, ast.UnaryOp,
+    ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.USub, ast.Call,
+)
+_GRID_FUNCTIONS = {"min": min, "max": max}
+
+
+def _grid_function(grid: list, arguments: list) -> Callable:
+    """``(*arguments) -> (grid_x, grid_y, grid_z)`` from the record's three expressions.
+
+    The expressions come from the cache, so they are checked to be arithmetic
+    over the kernel's own arguments before they are compiled: the cache holds
+    data, never code.
+    """
+    tree = ast.parse(f"({', '.join(grid)},)", mode="eval")
+    for node in ast.walk(tree):
+        allowed = isinstance(node, _GRID_NODES) and not (
+            isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _GRID_FUNCTIONS)
+        )
+        if not allowed or (isinstance(node, ast.Name) and node.id not in arguments and node.id not in _GRID_FUNCTIONS):
+            raise ValueError(f"unexpected {type(node).__name__} in the grid {grid!r}")
+        if isinstance(node, ast.Constant) and type(node.value) is not int:
+            raise ValueError(f"unexpected constant {node.value!r} in the grid {grid!r}")
+    body = ast.Lambda(
+        args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(name) for name in arguments], kwonlyargs=[], kw_defaults=[], defaults=[]
+        ),
+        body=tree.body,
+    )
+    code = compile(ast.fix_missing_locations(ast.Expression(body)), "<precompile triton grid>", "eval")
+    return eval(code, {"__builtins__": {}, **_GRID_FUNCTIONS})
+
+
+class TritonLaunch:
+    """One Triton kernel of the cache, launched from its cubin by torch's static CUDA launcher.
+
+    Does what Inductor's ``StaticTritonCompileResult.make_launcher`` builds for
+    the autotuned config, from the record precompile kept of it (grid,
+    arguments, shared memory, warps): a warm load imports neither Triton nor
+    Inductor and compiles, autotunes and benchmarks nothing.  ``run`` has the
+    signature of Inductor's ``CachingAutotuner.run``, which the graph calls.
+    """
+
+    def __init__(self, record: dict, cubin_path: str):
+        device = record["device"]
+        # The launcher loads into the device's current context; create it first.
+        torch.empty((), device=torch.device("cuda", device))
+        self._function = _static_cuda_launcher()._load_kernel(cubin_path, record["name"], record["shared"], device)[0]
+        self._launch = _static_cuda_launcher()._launch_kernel
+        self._num_warps, self._shared = record["num_warps"], record["shared"]
+        # Triton's kernels take trailing scratch pointers Inductor never uses (passed as None).
+        self._arg_types = record["arg_tys"] + "O" * record["scratch"]
+        self._scratch = (None,) * record["scratch"]
+        arguments = record["def_args"]
+        self._grid = _grid_function(record["grid"], arguments)
+        self._call_positions = tuple(arguments.index(name) for name in record["call_args"])
+        self.name = record["name"]
+
+    def run(self, *args: Any, stream: int) -> None:
+        grid_x, grid_y, grid_z = self._grid(*args)
+        launch_args = (*[args[i] for i in self._call_positions], *self._scratch)
+        self._launch(
+            self._function, grid_x, grid_y, grid_z, self._num_warps, self._shared, self._arg_types, launch_args, stream
+        )
+
+
 class KernelLoader:
     """Serves the kernels Inductor's generated module requests (``bind_inductor_graph``).
 
-    Each ``cpp_pybinding`` request is served from the cache's compiled kernels
-    when present, else compiled (and recorded, so precompile can harvest it).
+    Each ``cpp_pybinding`` or ``triton`` request is served from the cache's
+    compiled kernels when present, else compiled (and recorded, so precompile
+    can harvest it).
     """
 
     def __init__(self, kernel_files: dict[str, str]):
         self.kernel_files = kernel_files
         self.compiled: dict[str, str] = {}  # key -> .so path of JIT-compiled kernels
+        self.compiled_triton: dict[str, Any] = {}  # key -> Inductor's autotuner of JIT-compiled Triton kernels
+
+    def triton(self, kernel_name: str, source: str, device_str: str = "cuda") -> Any:
+        key = triton_kernel_key(kernel_name, source)
+        record, cubin = self.kernel_files.get(key + ".json"), self.kernel_files.get(key + ".cubin")
+        if record is not None and cubin is not None:
+            try:
+                with open(record, "rb") as f:
+                    return TritonLaunch(json.loads(f.read()), cubin)
+            except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+                warnings.warn(
+                    f"torch.compiler.precompile: the cached Triton kernel {kernel_name} failed to load "
+                    f"({type(error).__name__}: {error}); compiling it from python_code instead"
+                )
+        try:
+            kernel = _inductor_compile_triton(kernel_name, source, device_str)
+        except Exception as error:
+            raise PrecompileError(
+                f"compiling the Triton kernel {kernel_name} of this artifact failed ({type(error).__name__}: "
+                f"{error}); the cache had no compiled kernel usable on this GPU, so Triton is needed"
+            ) from error
+        self.compiled_triton[key] = kernel
+        return kernel
 
     def cpp_pybinding(self, argtypes: list[str], source: str) -> Callable:
         key = kernel_key(argtypes, source)
@@ -1797,10 +1914,12 @@ def bind_inductor_graph(
     replaced by the kernel, loaded from the cache's files or compiled.
     """
     loader = KernelLoader(kernel_files)
-    pending = namespace["PendingKernel"]
+    pending, pending_triton = namespace["PendingKernel"], namespace.get("PendingTritonKernel")
     for name, value in list(namespace.items()):
         if type(value) is pending:
             namespace[name] = loader.cpp_pybinding(*value)
+        elif type(value) is pending_triton:
+            namespace[name] = loader.triton(*value)
     namespace.update(
         extern_kernels=ExternKernels(extern_table),
         align=_align,
