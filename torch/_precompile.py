@@ -295,7 +295,7 @@ if __name__ == "__main__":
     # as a second copy of the module (runpy's __main__), which would re-import it.
     import sys
 
-    from torch._precompile_inspect import main
+    from ._precompile_inspect import main
 
     sys.exit(main(sys.argv[1:]))
 
@@ -328,8 +328,8 @@ import zipfile
 from typing import Any, Callable
 
 import torch
-from torch import _precompile_compat as compat, _precompile_runtime as runtime
-from torch._precompile_runtime import CallingConvention, PrecompileError
+from . import _precompile_compat as compat, _precompile_runtime as runtime
+from ._precompile_runtime import CallingConvention, PrecompileError
 
 
 __all__ = ["precompile", "PrecompileError"]
@@ -857,7 +857,7 @@ class Artifact(runtime.Record):
 
     def describe(self) -> dict[str, Any]:
         """The inspector's JSON-serializable report (see ``torch._precompile_inspect``)."""
-        from torch._precompile_inspect import report
+        from ._precompile_inspect import report
 
         return report(self)
 
@@ -1323,7 +1323,7 @@ class _Precompile:
         if not callable(fn):
             raise PrecompileError(f"precompile: fn must be callable, got {type(fn).__name__}")
 
-        from torch import _precompile_capture as stages  # imported at first use: load() never needs it
+        from . import _precompile_capture as stages  # imported at first use: load() never needs it
 
         timer = _StageTimer("precompile")
         with _PRECOMPILE_LOCK, _caller_rng_kept():
@@ -1433,18 +1433,21 @@ precompile = _Precompile()
 
 
 def _attach() -> None:
-    """Expose precompile / PrecompileError on torch.compiler; must never raise."""
+    """Expose precompile / PrecompileError on torch.compiler, unless torch has its own
+    (2.14+: left untouched, this one is ``torch_precompile.precompile``); must never raise."""
     try:
         import torch.compiler as compiler
 
+        compat.register_log_alias("precompile", __name__)  # torch 2.14 registers no alias of that name
+        if vars(compiler).get("precompile", precompile) is not precompile:
+            return
         compiler.precompile = precompile
         compiler.PrecompileError = PrecompileError
         for name in ("precompile", "PrecompileError"):
             if name not in compiler.__all__:
                 compiler.__all__.append(name)
-        compat.register_log_alias("precompile", __name__)
     except Exception:  # never break `import torch` for everyone
-        log.debug("torch._precompile: attach failed", exc_info=True)
+        log.debug("attach failed", exc_info=True)
 
 
 _attach()

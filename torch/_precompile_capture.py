@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
-from torch import _precompile as api, _precompile_compat as compat, _precompile_runtime as runtime
-from torch._precompile import _driver_source, _marker, _NO_BYTECODE, _parse, _SECTIONS, FORMAT_VERSION
-from torch._precompile_runtime import (
+from . import _precompile as api, _precompile_compat as compat, _precompile_runtime as runtime
+from ._precompile import _driver_source, _marker, _NO_BYTECODE, _parse, _SECTIONS, FORMAT_VERSION
+from ._precompile_runtime import (
     CallingConvention,
     ConstantSpec,
     LeafSpec,

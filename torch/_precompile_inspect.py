@@ -32,8 +32,8 @@ import sys
 from typing import Any
 
 import torch.utils._pytree as pytree
-from torch import _precompile as _impl
-from torch._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
+from . import _precompile as _impl
+from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
 
 
 __all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
