@@ -26,6 +26,7 @@ setup(
         "torch._precompile_runtime",
         "torch._precompile_inspect",
         "torch._precompile_compat",
+        "torch._precompile_format",
         "torch_precompile",
     ],
     install_requires=["torch==2.13.*"],

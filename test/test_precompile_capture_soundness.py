@@ -22,7 +22,7 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-import torch._precompile as precompile_module
+import torch._precompile_format as format_module
 from torch.compiler import PrecompileError
 from _precompile_testing import Artifacts, load, small_mlp
 
@@ -217,7 +217,7 @@ class TestCaptureSoundness(TestCase):
             zero_grad_last: ((), everything, (), everything),  # backward still adds to it first, as in eager
         }
         for fn, want in expected.items():
-            c = precompile_module._read_convention(precompile(fn, m, x, y, backend="eager")[0])
+            c = format_module._read_convention(precompile(fn, m, x, y, backend="eager")[0])
             self.assertEqual((c.grad_state, c.grad_inputs, c.grads_assigned, c.grads_cleared), want, msg=fn.__name__)
 
     # -- the caller's RNG (invariant 8) ---------------------------------------

@@ -11,7 +11,7 @@ outputs (shapes, dtypes, devices), which parameters receive gradients, the
 kernels, and whether the two files belong together.
 
 Nothing in the artifact is executed: the pair is read by
-``torch._precompile.read_artifact``, the reader ``precompile.load`` uses
+``read_artifact`` (``torch/_precompile_format.py``), the reader ``precompile.load`` uses
 (``python_code``'s header with ``ast``, the cache's JSON envelope and raw
 entries, the pairing, version and payload checks; see
 Note [precompile programming model], invariants 6 and 7, in
@@ -32,7 +32,8 @@ import sys
 from typing import Any
 
 import torch.utils._pytree as pytree
-from . import _precompile as _impl
+
+from . import _precompile_format as _format
 from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
 
 
@@ -59,12 +60,12 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
     return report(read(python_code, cache))
 
 
-def read(python_code: str, cache: bytes) -> _impl.Artifact:
+def read(python_code: str, cache: bytes) -> _format.Artifact:
     """``read_artifact`` (what ``load`` reads), with each failure blamed on its half of the pair."""
     if not isinstance(cache, (bytes, bytearray, memoryview)):
         raise UnreadableArtifact("cache", PrecompileError(f"cache: expected bytes, got {type(cache).__name__}"))
     try:
-        artifact = _impl.read_artifact(python_code, cache)
+        artifact = _format.read_artifact(python_code, cache)
         # read_artifact parses only the header; load() would also fail on
         # a syntax error further down.  Compiling executes nothing.
         compile(python_code, "<precompile artifact>", "exec", dont_inherit=True)
@@ -77,8 +78,8 @@ def read(python_code: str, cache: bytes) -> _impl.Artifact:
     return artifact
 
 
-def report(artifact: _impl.Artifact) -> dict[str, Any]:
-    """``describe``'s report on an artifact ``read_artifact`` read (``Artifact.describe()``).
+def report(artifact: _format.Artifact) -> dict[str, Any]:
+    """``describe``'s report on an artifact ``read_artifact`` read.
 
     Raises ``UnreadableArtifact`` if the cache cannot be read or its payload is damaged.
     """
@@ -96,7 +97,7 @@ def report(artifact: _impl.Artifact) -> dict[str, Any]:
         "format_version": {
             "python_code": convention.format_version,
             "cache": envelope["version"],
-            "supported": [_impl.MIN_FORMAT_VERSION, _impl.FORMAT_VERSION],
+            "supported": [_format.MIN_FORMAT_VERSION, _format.FORMAT_VERSION],
         },
         "backend": {"python_code": convention.backend, "cache": envelope["backend"]},
         "pair": {
@@ -104,7 +105,7 @@ def report(artifact: _impl.Artifact) -> dict[str, Any]:
             "problem": None if problem is None else _one_line(str(problem)),
             "version_matches": envelope["version"] == convention.format_version,
             "backend_matches": envelope["backend"] == convention.backend,
-            "code_hash_matches": envelope["code_hash"] == _impl._text_hashes(python_code)[1],
+            "code_hash_matches": envelope["code_hash"] == _format._text_hashes(python_code)[1],
         },
         "build_environment": _build_environment_report(envelope["build_env"], len(kernels)),
         "call": _call_text(convention),
@@ -219,7 +220,7 @@ def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
 
 
 def _build_environment_report(built: Any, num_kernels: int) -> dict[str, Any]:
-    host = _impl._build_environment()
+    host = _format._build_environment()
     built_dict = built if isinstance(built, dict) else {}
     differs = sorted(k for k in set(host) | set(built_dict) if built_dict.get(k) != host.get(k))
     matches = isinstance(built, dict) and not differs
