@@ -23,8 +23,8 @@ import torch.nn as nn
 
 CHILD = r"""
 import io, sys, time, zipfile
-import torch._precompile as P
-import torch._precompile_format as F
+import torch_precompile._precompile as P
+import torch_precompile._precompile_format as F
 work = sys.argv[1]
 code, cache = open(work + "/a.py").read(), open(work + "/a.cache", "rb").read()
 clock = time.perf_counter
@@ -57,7 +57,7 @@ def build(work: str) -> None:
         loss.backward()
         return loss
 
-    code, cache = torch.compiler.precompile(step, blocks, torch.randn(4, 16))
+    code, cache = torch_precompile.precompile(step, blocks, torch.randn(4, 16))
     with open(os.path.join(work, "a.py"), "w") as f:
         f.write(code)
     with open(os.path.join(work, "a.cache"), "wb") as f:

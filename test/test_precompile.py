@@ -37,15 +37,16 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-import torch._precompile as precompile_module
-import torch._precompile_format as format_module
-import torch._precompile_capture as capture_module
-import torch._precompile_runtime as runtime
-from torch.compiler import PrecompileError
+import torch_precompile
+import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_capture as capture_module
+import torch_precompile._precompile_format as format_module
+import torch_precompile._precompile_runtime as runtime
+from torch_precompile import PrecompileError
 from _precompile_testing import Artifacts, load, small_mlp
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,9 +87,8 @@ class TestAPI(TestCase):
         self.assertTrue(callable(precompile))
         self.assertTrue(callable(precompile.load))
         self.assertIs(precompile, precompile_module.precompile)
-        self.assertIs(torch.compiler.PrecompileError, PrecompileError)
-        self.assertIn("precompile", torch.compiler.__all__)
-        self.assertIn("PrecompileError", torch.compiler.__all__)
+        self.assertEqual(torch_precompile.load, precompile.load)
+        self.assertIs(precompile_module.PrecompileError, PrecompileError)
 
     def test_tracer_dynamo_not_implemented(self):
         with self.assertRaisesRegex(NotImplementedError, "tracer='dynamo'"):
@@ -625,7 +625,7 @@ class TestArtifact(TestCase):
         # python_code needs nothing but torch and no cache: run it as README's
         # "Running an artifact without load()" does, with the patch hidden
         # (autoload off) and with it installed (autoload on: no warning, and
-        # the artifact's errors are torch.compiler.PrecompileError).
+        # the artifact's errors are torch_precompile.PrecompileError).
         m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
         code, _ = _artifact("mlp_train", _train_step, m, x, y, backend=backend)
         with tempfile.TemporaryDirectory() as tmp:
@@ -642,11 +642,13 @@ class TestArtifact(TestCase):
                 namespace = {{}}
                 exec(open({paths['artifact.py']!r}).read(), namespace)
                 loss = namespace["forward"](m, data["x"], data["y"])
-                assert "torch._precompile" not in sys.modules
+                assert "torch_precompile._precompile" not in sys.modules
                 if {autoload}:
+                    import torch_precompile
+
                     try:
                         namespace["forward"](m, data["x"][:1], data["y"][:1])
-                    except torch.compiler.PrecompileError as error:
+                    except torch_precompile.PrecompileError as error:
                         assert "expected shape" in str(error), error
                     else:
                         raise AssertionError("a wrong shape was accepted")
@@ -689,7 +691,7 @@ class TestLoad(TestCase):
 
     def test_warns_on_every_load(self):
         for _ in range(2):
-            with self.assertLogs("torch._precompile", level=logging.WARNING) as logs:
+            with self.assertLogs("torch_precompile._precompile", level=logging.WARNING) as logs:
                 precompile.load(self.code, self.cache)
             self.assertIn("executes python_code", logs.output[0])
 
@@ -1103,14 +1105,14 @@ class TestInductorCache(TestCase):
     def _child(self, out, extra_env=None, threads=None, cache_file=None):
         script = textwrap.dedent(
             f"""
-            import sys, time, torch, torch.nn as nn
+            import sys, time, torch, torch.nn as nn, torch_precompile
             {f'torch.set_num_threads({threads})' if threads else ''}
             data = torch.load({self.paths['data.pt']!r})
             m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
             m.load_state_dict(data["model"])
             code = open({self.paths['a.py']!r}).read()
             cache = open({cache_file or self.paths['a.cache']!r}, "rb").read()
-            f = torch.compiler.precompile.load(code, cache)
+            f = torch_precompile.load(code, cache)
             loss = f(m, data["x"], data["y"])
             heavy = sorted(k for k in sys.modules if k.startswith(("torch._inductor", "torch._dynamo")))
             torch.save({{"loss": loss, "grads": [p.grad for p in m.parameters()], "heavy": heavy}}, {out!r})
@@ -1276,9 +1278,9 @@ class TestLogging(TestCase):
     def test_stage_timings_through_torch_logs(self):
         script = textwrap.dedent(
             """
-            import torch
-            code, cache = torch.compiler.precompile(lambda x: x * 2, torch.randn(2), backend="eager")
-            torch.compiler.precompile.load(code, cache)
+            import torch, torch_precompile
+            code, cache = torch_precompile.precompile(lambda x: x * 2, torch.randn(2), backend="eager")
+            torch_precompile.load(code, cache)
             """
         )
         result = _run_python(script, env={"TORCH_LOGS": "precompile"})

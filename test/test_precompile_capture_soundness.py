@@ -22,12 +22,13 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-import torch._precompile_format as format_module
-from torch.compiler import PrecompileError
+import torch_precompile
+import torch_precompile._precompile_format as format_module
+from torch_precompile import PrecompileError
 from _precompile_testing import Artifacts, load, small_mlp
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 THIS_FILE = re.escape(__file__)
 

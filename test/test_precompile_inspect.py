@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""Tests for ``python -m torch._precompile inspect`` (torch/_precompile_inspect.py).
+"""Tests for ``python -m torch_precompile inspect`` (torch/_precompile_inspect.py).
 
 The inspector runs as users run it, in a subprocess.  The two artifacts (an
 eager and an inductor one of the same tiny training step) are built once per
@@ -20,14 +20,15 @@ import torch
 import torch.nn as nn
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-import torch._precompile_format as format_module
-import torch._precompile_runtime as runtime
-from torch._precompile_inspect import describe, format_report, main, report
-from torch.compiler import precompile, PrecompileError
+import torch_precompile
+import torch_precompile._precompile_format as format_module
+import torch_precompile._precompile_runtime as runtime
+from torch_precompile._precompile_inspect import describe, format_report, main, report
+from torch_precompile import precompile, PrecompileError
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ERROR_PREFIX = "torch._precompile inspect: error: "
+ERROR_PREFIX = "torch_precompile inspect: error: "
 V = format_module.FORMAT_VERSION
 
 
@@ -58,7 +59,7 @@ def _files(backend):
     if backend not in _FILES:
         if _DIR is None:
             _DIR = tempfile.TemporaryDirectory()
-        python_code, cache = torch.compiler.precompile(_step, *_example(), backend=backend)
+        python_code, cache = torch_precompile.precompile(_step, *_example(), backend=backend)
         _FILES[backend] = (
             _write(f"{backend}.py", python_code.encode()),
             _write(f"{backend}.cache", cache),
@@ -93,9 +94,9 @@ def _edit_convention(name, code_file, edit):
 
 
 def _inspect(*args):
-    """The inspector as users run it: a fresh `python -m torch._precompile inspect`."""
+    """The inspector as users run it: a fresh `python -m torch_precompile inspect`."""
     return subprocess.run(
-        [sys.executable, "-m", "torch._precompile", "inspect", *args],
+        [sys.executable, "-m", "torch_precompile", "inspect", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

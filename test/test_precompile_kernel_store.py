@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""Tests for the kernel store of torch.compiler.precompile.load (issue 14).
+"""Tests for the kernel store of torch_precompile.load (issue 14).
 
 load() writes the cache's compiled kernels to ``$TORCHINDUCTOR_CACHE_DIR/
 precompile_kernels`` and imports them.  A planted, damaged or unwritable file
@@ -27,12 +27,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-import torch._precompile as precompile_module
-import torch._precompile_format as format_module
-from torch.compiler import PrecompileError
+import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_format as format_module
+from torch_precompile import PrecompileError
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 NOBODY = 65534
 _ARTIFACT: list = []
 
@@ -157,10 +157,10 @@ class TestPlantedFiles(_StoreTestCase):
             f.write(self.cache)
         script = textwrap.dedent(
             f"""
-            import sys, torch
+            import sys, torch, torch_precompile
             sys.path.insert(0, {os.path.dirname(__file__)!r})
             from test_precompile_kernel_store import _model, _inputs
-            f = torch.compiler.precompile.load(open({code_file!r}).read(), open({cache_file!r}, "rb").read())
+            f = torch_precompile.load(open({code_file!r}).read(), open({cache_file!r}, "rb").read())
             print(float(f(_model(), *_inputs())))
             """
         )
@@ -424,7 +424,7 @@ class TestCacheEnvelope(_StoreTestCase):
 class TestDriver(TestCase):
     def test_kernel_that_fails_to_import_is_compiled(self):
         # Verified bytes that still do not import here (a missing shared library).
-        from torch import _precompile_runtime as runtime
+        from torch_precompile import _precompile_runtime as runtime
 
         with tempfile.NamedTemporaryFile(suffix=".so") as garbage:
             garbage.write(b"not a shared object")

@@ -1,5 +1,17 @@
 """torch.compiler.precompile: ahead-of-time capture of a whole computation.
 
+Where it lives: installed (torch 2.11-2.14), this file is
+``torch_precompile._precompile`` and the API is ``torch_precompile.precompile``
+/ ``torch_precompile.load`` / ``torch_precompile.PrecompileError``, also
+attached as ``torch.compiler.precompile`` / ``PrecompileError`` on torch that
+has no precompile of its own (2.11-2.13; torch 2.14's own is left alone).  In
+a PyTorch checkout with ``patches/torch_compiler_init.patch`` it is
+``torch._precompile`` and ``torch.compiler.precompile``.  The modules import
+each other relatively and downward only: ``_precompile`` (this API and load)
+and ``_precompile_capture`` / ``_precompile_inspect`` over
+``_precompile_format`` (the artifact format) over ``_precompile_runtime`` (the
+driver) and ``_precompile_compat``.
+
 Note [precompile programming model]
 ===================================
 
@@ -291,7 +303,8 @@ says who guarantees it and, where it is enforced, which tests (in
 """
 
 if __name__ == "__main__":
-    # `python -m torch._precompile inspect ...`: dispatch before this file runs
+    # In-tree `python -m torch._precompile inspect ...` (installed:
+    # `python -m torch_precompile inspect ...`): dispatch before this file runs
     # as a second copy of the module (runpy's __main__), which would re-import it.
     import sys
 

@@ -1,6 +1,9 @@
 """Inspect a ``torch.compiler.precompile`` artifact without running it.
 
-    python -m torch._precompile inspect CODE_FILE CACHE_FILE [--json]
+    python -m torch_precompile inspect CODE_FILE CACHE_FILE [--json]
+
+(``python -m torch._precompile inspect ...`` in a PyTorch checkout with the
+in-tree form)
 
 prints what a ``(python_code, cache)`` pair was built for and what it expects
 at every call: format version, backend, the build environment of the cached
@@ -40,6 +43,8 @@ from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, Precompi
 __all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
 
 EXIT_OK, EXIT_BAD_FILE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+# What users run: the installed package, or torch._precompile in-tree.
+_COMMAND = "torch._precompile" if __package__ == "torch" else __package__
 
 
 class UnreadableArtifact(PrecompileError):
@@ -375,7 +380,7 @@ def _read(path: str, text: bool) -> Any:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m torch._precompile",
+        prog=f"python -m {_COMMAND}",
         description="Tools for torch.compiler.precompile artifacts.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -394,12 +399,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m torch._precompile inspect CODE_FILE CACHE_FILE [--json]``."""
+    """``python -m torch_precompile inspect CODE_FILE CACHE_FILE [--json]``."""
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit:  # --help, or argparse's own usage error
         return EXIT_USAGE if exit.code else EXIT_OK
-    prefix = "torch._precompile inspect: error"
+    prefix = f"{_COMMAND} inspect: error"
     try:
         python_code = _read(args.code_file, text=True)
         cache = _read(args.cache_file, text=False)
