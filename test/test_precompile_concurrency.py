@@ -39,6 +39,8 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
+import torch_precompile
+
 
 precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import run_tests, TestCase
 
+import torch_precompile
 import torch_precompile._precompile as precompile_module
 import torch_precompile._precompile_format as format_module
 from torch_precompile import PrecompileError
