@@ -328,19 +328,19 @@ class Precompile(Method):
     start_modes = ("empty", "own")
 
     def build(self, wl, model, inputs, art):
-        import torch
+        import torch_precompile
 
         t0 = time.perf_counter()
-        code, cache = torch.compiler.precompile(wl.fn, model, *inputs, backend=self.backend)
+        code, cache = torch_precompile.precompile(wl.fn, model, *inputs, backend=self.backend)
         build_s = time.perf_counter() - t0
         (art / "code.py").write_text(code)
         (art / "cache.bin").write_bytes(cache)
         return {"build_s": build_s, "code_bytes": len(code.encode()), "cache_bytes": len(cache)}
 
     def _load(self, art):
-        import torch
+        import torch_precompile
 
-        return torch.compiler.precompile.load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
+        return torch_precompile.load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
 
     def load(self, wl, model, inputs, art):
         f = self._load(art)

@@ -14,7 +14,7 @@ This script measures, each in fresh processes (median over ``--runs``):
      the load + attach of ours (the cost this package adds to ``import torch``;
      the attach is lazy), then the first access to ``torch.compiler.precompile``
      (which imports the implementation, paid only by programs that use it);
-  3. in-process ``import torch._precompile`` alone (module import + attach).
+  3. in-process ``import torch_precompile._precompile`` alone (module import + attach).
 
 Usage: python benchmarks/attach_cost.py [--runs N]   (goal: attach < 10 ms)
 """
@@ -42,7 +42,7 @@ print((t1 - t0) * 1e3)
 _CHILD_INPROCESS = """
 import json, sys, time
 import torch  # TORCH_DEVICE_BACKEND_AUTOLOAD=0: nothing attached yet
-assert "torch._precompile" not in sys.modules and not hasattr(torch.compiler, "precompile")
+assert "torch_precompile._precompile" not in sys.modules and not hasattr(torch.compiler, "precompile")
 from importlib.metadata import entry_points
 t0 = time.perf_counter()
 eps = list(entry_points(group="torch.backends"))
@@ -53,11 +53,11 @@ for ep in eps:
 t2 = time.perf_counter()
 c1 = time.process_time()
 assert "precompile" in torch.compiler.__all__
-lazy = "torch._precompile" not in sys.modules
+lazy = "torch_precompile._precompile" not in sys.modules
 t3 = time.perf_counter()
-torch.compiler.precompile  # first access: imports torch._precompile when attached lazily
+torch.compiler.precompile  # first access: imports torch_precompile._precompile when attached lazily
 t4 = time.perf_counter()
-assert torch.compiler.precompile is sys.modules["torch._precompile"].precompile
+assert torch.compiler.precompile is sys.modules["torch_precompile._precompile"].precompile
 print(json.dumps({"scan": (t1 - t0) * 1e3, "load_attach": (t2 - t1) * 1e3,
                   "load_attach_cpu": (c1 - c0) * 1e3, "first_access": (t4 - t3) * 1e3,
                   "lazy": lazy, "entry_points": [ep.value for ep in eps]}))
@@ -66,11 +66,11 @@ print(json.dumps({"scan": (t1 - t0) * 1e3, "load_attach": (t2 - t1) * 1e3,
 _CHILD_MODULE = """
 import sys, time
 import torch  # TORCH_DEVICE_BACKEND_AUTOLOAD=0
-assert "torch._precompile" not in sys.modules
+assert "torch_precompile._precompile" not in sys.modules
 t0 = time.perf_counter()
-import torch._precompile
+import torch_precompile._precompile
 t1 = time.perf_counter()
-assert torch.compiler.precompile is torch._precompile.precompile
+assert torch.compiler.precompile is torch_precompile._precompile.precompile
 print((t1 - t0) * 1e3)
 """
 
@@ -107,7 +107,7 @@ def _importtime_ms(autoload: bool = True) -> dict:
         if len(parts) != 3 or not line.startswith("import time:"):
             continue
         name = parts[2].strip()
-        if name in ("torch_precompile", "torch._precompile", "torch._precompile_runtime"):
+        if name in ("torch_precompile", "torch_precompile._precompile", "torch_precompile._precompile_runtime"):
             try:
                 found[name] = int(parts[1]) / 1e3
             except ValueError:
@@ -122,7 +122,7 @@ def _source_compile_ms() -> float:
     import importlib.util
 
     total = 0.0
-    for name in ("torch._precompile", "torch._precompile_runtime"):
+    for name in ("torch_precompile._precompile", "torch_precompile._precompile_runtime"):
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin:
             continue
@@ -166,7 +166,7 @@ def main() -> None:
         ("ep.load()() of ours  <- added to import torch", med(load_attach)),
         ("  same, process CPU time", med(load_attach_cpu)),
         ("first torch.compiler.precompile access" + (" (lazy import)" if lazy else ""), med(first_access)),
-        ("import torch._precompile (autoload off)", med(module)),
+        ("import torch_precompile._precompile (autoload off)", med(module)),
         ("(no __pycache__: first access also compiles)", compile_ms),
     ]
     print(f"torch {__import__('torch').__version__}, python {sys.version.split()[0]}, "
@@ -179,7 +179,7 @@ def main() -> None:
     print(f"ratio import torch on/off: {med(on) / med(off):.3f}")
     print("python -X importtime of `import torch`: "
           + (", ".join(f"{k} {v:.2f} ms cumulative" for k, v in importtime.items())
-             or "torch._precompile / torch._precompile_runtime not imported (lazy attach)"))
+             or "torch_precompile._precompile / torch_precompile._precompile_runtime not imported (lazy attach)"))
     added = med(load_attach)
     verdict = "OK" if added < GOAL_MS else "OVER GOAL"
     print(f"attach cost {added:.2f} ms (goal < {GOAL_MS:.0f} ms): {verdict}")

@@ -23,15 +23,16 @@ import torch.nn as nn
 
 CHILD = r"""
 import io, sys, time, zipfile
-import torch._precompile as P
+import torch_precompile._precompile as P
+import torch_precompile._precompile_format as F
 work = sys.argv[1]
 code, cache = open(work + "/a.py").read(), open(work + "/a.cache", "rb").read()
 clock = time.perf_counter
-t0 = clock(); constants = P._read_constants(code); convention = P._convention_from(constants)
+t0 = clock(); constants = F._read_constants(code); convention = F._convention_from(constants)
 t1 = clock(); zipfile.ZipFile(io.BytesIO(cache)).infolist()
-t2 = clock(); envelope = P._read_envelope(cache)
-t3 = clock(); assert P._pair_error(P._text_hashes(code)[1], convention, envelope) is None; kernels, digests = P._payload(envelope)
-t4 = clock(); bound = P._bound_kernels(kernels, digests, P._kernel_hashes(constants))
+t2 = clock(); envelope = F._read_envelope(cache)
+t3 = clock(); assert F._pair_error(F._text_hashes(code)[1], convention, envelope) is None; kernels, digests = F._payload(envelope)
+t4 = clock(); bound = P._bound_kernels(kernels, digests, F._kernel_hashes(constants))
 t5 = clock(); P._prime_kernels(bound)
 t6 = clock()
 print(len(bound), sum(len(b) for _, b in bound.values()), *(1e3 * (b - a) for a, b in
@@ -56,7 +57,7 @@ def build(work: str) -> None:
         loss.backward()
         return loss
 
-    code, cache = torch.compiler.precompile(step, blocks, torch.randn(4, 16))
+    code, cache = torch_precompile.precompile(step, blocks, torch.randn(4, 16))
     with open(os.path.join(work, "a.py"), "w") as f:
         f.write(code)
     with open(os.path.join(work, "a.cache"), "wb") as f:

@@ -68,9 +68,9 @@ def task_mem(task: dict, methods: dict, t_torch: float) -> dict:
     art = Path(task["art"])
     if op == "load_call":
         code, cache = (art / "code.py").read_text(), (art / "cache.bin").read_bytes()
-        import torch._precompile  # noqa: F401  (the implementation's import is not what we measure)
+        import torch_precompile._precompile  # noqa: F401  (the implementation's import is not what we measure)
     elif op.startswith("precompile"):
-        import torch._precompile  # noqa: F401
+        import torch_precompile._precompile  # noqa: F401
     gc.collect()
     baseline = _status_kb("VmRSS")
     reset = _reset_peak()
@@ -82,13 +82,13 @@ def task_mem(task: dict, methods: dict, t_torch: float) -> dict:
             fn(model, *inputs)
     elif op in ("precompile_eager", "precompile_inductor"):
         backend = op.split("_", 1)[1]
-        code, cache = torch.compiler.precompile(fn, model, *inputs, backend=backend)
+        code, cache = torch_precompile.precompile(fn, model, *inputs, backend=backend)
         if backend == "inductor":
             art.mkdir(parents=True, exist_ok=True)
             (art / "code.py").write_text(code)
             (art / "cache.bin").write_bytes(cache)
     elif op == "load_call":
-        f = torch.compiler.precompile.load(code, cache)
+        f = torch_precompile.load(code, cache)
         with torch.no_grad() if kind == "forward" else torch.enable_grad():
             f(model, *inputs)
     seconds = time.perf_counter() - t0

@@ -83,6 +83,7 @@ def fwd_bwd(model, x, y):
 def _methods(name: str, artifacts: dict) -> dict:
     """method -> (state, step callable); every method trains its own identical copy."""
     import torch
+    import torch_precompile
 
     methods = {}
 
@@ -93,9 +94,9 @@ def _methods(name: str, artifacts: dict) -> dict:
     add("eager", lambda m, o, x, y: lambda: train_step(m, o, x, y))
     compiled = torch.compile(train_step)
     add("torch.compile", lambda m, o, x, y: lambda: compiled(m, o, x, y))
-    with_opt = torch.compiler.precompile.load(*artifacts["with_opt"])
+    with_opt = torch_precompile.load(*artifacts["with_opt"])
     add("precompile+opt", lambda m, o, x, y: lambda: with_opt(m, o, x, y))
-    without = torch.compiler.precompile.load(*artifacts["without_opt"])
+    without = torch_precompile.load(*artifacts["without_opt"])
 
     def split(m, o, x, y):
         def step():
@@ -133,9 +134,9 @@ def steady(name: str, artifacts: dict, repeats: int, block_s: float = 0.05) -> d
 
 def agreement(name: str, artifacts: dict, iterations: int = 5) -> float:
     """Max |param difference| between precompile+opt and eager after N iterations."""
-    import torch
+    import torch_precompile
 
-    step = torch.compiler.precompile.load(*artifacts["with_opt"])
+    step = torch_precompile.load(*artifacts["with_opt"])
     (model, opt, (x, y)), (ref, ref_opt, _) = build(name), build(name)
     for _ in range(iterations):
         step(model, opt, x, y)
@@ -146,6 +147,7 @@ def agreement(name: str, artifacts: dict, iterations: int = 5) -> float:
 _START_CHILD = """
 import json, sys, time
 import torch
+import torch_precompile
 torch.set_num_threads({threads})
 t0 = time.perf_counter()
 sys.path.insert(0, {bench!r})
@@ -153,7 +155,7 @@ import optimizer_step
 model, opt, (x, y) = optimizer_step.build({name!r})
 t1 = time.perf_counter()
 if {method!r} == "precompile":
-    step = torch.compiler.precompile.load(open({code!r}).read(), open({cache!r}, "rb").read())
+    step = torch_precompile.load(open({code!r}).read(), open({cache!r}, "rb").read())
 else:
     step = optimizer_step.train_step
 step(model, opt, x, y)
@@ -195,13 +197,13 @@ def warm_start(name: str, workdir: Path, artifacts: dict, starts: int, threads: 
 
 
 def measure(name: str, workdir: Path, repeats: int, starts: int, threads: int) -> dict:
-    import torch
+    import torch_precompile
 
     model, opt, (x, y) = build(name)
     start = time.perf_counter()
-    artifacts = {"with_opt": torch.compiler.precompile(train_step, model, opt, x, y)}
+    artifacts = {"with_opt": torch_precompile.precompile(train_step, model, opt, x, y)}
     build_s = time.perf_counter() - start
-    artifacts["without_opt"] = torch.compiler.precompile(fwd_bwd, model, x, y)
+    artifacts["without_opt"] = torch_precompile.precompile(fwd_bwd, model, x, y)
     return {
         "build_s": build_s,
         "max_param_diff_after_5": agreement(name, artifacts),

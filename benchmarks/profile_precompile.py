@@ -48,7 +48,7 @@ def _top(profile, limit: int) -> list:
 def task_load(task: dict, methods: dict, t_torch: float) -> dict:
     import cProfile
 
-    import torch
+    import torch_precompile
 
     wl = C.WORKLOADS[task["workload"]]
     art = Path(task["art"])
@@ -59,7 +59,7 @@ def task_load(task: dict, methods: dict, t_torch: float) -> dict:
     t0 = time.perf_counter()
     if profile:
         profile.enable()
-    precompile = torch.compiler.precompile  # first access imports the implementation
+    precompile = torch_precompile.precompile  # first access imports the implementation
     t1 = time.perf_counter()
     f = precompile.load(code, cache)
     t2 = time.perf_counter()
@@ -83,6 +83,7 @@ def task_split(task: dict, methods: dict, t_torch: float) -> dict:
     import re
 
     import torch
+    import torch_precompile
 
     if task.get("threads"):
         torch.set_num_threads(task["threads"])
@@ -93,7 +94,7 @@ def task_split(task: dict, methods: dict, t_torch: float) -> dict:
     t1 = time.perf_counter()
     code, cache = (art / "code.py").read_text(), (art / "cache.bin").read_bytes()
     t2 = time.perf_counter()
-    precompile = torch.compiler.precompile  # first access imports the implementation
+    precompile = torch_precompile.precompile  # first access imports the implementation
     t3 = time.perf_counter()
     stages: list = []
 
@@ -101,7 +102,7 @@ def task_split(task: dict, methods: dict, t_torch: float) -> dict:
         def emit(self, record):
             stages.append(record.getMessage())
 
-    logger = logging.getLogger("torch._precompile")
+    logger = logging.getLogger("torch_precompile._precompile")
     handler = Stages(logging.INFO)
     logger.addHandler(handler)
     level, propagate = logger.level, logger.propagate
@@ -159,12 +160,13 @@ def task_calls(task: dict, methods: dict, t_torch: float) -> dict:
     import statistics
 
     import torch
+    import torch_precompile
 
     torch.set_num_threads(1)
     wl = C.WORKLOADS[task["workload"]]
     art = Path(task["art"])
     model, inputs = wl.build()
-    f = torch.compiler.precompile.load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
+    f = torch_precompile.load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
     raw, flat = f.run_graph, f.graph_inputs(model, *inputs)
     full = C.Runtime(lambda: f(model, *inputs), list(model.parameters()), wl.context)
     bare = C.Runtime(lambda: raw(flat), list(model.parameters()), torch.no_grad)

@@ -57,17 +57,18 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    import torch_precompile
 
     torch.set_num_threads(1)
-    logging.getLogger("torch._precompile").setLevel(logging.ERROR)  # load() warns by design
+    logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
     rows = []
     for name, (model, features) in _models().items():
         x = torch.randn(2, features)
-        pair = torch.compiler.precompile(_double, model, x, backend="eager")
+        pair = torch_precompile.precompile(_double, model, x, backend="eager")
         if args.save:
             os.makedirs(args.save, exist_ok=True)
             torch.save(pair, os.path.join(args.save, f"{name}.pt"))
-        f = torch.compiler.precompile.load(*pair)
+        f = torch_precompile.load(*pair)
         raw, flat = f.run_graph, f.graph_inputs(model, x)
         precompiled = lambda: f(model, x)  # noqa: E731
         graph = lambda: raw(flat)  # noqa: E731

@@ -5,7 +5,7 @@
    (forward, cross-entropy loss, backward), and writes each ``(python_code,
    cache)`` pair to a directory, with the model's initial weights and the data.
 2. A fresh interpreter (``sys.executable``) that never compiles anything loads
-   the pairs with ``torch.compiler.precompile.load``, runs inference and a few
+   the pairs with ``torch_precompile.load``, runs inference and a few
    SGD steps (zero_grad, precompiled step, optimizer.step()) next to eager
    PyTorch, and checks the numerics with ``torch.testing.assert_close``.
 
@@ -31,6 +31,7 @@ T_START = time.perf_counter()
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch_precompile  # noqa: E402
 
 
 T_IMPORT_TORCH = time.perf_counter() - T_START
@@ -98,7 +99,7 @@ def precompile_to(directory: str) -> None:
         ("train_step", train_step, (model, x, y)),
     ):
         t0 = time.perf_counter()
-        python_code, cache = torch.compiler.precompile(fn, *example)  # backend="inductor"
+        python_code, cache = torch_precompile.precompile(fn, *example)  # backend="inductor"
         elapsed = time.perf_counter() - t0
         with open(os.path.join(directory, f"{name}.py"), "w") as f:
             f.write(python_code)
@@ -121,7 +122,7 @@ def load_pair(directory: str, name: str):
     with open(os.path.join(directory, f"{name}.cache"), "rb") as f:
         cache = f.read()
     t0 = time.perf_counter()
-    runnable = torch.compiler.precompile.load(python_code, cache)
+    runnable = torch_precompile.load(python_code, cache)
     return runnable, time.perf_counter() - t0
 
 
@@ -129,7 +130,7 @@ def run_loaded(directory: str) -> None:
     # load() logs a "trust" warning at every load; the demo trusts its own files.
     import logging
 
-    logging.getLogger("torch._precompile").setLevel(logging.ERROR)
+    logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)
 
     print(f"[fresh process] pid {os.getpid()}, import torch {_ms(T_IMPORT_TORCH)}")
     data = torch.load(os.path.join(directory, "data.pt"), weights_only=True)

@@ -49,6 +49,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch_precompile
 
 
 STUB_COMPILERS = ("g++", "gcc", "c++", "cc", "clang", "clang++")
@@ -132,12 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     # 1. Compile once, on rank 0, against this rank's shard shapes.
     artifact = [None]
     if rank == 0:
-        artifact[0] = torch.compiler.precompile(train_step, model, xs[0, mine], ys[0, mine], backend="inductor")
+        artifact[0] = torch_precompile.precompile(train_step, model, xs[0, mine], ys[0, mine], backend="inductor")
     # 2. Ship the (python_code, cache) pair to every rank.
     dist.broadcast_object_list(artifact, src=0)
     python_code, cache = artifact[0]
     # 3. Load everywhere (rank 0 too): the cached kernels, no compiler.
-    step = torch.compiler.precompile.load(python_code, cache)
+    step = torch_precompile.load(python_code, cache)
 
     # 4. Data-parallel training: local step, average gradients, update.
     losses = []

@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn as nn
+import torch_precompile
 
 
 class Artifacts:
@@ -16,12 +17,12 @@ class Artifacts:
 
     def __call__(self, key, fn, *example_inputs, backend="inductor"):
         if (key, backend) not in self._pairs:
-            self._pairs[key, backend] = torch.compiler.precompile(fn, *example_inputs, backend=backend)
+            self._pairs[key, backend] = torch_precompile.precompile(fn, *example_inputs, backend=backend)
         return self._pairs[key, backend]
 
 
 def load(pair):
-    return torch.compiler.precompile.load(*pair)
+    return torch_precompile.load(*pair)
 
 
 def small_mlp(seed=0):

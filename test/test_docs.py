@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import torch
-import torch._precompile  # attaches even with TORCH_DEVICE_BACKEND_AUTOLOAD=0
+import torch_precompile._precompile  # attaches even with TORCH_DEVICE_BACKEND_AUTOLOAD=0
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 
@@ -99,7 +99,7 @@ class TestCompilerApiPage(TestCase):
 
     def test_precompile_signature_matches(self):
         documented = _documented_signature(_doc(), "function", "precompile")
-        actual = inspect.signature(type(torch.compiler.precompile).__call__)
+        actual = inspect.signature(type(torch_precompile.precompile).__call__)
         params = list(actual.parameters.values())
         self.assertEqual(params[0].name, "self")
         actual = actual.replace(parameters=params[1:])
@@ -107,24 +107,24 @@ class TestCompilerApiPage(TestCase):
 
     def test_load_signature_matches(self):
         documented = _documented_signature(_doc(), "method", "precompile.load")
-        actual = inspect.signature(torch.compiler.precompile.load)  # bound: no self
+        actual = inspect.signature(torch_precompile.load)  # bound: no self
         self.assertEqual(_shape(documented), _shape(actual))
 
     def test_documented_exception_exists(self):
         text = _doc()
-        self.assertIn(".. autoexception:: torch.compiler.PrecompileError", text)
-        self.assertTrue(issubclass(torch.compiler.PrecompileError, Exception))
-        self.assertIs(torch.compiler.PrecompileError, torch._precompile.PrecompileError)
+        self.assertIn(".. autoexception:: torch_precompile.PrecompileError", text)
+        self.assertTrue(issubclass(torch_precompile.PrecompileError, Exception))
+        self.assertIs(torch_precompile.PrecompileError, torch_precompile._precompile.PrecompileError)
 
     def test_documented_argument_errors(self):
         model, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
         fn = lambda m, x: m(x)  # noqa: E731
         with self.assertRaises(NotImplementedError):
-            torch.compiler.precompile(fn, model, x, tracer="dynamo")
+            torch_precompile.precompile(fn, model, x, tracer="dynamo")
         with self.assertRaises(ValueError):
-            torch.compiler.precompile(fn, model, x, tracer="bogus")
+            torch_precompile.precompile(fn, model, x, tracer="bogus")
         with self.assertRaises(ValueError):
-            torch.compiler.precompile(fn, model, x, backend="bogus")
+            torch_precompile.precompile(fn, model, x, backend="bogus")
 
     def test_documented_mark_unbacked_is_inductor_only(self):
         from torch._dynamo.decorators import mark_unbacked
@@ -133,17 +133,17 @@ class TestCompilerApiPage(TestCase):
         model, x = torch.nn.Linear(4, 3), torch.randn(5, 4)
         mark_unbacked(x, 0)
         with self.assertRaises(NotImplementedError):
-            torch.compiler.precompile(lambda m, x: m(x), model, x, backend="eager")
+            torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager")
 
     def test_documented_load_warns_and_specializes_shapes(self):
         model, x = torch.nn.Linear(4, 3), torch.randn(5, 4)
-        python_code, cache = torch.compiler.precompile(lambda m, x: m(x), model, x, backend="eager")
-        with self.assertLogs("torch._precompile", level="WARNING"):  # logs at every load
-            f = torch.compiler.precompile.load(python_code, cache)
+        python_code, cache = torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager")
+        with self.assertLogs("torch_precompile._precompile", level="WARNING"):  # logs at every load
+            f = torch_precompile.load(python_code, cache)
         torch.testing.assert_close(f(model, x), model(x))
-        with self.assertRaisesRegex(torch.compiler.PrecompileError, r"expected shape \(5, 4\)"):
+        with self.assertRaisesRegex(torch_precompile.PrecompileError, r"expected shape \(5, 4\)"):
             f(model, torch.randn(7, 4))
-        with self.assertRaises(torch.compiler.PrecompileError):
+        with self.assertRaises(torch_precompile.PrecompileError):
             f(model, x=x)  # keyword arguments are refused
 
 

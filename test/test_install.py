@@ -1,12 +1,17 @@
 # Owner(s): ["oncall: pt2"]
-"""How torch-precompile installs onto a stock torch 2.13 wheel.
+"""How torch-precompile installs onto a stock torch wheel (2.11-2.14).
 
-* ``import torch`` attaches ``precompile`` / ``PrecompileError`` to
-  ``torch.compiler`` (entry point of the group ``torch.backends``), and so does
-  ``import torch._precompile`` when autoload is off;
-* a failing attach never breaks ``import torch``;
-* no installed file collides with a file of the torch distribution, and the
-  package adds only ``torch/_precompile*.py`` modules plus its entry-point shim;
+* ``torch_precompile.precompile`` / ``load`` / ``PrecompileError`` work on
+  every version;
+* on torch without a precompile of its own (2.11-2.13), ``import torch``
+  attaches ``precompile`` / ``PrecompileError`` to ``torch.compiler`` (entry
+  point of the group ``torch.backends``), and so does ``import
+  torch_precompile._precompile`` when autoload is off; a failing attach never
+  breaks ``import torch``;
+* on torch 2.14+, which ships its own ``torch/_precompile.py`` and
+  ``torch.compiler.precompile``, those stay torch's, untouched;
+* every installed file is in the ``torch_precompile`` package (nothing under
+  torch's directory), and none collides with a file of the torch distribution;
 * a non-editable ``pip install`` + ``pip uninstall`` leaves torch's files
   bit-identical and removes every file of ours;
 * the in-tree form (``patches/torch_compiler_init.patch``) applies to torch
@@ -52,14 +57,17 @@ REPO = Path(__file__).resolve().parents[1]
 DIST = "torch-precompile"
 PATCH = REPO / "patches" / "torch_compiler_init.patch"
 NAMES = ("precompile", "PrecompileError")
-# torch's files the install must never touch (sha256 checked against RECORD).
-GUARDED = ("torch/__init__.py", "torch/compiler/__init__.py")
+# torch 2.14+ ships its own torch/_precompile.py and torch.compiler.precompile.
+TORCH_HAS_PRECOMPILE = importlib.util.find_spec("torch._precompile") is not None
+OWN_PRECOMPILE = "torch ships its own torch.compiler.precompile (2.14+), which stays torch's"
+# torch's files the install must never touch (sha256 checked against RECORD);
+# torch's own precompile files where it has them.
+GUARDED = ("torch/__init__.py", "torch/compiler/__init__.py", "torch/_precompile.py", "torch/_precompile_driver.py")
 
 # Every file this distribution may install, relative to site-packages.
 OURS = re.compile(
     r"""(
-        torch/(__pycache__/)?_precompile(_\w+)?(\.[\w-]+)?\.pyc?     # the modules
-      | (__pycache__/)?torch_precompile(\.[\w-]+)?\.pyc?              # the entry-point shim
+        torch_precompile/(__pycache__/)?\w+(\.[\w-]+)?\.pyc?          # the package
       | torch_precompile-[^/]+\.dist-info/[^/]+                       # metadata
       | (__pycache__/)?__editable__[._]+torch_precompile[^/]*         # pip install -e
     )$""",
@@ -122,7 +130,7 @@ def _record_sha256(path: Path) -> str:
 
 def _guarded_hashes() -> dict:
     record = _torch_record()
-    return {name: _record_sha256(Path(record[name].locate())) for name in GUARDED}
+    return {name: _record_sha256(Path(record[name].locate())) for name in GUARDED if name in record}
 
 
 def _ours_distribution():
@@ -134,14 +142,19 @@ def _ours_distribution():
     raise AssertionError(f"{DIST} is not installed: run `python -m pip install -e {REPO}`")
 
 
+def _attach_report(module: str = "torch_precompile._precompile") -> str:
+    """A child's report on torch.compiler's precompile names, attached from ``module``."""
+    return ATTACH_REPORT.replace("MODULE", repr(module))
+
+
 ATTACH_REPORT = """
     import json, sys
     import torch
-    loaded_at_import = "torch._precompile" in sys.modules
+    loaded_at_import = MODULE in sys.modules
     c = torch.compiler
     star = {}
     exec("from torch.compiler import *", star)
-    mod = sys.modules.get("torch._precompile")
+    mod = sys.modules.get(MODULE)
     print(json.dumps({
         "attached": all(hasattr(c, n) for n in %r),
         "in_all": [c.__all__.count(n) for n in %r],
@@ -155,13 +168,19 @@ ATTACH_REPORT = """
 """ % (NAMES, NAMES, NAMES)
 
 
-class TestAttach(TestCase):
-    def assertAttached(self, report: dict) -> None:
-        self.assertTrue(report["attached"], report)
-        self.assertEqual(report["in_all"], [1, 1], report)
-        self.assertTrue(report["star"], report)
-        self.assertTrue(report["same"], report)
-        self.assertTrue(report["exception"], report)
+class TestPackage(TestCase):
+    """The names that work on every torch version."""
+
+    def test_names(self):
+        import torch_precompile
+        import torch_precompile._precompile as implementation
+
+        self.assertIs(torch_precompile.precompile, implementation.precompile)
+        self.assertEqual(torch_precompile.load, implementation.precompile.load)
+        self.assertIs(torch_precompile.PrecompileError, implementation.PrecompileError)
+        self.assertTrue(issubclass(torch_precompile.PrecompileError, RuntimeError))
+        with self.assertRaisesRegex(AttributeError, "module 'torch_precompile' has no attribute 'no_such_name'"):
+            torch_precompile.no_such_name  # noqa: B018
 
     def test_entry_point_registered(self):
         eps = [ep for ep in importlib.metadata.entry_points(group="torch.backends") if ep.name == "precompile"]
@@ -170,21 +189,72 @@ class TestAttach(TestCase):
         self.assertEqual(eps[0].dist.metadata["Name"], DIST)
         self.assertTrue(callable(eps[0].load()))
 
+    @slow
+    def test_torch_precompile_runs_an_mlp(self):
+        code = """
+            import torch, torch_precompile
+            model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            x = torch.randn(3, 4)
+            f = torch_precompile.load(*torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager"))
+            torch.testing.assert_close(f(model, x), model(x))
+            try:
+                f(model, torch.randn(5, 4))
+            except torch_precompile.PrecompileError as error:
+                print("refused:", error)
+        """
+        result = _python(code, env=_env(autoload=True, PYTHONWARNINGS="ignore"))
+        self.assertIn("refused: args[1]: expected shape (3, 4)", result.stdout)
+
+
+@unittest.skipUnless(TORCH_HAS_PRECOMPILE, "torch has no precompile of its own (before 2.14)")
+class TestTorchOwnPrecompile(TestCase):
+    @slow
+    def test_torch_compiler_precompile_stays_torchs(self):
+        code = """
+            import json, sys
+            import torch, torch._precompile
+            own = torch.compiler.precompile, torch.compiler.PrecompileError
+            import torch_precompile, torch_precompile._precompile
+            print(json.dumps({
+                "torch_own": torch.compiler.precompile is torch._precompile.precompile,
+                "unchanged": (torch.compiler.precompile, torch.compiler.PrecompileError) == own,
+                "torch_file": torch._precompile.__file__,
+                "ours": torch_precompile.precompile is torch_precompile._precompile.precompile,
+                "distinct": torch_precompile.precompile is not own[0] and torch_precompile.PrecompileError is not own[1],
+            }))
+        """
+        report = _last_json(_python(code))
+        self.assertTrue(report["torch_own"] and report["unchanged"] and report["ours"] and report["distinct"], report)
+        record = _torch_record()
+        self.assertEqual(Path(report["torch_file"]).resolve(), Path(record["torch/_precompile.py"].locate()).resolve())
+        for name in ("torch/_precompile.py", "torch/_precompile_driver.py"):
+            self.assertEqual(_record_sha256(Path(record[name].locate())), record[name].hash.value, name)
+
+
+@unittest.skipIf(TORCH_HAS_PRECOMPILE, OWN_PRECOMPILE)
+class TestAttach(TestCase):
+    def assertAttached(self, report: dict) -> None:
+        self.assertTrue(report["attached"], report)
+        self.assertEqual(report["in_all"], [1, 1], report)
+        self.assertTrue(report["star"], report)
+        self.assertTrue(report["same"], report)
+        self.assertTrue(report["exception"], report)
+
     def test_attach_in_this_process_is_idempotent(self):
-        import torch._precompile
+        import torch_precompile._precompile as implementation
 
         for _ in range(2):
-            torch._precompile._attach()
+            implementation._attach()
             importlib.import_module("torch_precompile")._attach()
         for name in NAMES:
             self.assertEqual(torch.compiler.__all__.count(name), 1)
-        self.assertIs(torch.compiler.precompile, torch._precompile.precompile)
+        self.assertIs(torch.compiler.precompile, implementation.precompile)
 
     @slow
     def test_import_torch_attaches(self):
         # TORCH_LOGS=precompile also proves the log alias is registered before
         # torch parses TORCH_LOGS (an unknown name makes `import torch` raise).
-        report = _last_json(_python(ATTACH_REPORT, env=_env(autoload=True, TORCH_LOGS="precompile")))
+        report = _last_json(_python(_attach_report(), env=_env(autoload=True, TORCH_LOGS="precompile")))
         self.assertAttached(report)
         # Lazy: `import torch` does not import the implementation; the first
         # access to torch.compiler.precompile does.
@@ -196,10 +266,10 @@ class TestAttach(TestCase):
             import sys, torch
             assert not hasattr(torch.compiler, "precompile"), "attached although autoload is off"
             assert "precompile" not in torch.compiler.__all__
-            assert "torch._precompile" not in sys.modules
-            import torch._precompile
+            assert "torch_precompile._precompile" not in sys.modules
+            import torch_precompile._precompile
         """
-        code = _code(code, ATTACH_REPORT)
+        code = _code(code, _attach_report())
         self.assertAttached(_last_json(_python(code, env=_env(autoload=False))))
 
     @slow
@@ -209,7 +279,7 @@ class TestAttach(TestCase):
             assert not hasattr(torch.compiler, "precompile")
             import torch_precompile
         """
-        code = _code(code, ATTACH_REPORT)
+        code = _code(code, _attach_report())
         self.assertAttached(_last_json(_python(code, env=_env(autoload=False))))
 
     @slow
@@ -221,7 +291,7 @@ class TestAttach(TestCase):
             import sys
             class Broken:
                 def find_spec(self, name, path=None, target=None):
-                    if name == "torch._precompile":
+                    if name == "torch_precompile._precompile":
                         raise ImportError("simulated breakage")
             sys.meta_path.insert(0, Broken())
             import torch
@@ -261,36 +331,29 @@ class TestInstalledFiles(TestCase):
             self.assertRegex(name, OURS, f"{DIST} installs an unexpected file")
             self.assertNotIn(name, torch_files, f"{DIST} overwrites torch's {name}")
 
-    def test_modules_resolve_to_files_outside_torch_record(self):
-        torch_dir = Path(torch.__file__).resolve().parent
-        torch_files = {str(Path(f.locate()).resolve()) for f in _torch_record().values() if str(f).startswith("torch/")}
-        for name in _setup_py()["py_modules"]:
-            spec = importlib.util.find_spec(name)
-            if spec is None:
-                self.assertEqual(name, "torch._precompile_inspect", f"{name} is not importable")
-                continue  # added by a colleague; absent until then
+    def test_modules_resolve_to_files_outside_torch(self):
+        torch_dir = str(Path(torch.__file__).resolve().parent) + os.sep
+        for path in sorted((REPO / "torch").glob("_precompile*.py")):
+            spec = importlib.util.find_spec(f"torch_precompile.{path.stem}")
+            self.assertIsNotNone(spec, f"torch_precompile.{path.stem} is not importable")
             origin = str(Path(spec.origin).resolve())
-            self.assertNotIn(origin, torch_files, f"{name} resolves to one of torch's own files")
-            if origin.startswith(str(torch_dir) + os.sep):  # non-editable, same site-packages
-                self.assertRegex(os.path.relpath(origin, torch_dir.parent).replace(os.sep, "/"), OURS)
+            self.assertFalse(origin.startswith(torch_dir), f"torch_precompile.{path.stem} resolves into torch: {origin}")
 
-    def test_setup_py_lists_every_module_and_the_entry_point(self):
+    def test_setup_py_builds_one_package_and_the_entry_point(self):
         setup = _setup_py()
-        in_tree = sorted(f"torch.{p.stem}" for p in (REPO / "torch").glob("*.py"))
-        for name in in_tree:
-            self.assertRegex(name, r"^torch\._precompile(_\w+)?$", "torch/ in this repo holds only _precompile*.py")
-            self.assertIn(name, setup["py_modules"], "setup.py py_modules misses a module: pip install . would drop it")
+        for path in (REPO / "torch").glob("*.py"):
+            self.assertRegex(path.stem, r"^_precompile(_\w+)?$", "torch/ in this repo holds only _precompile*.py")
         self.assertFalse((REPO / "torch" / "__init__.py").exists(), "this repo must never ship torch/__init__.py")
-        self.assertIn("torch_precompile", setup["py_modules"])
+        self.assertEqual(setup["packages"], ["torch_precompile"])
         self.assertEqual(setup["entry_points"], {"torch.backends": ["precompile = torch_precompile:_attach"]})
-        self.assertEqual(setup["install_requires"], ["torch==2.13.*"])
+        self.assertEqual(setup["install_requires"], ["torch>=2.11,<2.15"])
 
 
 def _setup_py() -> dict:
     """The literal keyword arguments of setup() in setup.py."""
     tree = ast.parse((REPO / "setup.py").read_text())
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup")
-    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg != "cmdclass"}
 
 
 def _make_venv(root: Path) -> Path:
@@ -322,17 +385,19 @@ def _make_venv(root: Path) -> Path:
 VENV_REPORT = _NO_EDITABLE + """
 import importlib.metadata, json, sysconfig
 import torch
-import torch_precompile, torch._precompile
+import torch_precompile, torch_precompile._precompile as ours
+model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+f = torch_precompile.load(*torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager"))
+torch.testing.assert_close(f(model, x), model(x))
 dist = importlib.metadata.distribution("torch-precompile")
 print(json.dumps({
     "purelib": sysconfig.get_paths()["purelib"],
     "dist_location": str(dist.locate_file("")),
     "files": [str(f) for f in dist.files],
     "shim": torch_precompile.__file__,
-    "module": torch._precompile.__file__,
+    "module": ours.__file__,
     "torch": torch.__file__,
-    "attached": torch.compiler.precompile is torch._precompile.precompile
-        and "precompile" in torch.compiler.__all__,
+    "attached": torch.compiler.precompile is ours.precompile and "precompile" in torch.compiler.__all__,
 }))
 """
 
@@ -346,7 +411,7 @@ class TestPipInstallUninstall(TestCase):
             self.skipTest("pip is not available")
         record = _torch_record()
         before = _guarded_hashes()
-        for name in GUARDED:  # pristine torch to begin with
+        for name in before:  # pristine torch to begin with
             self.assertEqual(before[name], record[name].hash.value, f"{name} differs from torch's RECORD")
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -355,7 +420,7 @@ class TestPipInstallUninstall(TestCase):
             src = tmp / "src"
             (src / "torch").mkdir(parents=True)
             shutil.copy2(REPO / "setup.py", src)
-            shutil.copy2(REPO / "torch_precompile.py", src)
+            shutil.copytree(REPO / "torch_precompile", src / "torch_precompile", ignore=shutil.ignore_patterns("__pycache__"))
             for path in (REPO / "torch").glob("_precompile*.py"):
                 shutil.copy2(path, src / "torch")
             python = str(_make_venv(tmp / "venv"))
@@ -369,16 +434,13 @@ class TestPipInstallUninstall(TestCase):
             report = _last_json(_python(VENV_REPORT, python=python))
             purelib = Path(report["purelib"])
             self.assertEqual(Path(report["dist_location"]).resolve(), purelib.resolve())
-            self.assertTrue(report["attached"], report)
-            # Installed next to the venv's (empty) torch/, not torch's own: the
-            # shim makes that split layout work, and the venv's copy is used.
-            system_copy = Path(report["torch"]).parent / "_precompile.py"
-            if not system_copy.exists():
-                self.assertEqual(Path(report["module"]).resolve(), (purelib / "torch" / "_precompile.py").resolve())
-            self.assertEqual(Path(report["shim"]).resolve(), (purelib / "torch_precompile.py").resolve())
+            self.assertEqual(report["attached"], not TORCH_HAS_PRECOMPILE, report)
+            package = purelib / "torch_precompile"
+            self.assertEqual(Path(report["module"]).resolve(), (package / "_precompile.py").resolve())
+            self.assertEqual(Path(report["shim"]).resolve(), (package / "__init__.py").resolve())
             files = report["files"]
-            self.assertIn("torch/_precompile.py", files)
-            self.assertIn("torch/_precompile_runtime.py", files)
+            for path in (REPO / "torch").glob("_precompile*.py"):
+                self.assertIn(f"torch_precompile/{path.name}", files)
             torch_files = set(record)
             for name in files:
                 self.assertRegex(name, OURS, "pip install . installed an unexpected file")
@@ -389,14 +451,13 @@ class TestPipInstallUninstall(TestCase):
             subprocess.run([*pip, "uninstall", "-y", DIST], check=True, env=env, capture_output=True, timeout=300)
             for name in files:
                 self.assertFalse((purelib / name).exists(), f"pip uninstall left {name}")
-            self.assertFalse((purelib / "torch" / "_precompile.py").exists())
-            leftovers = list(purelib.glob("torch_precompile*")) + list((purelib / "torch").glob("_precompile*"))
-            self.assertEqual(leftovers, [])
+            self.assertEqual(list(purelib.glob("torch_precompile*")), [])
             self.assertEqual(_guarded_hashes(), before, "pip uninstall changed torch's files")
             # Stock torch still imports in the venv.
             _python("import torch; assert torch.ones(1).item() == 1", python=python)
 
 
+@unittest.skipIf(TORCH_HAS_PRECOMPILE, OWN_PRECOMPILE)
 class TestInTreePatch(TestCase):
     """patches/torch_compiler_init.patch: the same attach as three lines in torch."""
 
@@ -448,7 +509,9 @@ class TestInTreePatch(TestCase):
     @slow
     def test_patched_torch_compiler_attaches_without_entry_point(self):
         # Serve torch.compiler from the patched file (torch's own package dir
-        # for its submodules) with autoload off: the import alone must attach.
+        # for its submodules) and torch._precompile* from this repo's torch/
+        # (the files a PyTorch checkout would hold) with autoload off: the
+        # import alone must attach.
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             target = self._tree_with_torch_compiler_init(root)
@@ -462,17 +525,14 @@ class TestInTreePatch(TestCase):
                             return importlib.util.spec_from_file_location(
                                 name, {str(target)!r},
                                 submodule_search_locations=[os.path.join(path[0], "compiler")])
+                        if name.startswith("torch._precompile"):
+                            return importlib.util.spec_from_file_location(
+                                name, os.path.join({str(REPO / "torch")!r}, name.split(".")[1] + ".py"))
                 sys.meta_path.insert(0, PatchedCompiler())
             """
             served = f"assert torch.compiler.__file__ == {str(target)!r}, torch.compiler.__file__"
-            code = _code(finder, ATTACH_REPORT, served)
+            code = _code(finder, _attach_report("torch._precompile"), served)
             result = _python(code, env=_env(autoload=False, TORCH_LOGS="precompile"), check=False)
-        if result.returncode != 0 and "partially initialized module 'torch' has no attribute 'compiler'" in result.stderr:
-            self.skipTest(
-                "in-tree form needs torch/_precompile_runtime.py to read torch.compiler from "
-                "sys.modules (torch.compiler is importing it): "
-                '_PrecompileError = getattr(sys.modules.get("torch.compiler"), "PrecompileError", None)'
-            )
         self.assertEqual(result.returncode, 0, result.stderr)
         report = _last_json(result)
         self.assertTrue(report["attached"] and report["same"] and report["exception"], report)

@@ -37,14 +37,16 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-import torch._precompile as precompile_module
-import torch._precompile_capture as capture_module
-import torch._precompile_runtime as runtime
-from torch.compiler import PrecompileError
+import torch_precompile
+import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_capture as capture_module
+import torch_precompile._precompile_format as format_module
+import torch_precompile._precompile_runtime as runtime
+from torch_precompile import PrecompileError
 from _precompile_testing import Artifacts, load, small_mlp
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,9 +87,8 @@ class TestAPI(TestCase):
         self.assertTrue(callable(precompile))
         self.assertTrue(callable(precompile.load))
         self.assertIs(precompile, precompile_module.precompile)
-        self.assertIs(torch.compiler.PrecompileError, PrecompileError)
-        self.assertIn("precompile", torch.compiler.__all__)
-        self.assertIn("PrecompileError", torch.compiler.__all__)
+        self.assertEqual(torch_precompile.load, precompile.load)
+        self.assertIs(precompile_module.PrecompileError, PrecompileError)
 
     def test_tracer_dynamo_not_implemented(self):
         with self.assertRaisesRegex(NotImplementedError, "tracer='dynamo'"):
@@ -424,18 +425,18 @@ class TestArtifact(TestCase):
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
         self.assertTrue(code.startswith("# torch.compiler.precompile artifact"))
         self.assertIn('namespace["forward"](model, *inputs)', code)
-        constants = precompile_module._read_constants(code)
+        constants = format_module._read_constants(code)
         self.assertNotIn("FORMAT_VERSION", constants)  # stored once, in the convention
         convention = constants["CALLING_CONVENTION"]
         self.assertEqual(convention["backend"], backend)
-        self.assertEqual(convention["format_version"], precompile_module.FORMAT_VERSION)
+        self.assertEqual(convention["format_version"], format_module.FORMAT_VERSION)
         self.assertEqual(convention["modules"][0]["parameters"], ["0.weight", "0.bias", "2.weight", "2.bias"])
         self.assertEqual(convention["inputs"][0]["tensor"]["shape"], [3, 8])
         self.assertEqual(convention["grad_state"], [])
         compile(code, "artifact", "exec")  # valid Python on its own
         sections = precompile_module._split_sections(code)
         self.assertEqual(list(sections), ["graph", "driver", "forward"])
-        self.assertEqual(sections["driver"][1], precompile_module._driver_source())
+        self.assertEqual(sections["driver"][1], format_module._driver_source())
         for _, text in sections.values():
             compile(text, "section", "exec")  # each section is code, not a string literal
         if backend == "eager":
@@ -495,7 +496,7 @@ class TestArtifact(TestCase):
             trace = traceback.extract_tb(error.__traceback__)
         else:
             self.fail("an out-of-range index was accepted")
-        filename = precompile_module._artifact_filename(precompile_module._text_hashes(code)[0])
+        filename = precompile_module._artifact_filename(format_module._text_hashes(code)[0])
         self.assertRegex(filename, r"^<precompile artifact [0-9a-f]{12}>\.py$")
         frames = [f for f in trace if f.filename == filename]
         self.assertEqual([f.name for f in frames], ["eager_graph"])
@@ -508,7 +509,7 @@ class TestArtifact(TestCase):
         # python_code's text at the line its code object names.
         m, x = small_mlp(), torch.randn(3, 8)
         code, _ = _artifact("mlp_forward", _forward, m, x, backend=backend)
-        namespace = precompile_module._exec_artifact(code, precompile_module._read_constants(code), {})
+        namespace = precompile_module._exec_artifact(code, format_module._read_constants(code), {})
         graph = namespace["eager_graph"] if backend == "eager" else namespace["call"]
         source = inspect.getsource(graph)
         self.assertIn(source, code)
@@ -533,17 +534,17 @@ class TestArtifact(TestCase):
             self.assertEqual({entry.compress_type for entry in archive.infolist()}, {zipfile.ZIP_STORED})
             raw = json.loads(archive.read("envelope.json"))
             blob_names = archive.namelist()[1:]
-        envelope = precompile_module._read_envelope(cache)
-        self.assertEqual(envelope, precompile_module._read_envelope(precompile_module._pack_envelope(envelope)))
+        envelope = format_module._read_envelope(cache)
+        self.assertEqual(envelope, format_module._read_envelope(format_module._pack_envelope(envelope)))
         # Every bytes value (kernels, compiled Python) is an entry the JSON refers to by name.
         self.assertEqual(raw["artifact"]["bytecode"]["code"], {"$blob": blob_names[-1]})
         self.assertEqual(len(blob_names), len(envelope["artifact"]["kernels"]) + 1)
         self.assertEqual(envelope["format"], "torch.compiler.precompile")
-        self.assertEqual(envelope["version"], precompile_module.FORMAT_VERSION)
+        self.assertEqual(envelope["version"], format_module.FORMAT_VERSION)
         self.assertEqual(envelope["backend"], backend)
-        self.assertEqual(envelope["code_hash"], precompile_module._text_hashes(code)[1])
-        digests = precompile_module._kernel_digests(envelope["artifact"]["kernels"])
-        self.assertEqual(envelope["payload_sha256"], precompile_module._payload_hash(digests))
+        self.assertEqual(envelope["code_hash"], format_module._text_hashes(code)[1])
+        digests = format_module._kernel_digests(envelope["artifact"]["kernels"])
+        self.assertEqual(envelope["payload_sha256"], format_module._payload_hash(digests))
         if backend == "eager":
             self.assertEqual(envelope["artifact"]["kernels"], {})
         else:
@@ -551,7 +552,7 @@ class TestArtifact(TestCase):
         bytecode = envelope["artifact"]["bytecode"]
         self.assertEqual(bytecode["magic"], importlib.util.MAGIC_NUMBER.hex())
         self.assertEqual(
-            precompile_module._read_constants(code)["BYTECODE_SHA256"], hashlib.sha256(bytecode["code"]).hexdigest()
+            format_module._read_constants(code)["BYTECODE_SHA256"], hashlib.sha256(bytecode["code"]).hexdigest()
         )
 
     @parametrize("backend", BACKENDS)
@@ -570,9 +571,9 @@ class TestArtifact(TestCase):
     def test_cached_bytecode_is_used_only_when_python_code_pins_it(self):
         m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend="eager")
-        envelope = precompile_module._read_envelope(cache)
+        envelope = format_module._read_envelope(cache)
         _, other_cache = precompile(lambda m, x: m(x) * 3, m, x, backend="eager")
-        other = precompile_module._read_envelope(other_cache)
+        other = format_module._read_envelope(other_cache)
         for bytecode, warns in (
             (other["artifact"]["bytecode"], True),  # another artifact's code: not what python_code pins
             ({**other["artifact"]["bytecode"], "magic": "0d0d0a0a"}, False),  # another Python's: unused
@@ -581,7 +582,7 @@ class TestArtifact(TestCase):
             precompile_module._warn_once.cache_clear()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                f = load((code, precompile_module._pack_envelope(envelope)))
+                f = load((code, format_module._pack_envelope(envelope)))
             self.assertEqual(any("compiled Python does not match" in str(w.message) for w in caught), warns)
             torch.testing.assert_close(f(m, x), m(x))  # not m(x) * 3: compiled from python_code
 
@@ -590,12 +591,12 @@ class TestArtifact(TestCase):
         """The cache's copy of the header (pinned by BYTECODE_SHA256) is what ast reads from python_code."""
         m, x = small_mlp(), torch.randn(3, 8)
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
-        warm = precompile_module.read_artifact(code, cache, header_from_cache=True)
-        parsed = precompile_module.read_artifact(code, cache)
+        warm = format_module.read_artifact(code, cache, header_from_cache=True)
+        parsed = format_module.read_artifact(code, cache)
         self.assertEqual(warm.constants, parsed.constants)
         self.assertEqual(warm.convention, parsed.convention)
         self.assertEqual(set(warm.compiled), {"header", "graph", "driver", "forward"})
-        with mock.patch.object(precompile_module, "_parse", side_effect=AssertionError("load() parsed python_code")):
+        with mock.patch.object(format_module, "_parse", side_effect=AssertionError("load() parsed python_code")):
             f = load((code, cache))
         torch.testing.assert_close(f(m, x), m(x))
 
@@ -609,10 +610,10 @@ class TestArtifact(TestCase):
             edited = code.replace("# Pass the model(s) again", "# An edited comment.\n# Pass the model(s) again", 1)
         else:
             edited = code + "\nforward = (lambda run: lambda *args: run(*args) * 2)(forward)\n"
-        envelope = precompile_module._read_envelope(cache)
-        envelope["code_hash"] = precompile_module._text_hashes(edited)[1]
-        rebound = precompile_module._pack_envelope(envelope)
-        self.assertEqual(precompile_module.read_artifact(edited, rebound, header_from_cache=True).compiled, {})
+        envelope = format_module._read_envelope(cache)
+        envelope["code_hash"] = format_module._text_hashes(edited)[1]
+        rebound = format_module._pack_envelope(envelope)
+        self.assertEqual(format_module.read_artifact(edited, rebound, header_from_cache=True).compiled, {})
         precompile_module._warn_once.cache_clear()
         with self.assertWarnsRegex(UserWarning, "python_code was edited after its compiled Python was recorded"):
             f = load((edited, rebound))
@@ -624,7 +625,7 @@ class TestArtifact(TestCase):
         # python_code needs nothing but torch and no cache: run it as README's
         # "Running an artifact without load()" does, with the patch hidden
         # (autoload off) and with it installed (autoload on: no warning, and
-        # the artifact's errors are torch.compiler.PrecompileError).
+        # the artifact's errors are torch_precompile.PrecompileError).
         m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
         code, _ = _artifact("mlp_train", _train_step, m, x, y, backend=backend)
         with tempfile.TemporaryDirectory() as tmp:
@@ -641,11 +642,13 @@ class TestArtifact(TestCase):
                 namespace = {{}}
                 exec(open({paths['artifact.py']!r}).read(), namespace)
                 loss = namespace["forward"](m, data["x"], data["y"])
-                assert "torch._precompile" not in sys.modules
+                assert "torch_precompile._precompile" not in sys.modules
                 if {autoload}:
+                    import torch_precompile
+
                     try:
                         namespace["forward"](m, data["x"][:1], data["y"][:1])
-                    except torch.compiler.PrecompileError as error:
+                    except torch_precompile.PrecompileError as error:
                         assert "expected shape" in str(error), error
                     else:
                         raise AssertionError("a wrong shape was accepted")
@@ -668,9 +671,9 @@ class TestArtifact(TestCase):
         code, cache = _artifact("mlp_forward", _forward, m, x, backend=backend)
         self.assertIs(type(precompile.load(code, cache)), runtime.PrecompiledFunction)
         # Another driver version: the driver section is compiled and runs instead.
-        marker = precompile_module._marker("forward")
+        marker = format_module._marker("forward")
         other = code.replace(marker, "\n# another driver version" + marker, 1)
-        kernels = precompile_module._read_envelope(cache)["artifact"]["kernels"]
+        kernels = format_module._read_envelope(cache)["artifact"]["kernels"]
         embedded = precompile.load(other, precompile_module._package(other, backend, kernels))
         self.assertIsNot(type(embedded), runtime.PrecompiledFunction)
         self.assertEqual(type(embedded).__module__, "torch_precompile_driver")
@@ -688,7 +691,7 @@ class TestLoad(TestCase):
 
     def test_warns_on_every_load(self):
         for _ in range(2):
-            with self.assertLogs("torch._precompile", level=logging.WARNING) as logs:
+            with self.assertLogs("torch_precompile._precompile", level=logging.WARNING) as logs:
                 precompile.load(self.code, self.cache)
             self.assertIn("executes python_code", logs.output[0])
 
@@ -706,7 +709,7 @@ class TestLoad(TestCase):
             precompile.load(code, self.cache)
 
     def test_newer_and_older_format_refused(self):
-        low, high = precompile_module.MIN_FORMAT_VERSION, precompile_module.FORMAT_VERSION
+        low, high = format_module.MIN_FORMAT_VERSION, format_module.FORMAT_VERSION
         supported = rf"supports \({low}\.\.{high}\)"
         for other, word in ((99, "newer"), (low - 1, "older")):
             code = self.code.replace(f"{{'format_version': {high},", f"{{'format_version': {other},", 1)
@@ -768,7 +771,7 @@ class TestConventionSchema(TestCase):
         t = runtime.TensorSpec
         x = t((None, 4), None, "float32", "cpu", free_dims=((0, 0, 2, None),), memory_format="contiguous_format")
         fields = dict(
-            format_version=precompile_module.FORMAT_VERSION,
+            format_version=format_module.FORMAT_VERSION,
             backend="inductor",
             arity=4,
             modules=(
@@ -948,14 +951,14 @@ class TestConventionSchema(TestCase):
                 self.assert_malformed(self.literal(**changes), message)
 
     def test_version_outside_the_supported_range(self):
-        low, high = precompile_module.MIN_FORMAT_VERSION, precompile_module.FORMAT_VERSION
+        low, high = format_module.MIN_FORMAT_VERSION, format_module.FORMAT_VERSION
         for version, word in ((high + 1, "newer"), (low - 1, "older")):
             code = "CALLING_CONVENTION = " + repr(self.literal(format_version=version)) + "\n"
             with self.assertRaisesRegex(
                 PrecompileError, rf"format version {version}, {word} than .* supports \({low}\.\.{high}\)"
             ):
-                precompile_module._read_convention(code)
-        self.assertEqual(precompile_module._read_convention("CALLING_CONVENTION = " + repr(self.literal())), self.convention())
+                format_module._read_convention(code)
+        self.assertEqual(format_module._read_convention("CALLING_CONVENTION = " + repr(self.literal())), self.convention())
 
 
 class TestRuntimeChecks(TestCase):
@@ -1102,14 +1105,14 @@ class TestInductorCache(TestCase):
     def _child(self, out, extra_env=None, threads=None, cache_file=None):
         script = textwrap.dedent(
             f"""
-            import sys, time, torch, torch.nn as nn
+            import sys, time, torch, torch.nn as nn, torch_precompile
             {f'torch.set_num_threads({threads})' if threads else ''}
             data = torch.load({self.paths['data.pt']!r})
             m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
             m.load_state_dict(data["model"])
             code = open({self.paths['a.py']!r}).read()
             cache = open({cache_file or self.paths['a.cache']!r}, "rb").read()
-            f = torch.compiler.precompile.load(code, cache)
+            f = torch_precompile.load(code, cache)
             loss = f(m, data["x"], data["y"])
             heavy = sorted(k for k in sys.modules if k.startswith(("torch._inductor", "torch._dynamo")))
             torch.save({{"loss": loss, "grads": [p.grad for p in m.parameters()], "heavy": heavy}}, {out!r})
@@ -1141,11 +1144,11 @@ class TestInductorCache(TestCase):
         self._check(out)
 
     def test_other_environment_warns_once_and_jit_compiles(self):
-        envelope = precompile_module._read_envelope(open(self.paths["a.cache"], "rb").read())
+        envelope = format_module._read_envelope(open(self.paths["a.cache"], "rb").read())
         envelope["build_env"] = dict(envelope["build_env"], cpu_capability="SOME_OTHER_ISA")
         other = os.path.join(self.tmp.name, "other.cache")
         with open(other, "wb") as f:
-            f.write(precompile_module._pack_envelope(envelope))
+            f.write(format_module._pack_envelope(envelope))
         out = os.path.join(self.tmp.name, "other.pt")
         result = self._child(out, cache_file=other)
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -1275,9 +1278,9 @@ class TestLogging(TestCase):
     def test_stage_timings_through_torch_logs(self):
         script = textwrap.dedent(
             """
-            import torch
-            code, cache = torch.compiler.precompile(lambda x: x * 2, torch.randn(2), backend="eager")
-            torch.compiler.precompile.load(code, cache)
+            import torch, torch_precompile
+            code, cache = torch_precompile.precompile(lambda x: x * 2, torch.randn(2), backend="eager")
+            torch_precompile.load(code, cache)
             """
         )
         result = _run_python(script, env={"TORCH_LOGS": "precompile"})
@@ -1286,6 +1289,55 @@ class TestLogging(TestCase):
         self.assertRegex(result.stderr, r"load: verify [\d.]+ ms, prime [\d.]+ ms, exec [\d.]+ ms")
         quiet = _run_python(script)
         self.assertNotIn("capture+enforce", quiet.stderr)
+
+
+def _sibling_imports(path: str) -> set[str]:
+    """The precompile modules a file imports, at any depth (lazy imports count)."""
+    names = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:  # from . import X / from .X import Y
+            names.update([node.module] if node.module else [alias.name for alias in node.names])
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):  # absolute spellings would bypass the check
+            spelled = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            names.update(s.rpartition(".")[2] for s in spelled if re.fullmatch(r"torch_?\w*\._precompile\w*", s))
+    return names
+
+
+class TestImportGraph(TestCase):
+    """precompile's modules import downward only: no module imports its importer."""
+
+    def graph(self) -> dict[str, set[str]]:
+        directory = os.path.join(REPO, "torch")
+        return {
+            name.removesuffix(".py"): _sibling_imports(os.path.join(directory, name))
+            for name in sorted(os.listdir(directory))
+            if name.startswith("_precompile") and name.endswith(".py")
+        }
+
+    def test_import_graph_is_acyclic(self):
+        graph = self.graph()
+        done, path = set(), []
+
+        def visit(module: str) -> None:
+            if module in path:
+                self.fail(f"import cycle: {' -> '.join(path[path.index(module):] + [module])}")
+            if module in done:
+                return
+            path.append(module)
+            for imported in sorted(graph[module]):
+                visit(imported)
+            path.pop()
+            done.add(module)
+
+        for module in graph:
+            visit(module)
+
+    def test_format_sits_at_the_bottom(self):
+        graph = self.graph()
+        self.assertLessEqual(graph["_precompile_format"], {"_precompile_runtime", "_precompile_compat"})
+        self.assertEqual(graph["_precompile_runtime"], set(), "the driver runs alone in an artifact")
+        for reader in ("_precompile", "_precompile_capture", "_precompile_inspect"):
+            self.assertIn("_precompile_format", graph[reader])
 
 
 instantiate_parametrized_tests(TestAPI)

@@ -22,12 +22,13 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-import torch._precompile as precompile_module
-from torch.compiler import PrecompileError
+import torch_precompile
+import torch_precompile._precompile_format as format_module
+from torch_precompile import PrecompileError
 from _precompile_testing import Artifacts, load, small_mlp
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 THIS_FILE = re.escape(__file__)
 
@@ -217,7 +218,7 @@ class TestCaptureSoundness(TestCase):
             zero_grad_last: ((), everything, (), everything),  # backward still adds to it first, as in eager
         }
         for fn, want in expected.items():
-            c = precompile_module._read_convention(precompile(fn, m, x, y, backend="eager")[0])
+            c = format_module._read_convention(precompile(fn, m, x, y, backend="eager")[0])
             self.assertEqual((c.grad_state, c.grad_inputs, c.grads_assigned, c.grads_cleared), want, msg=fn.__name__)
 
     # -- the caller's RNG (invariant 8) ---------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch import _precompile_compat as compat, _precompile_runtime as runtime
+from torch_precompile import _precompile_compat as compat, _precompile_runtime as runtime
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 
@@ -92,7 +92,7 @@ def _driver_section() -> range:
 
 class TestQuarantine(TestCase):
     def test_only_compat_and_the_driver_section_touch_private_internals(self):
-        sources = sorted((REPO / "torch").glob("_precompile*.py")) + [REPO / "torch_precompile.py"]
+        sources = sorted((REPO / "torch").glob("_precompile*.py")) + sorted((REPO / "torch_precompile").glob("*.py"))
         self.assertIn(COMPAT, sources)
         for path in sources:
             if path == COMPAT:
@@ -283,8 +283,8 @@ class TestCaptureInternals(TestCase):
     def test_register_log_alias(self):
         from torch._logging._internal import log_registry
 
-        compat.register_log_alias("precompile", "torch._precompile")
-        self.assertEqual(log_registry.log_alias_to_log_qnames["precompile"], ["torch._precompile"])
+        compat.register_log_alias("precompile", "torch_precompile._precompile")
+        self.assertEqual(log_registry.log_alias_to_log_qnames["precompile"], ["torch_precompile._precompile"])
 
     def test_reparametrized_swaps_and_restores(self):
         model = nn.Linear(2, 1, bias=False)
@@ -407,7 +407,7 @@ class TestCaptureInternals(TestCase):
     def test_inductor_inner_graph_and_stand_ins(self):
         # The inner_compile hook yields one inner graph whose module imports from
         # torch._inductor only names the driver stands in for.
-        import torch._precompile_capture as implementation
+        import torch_precompile._precompile_capture as implementation
         from torch.fx.experimental.proxy_tensor import make_fx
 
         graph = make_fx(lambda x, w: (torch.mm(x, w).relu() + 1,))(torch.randn(4, 4), torch.randn(4, 4))
@@ -469,7 +469,7 @@ class TestCaptureInternals(TestCase):
         self.assertNotIn("std::pow", loop)
 
     def test_mkldnn_public_flags_toggle_only_enabled(self):
-        import torch._precompile_capture as implementation
+        import torch_precompile._precompile_capture as implementation
 
         mkldnn = torch.backends.mkldnn
         before = (mkldnn.deterministic, mkldnn.fp32_precision, torch._C._get_onednn_allow_tf32())

@@ -39,12 +39,14 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
+import torch_precompile
 
-precompile = torch.compiler.precompile
+
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 THREADS = 4
 
-logging.getLogger("torch._precompile").setLevel(logging.ERROR)  # load() warns by design
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -224,7 +226,7 @@ class TestConcurrentPrecompile(TestCase):
         # Lowering patches Inductor's process-global config: a second precompile()
         # must not lower while the first does.  Inductor itself is stubbed (it
         # records who is inside, then refuses), so this takes no compile.
-        import torch._precompile as implementation
+        import torch_precompile._precompile as implementation
 
         inside, overlaps, lowered = [], [], []
 
@@ -286,6 +288,7 @@ _CHILD = textwrap.dedent(
     """
     import json, os, sys, time
     import torch
+    import torch_precompile
 
     workdir, index = sys.argv[1], int(sys.argv[2])
     python_code = open(os.path.join(workdir, "python_code.py")).read()
@@ -301,7 +304,7 @@ _CHILD = textwrap.dedent(
         if time.monotonic() > deadline:
             sys.exit("never released")
         time.sleep(0.005)
-    runnable = torch.compiler.precompile.load(python_code, cache)
+    runnable = torch_precompile.load(python_code, cache)
     out = runnable(model, x)
     torch.save(out, os.path.join(workdir, f"out{index}.pt"))
     with open(os.path.join(workdir, f"report{index}.json"), "w") as f:

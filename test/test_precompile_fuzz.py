@@ -44,6 +44,8 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
+import torch_precompile
+
 from hypothesis import given, HealthCheck, settings, strategies as st
 
 
@@ -51,11 +53,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _precompile_models import TinyMLP  # noqa: E402
 
 
-PrecompileError = torch.compiler.PrecompileError
-precompile = torch.compiler.precompile
+PrecompileError = torch_precompile.PrecompileError
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 
-logging.getLogger("torch._precompile").setLevel(logging.ERROR)  # load() warns by design
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
 
 # PRECOMPILE_FUZZ_SCALE=10 multiplies every example budget for a deeper local run.
 _SCALE = max(1, int(os.environ.get("PRECOMPILE_FUZZ_SCALE", "1")))
@@ -182,17 +184,17 @@ def load_outcome(python_code, cache, kind: str) -> str:
 
 
 def read_envelope(cache: bytes) -> dict:
-    return torch._precompile._read_envelope(cache)
+    return torch_precompile._precompile_format._read_envelope(cache)
 
 
 def write_envelope(envelope: dict) -> bytes:
-    return torch._precompile._pack_envelope(envelope)
+    return torch_precompile._precompile_format._pack_envelope(envelope)
 
 
 def rebind(cache: bytes, python_code: str) -> bytes:
     """The cache re-tagged for an edited python_code (a consistent, forged pair)."""
     envelope = read_envelope(cache)
-    envelope["code_hash"] = torch._precompile._text_hashes(python_code)[1]
+    envelope["code_hash"] = torch_precompile._precompile_format._text_hashes(python_code)[1]
     return write_envelope(envelope)
 
 
@@ -443,15 +445,15 @@ class TestFuzzLoad(TestCase):
     def test_forged_garbage_kernels(self):
         # Garbage where a kernel shared object should be, with a matching
         # payload hash: a clean error (or a correct result), never a crash.
-        payload_hash = getattr(torch._precompile, "_payload_hash", None)
+        payload_hash = getattr(torch_precompile._precompile_format, "_payload_hash", None)
         if payload_hash is None:
-            self.skipTest("torch._precompile._payload_hash is gone")
+            self.skipTest("torch_precompile._precompile_format._payload_hash is gone")
         python_code, cache = pair("pytree", "inductor")
         envelope = read_envelope(cache)
         kernels = envelope["artifact"]["kernels"]
         self.assertGreater(len(kernels), 0)
         envelope["artifact"]["kernels"] = {key: b"\x7fELF garbage" for key in kernels}
-        envelope["payload_sha256"] = payload_hash(torch._precompile._kernel_digests(envelope["artifact"]["kernels"]))
+        envelope["payload_sha256"] = payload_hash(torch_precompile._precompile_format._kernel_digests(envelope["artifact"]["kernels"]))
         with tempfile.TemporaryDirectory() as directory, _env("TORCHINDUCTOR_CACHE_DIR", directory):
             self.assertIn(load_outcome(python_code, write_envelope(envelope), "pytree"), ("refused", "correct"))
 

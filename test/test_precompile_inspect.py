@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""Tests for ``python -m torch._precompile inspect`` (torch/_precompile_inspect.py).
+"""Tests for ``python -m torch_precompile inspect`` (torch/_precompile_inspect.py).
 
 The inspector runs as users run it, in a subprocess.  The two artifacts (an
 eager and an inductor one of the same tiny training step) are built once per
@@ -20,15 +20,16 @@ import torch
 import torch.nn as nn
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-import torch._precompile as precompile_module
-import torch._precompile_runtime as runtime
-from torch._precompile_inspect import describe, format_report, main
-from torch.compiler import precompile, PrecompileError
+import torch_precompile
+import torch_precompile._precompile_format as format_module
+import torch_precompile._precompile_runtime as runtime
+from torch_precompile._precompile_inspect import describe, format_report, main, report
+from torch_precompile import precompile, PrecompileError
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ERROR_PREFIX = "torch._precompile inspect: error: "
-V = precompile_module.FORMAT_VERSION
+ERROR_PREFIX = "torch_precompile inspect: error: "
+V = format_module.FORMAT_VERSION
 
 
 def _model():
@@ -58,7 +59,7 @@ def _files(backend):
     if backend not in _FILES:
         if _DIR is None:
             _DIR = tempfile.TemporaryDirectory()
-        python_code, cache = torch.compiler.precompile(_step, *_example(), backend=backend)
+        python_code, cache = torch_precompile.precompile(_step, *_example(), backend=backend)
         _FILES[backend] = (
             _write(f"{backend}.py", python_code.encode()),
             _write(f"{backend}.cache", cache),
@@ -93,9 +94,9 @@ def _edit_convention(name, code_file, edit):
 
 
 def _inspect(*args):
-    """The inspector as users run it: a fresh `python -m torch._precompile inspect`."""
+    """The inspector as users run it: a fresh `python -m torch_precompile inspect`."""
     return subprocess.run(
-        [sys.executable, "-m", "torch._precompile", "inspect", *args],
+        [sys.executable, "-m", "torch_precompile", "inspect", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -131,7 +132,7 @@ class InspectTestCase(TestCase):
 
 class TestInspectReport(InspectTestCase):
     def check_common(self, report, backend):
-        self.assertEqual(report["format_version"], {"python_code": V, "cache": V, "supported": [precompile_module.MIN_FORMAT_VERSION, V]})
+        self.assertEqual(report["format_version"], {"python_code": V, "cache": V, "supported": [format_module.MIN_FORMAT_VERSION, V]})
         self.assertEqual(report["backend"], {"python_code": backend, "cache": backend})
         self.assertEqual(
             report["pair"],
@@ -144,7 +145,7 @@ class TestInspectReport(InspectTestCase):
             },
         )
         env = report["build_environment"]
-        self.assertEqual(env["host"], precompile_module._build_environment())
+        self.assertEqual(env["host"], format_module._build_environment())
         self.assertEqual(env["cache"], env["host"])
         self.assertTrue(env["matches_host"])
         self.assertEqual(env["differs"], [])
@@ -234,7 +235,7 @@ class TestInspectReport(InspectTestCase):
         report = self.inspect_json(code_file, cache_file, run=_inspect)
         inputs = self.check_common(report, "inductor")
         self.assertEqual(inputs["args[1]"]["stride"], [4, 1])
-        kernels = precompile_module._read_envelope(_read(cache_file))["artifact"]["kernels"]
+        kernels = format_module._read_envelope(_read(cache_file))["artifact"]["kernels"]
         self.assertGreater(len(kernels), 0)
         self.assertEqual(report["kernels"], {"count": len(kernels), "bytes": sum(map(len, kernels.values()))})
         self.assertIn("load directly", report["build_environment"]["consequence"])
@@ -257,7 +258,7 @@ class TestInspectReport(InspectTestCase):
                     "torch.compiler.precompile artifact",
                     f"  python_code         {code_file} (",
                     f"  cache               {cache_file} (",
-                    f"  format version      {V} (cache {V}; this torch reads {precompile_module.MIN_FORMAT_VERSION}..{V})",
+                    f"  format version      {V} (cache {V}; this torch reads {format_module.MIN_FORMAT_VERSION}..{V})",
                     f"  backend             {backend}\n",
                     "  pair                belongs together",
                     "matches this host",
@@ -283,9 +284,9 @@ class TestInspectReport(InspectTestCase):
 
     def test_build_environment_mismatch(self):
         code_file, cache_file = _files("inductor")
-        envelope = precompile_module._read_envelope(_read(cache_file))
+        envelope = format_module._read_envelope(_read(cache_file))
         envelope["build_env"] = {**envelope["build_env"], "torch": "2.12.0", "cpu_capability": "NO AVX"}
-        foreign = _write("foreign_host.cache", precompile_module._pack_envelope(envelope))
+        foreign = _write("foreign_host.cache", format_module._pack_envelope(envelope))
         report = self.inspect_json(code_file, foreign)  # still a loadable pair: exit 0
         env = report["build_environment"]
         self.assertFalse(env["matches_host"])
@@ -359,15 +360,15 @@ class TestReader(InspectTestCase):
     def test_reads_a_pair(self):
         code_file, cache_file = _files("inductor")
         code, cache = _read(code_file).decode(), _read(cache_file)
-        artifact = precompile_module.read_artifact(code, cache)
-        envelope = precompile_module._read_envelope(cache)
+        artifact = format_module.read_artifact(code, cache)
+        envelope = format_module._read_envelope(cache)
         self.assertEqual(artifact.cache_size, len(cache))
-        self.assertEqual(artifact.convention, precompile_module._read_convention(code))
+        self.assertEqual(artifact.convention, format_module._read_convention(code))
         self.assertEqual(artifact.kernels, envelope["artifact"]["kernels"])
         self.assertEqual(sorted(artifact.kernel_hashes), sorted(artifact.kernels))
         self.assertEqual((artifact.pair_error, artifact.version_error, artifact.cache_error), (None, None, None))
         self.assertIsNone(artifact.pair_problem)
-        self.assertEqual(artifact.describe(), describe(code, cache))
+        self.assertEqual(report(artifact), describe(code, cache))
         # The output's shape and dtype are in the calling convention.
         self.assertEqual(
             artifact.convention.output_tensors, (runtime.TensorSpec((), None, "float32", "cpu"),)
@@ -377,11 +378,11 @@ class TestReader(InspectTestCase):
         code_file, cache_file = _files("inductor")
         code, cache = _read(code_file).decode(), _read(cache_file)
         eager_cache = _read(_files("eager")[1])
-        envelope = precompile_module._read_envelope(cache)
+        envelope = format_module._read_envelope(cache)
         first = next(iter(envelope["artifact"]["kernels"]))
         tampered = {**envelope, "artifact": {**envelope["artifact"], "kernels": {first: b"\x00"}}}
-        damaged = precompile_module._pack_envelope(tampered)
-        older = precompile_module._pack_envelope({**envelope, "version": V - 1})
+        damaged = format_module._pack_envelope(tampered)
+        older = format_module._pack_envelope({**envelope, "version": V - 1})
         for name, pair_cache, field, message in (
             ("other backend", eager_cache, "pair_error", "built for backend 'eager'"),
             ("other version", older, "version_error", f"format version {V - 1}"),
@@ -389,7 +390,7 @@ class TestReader(InspectTestCase):
             ("not a cache", b"", "cache_error", "not a zip archive"),
         ):
             with self.subTest(name):
-                artifact = precompile_module.read_artifact(code, pair_cache)
+                artifact = format_module.read_artifact(code, pair_cache)
                 verdicts = {f: getattr(artifact, f) for f in ("pair_error", "version_error", "cache_error")}
                 self.assertIn(message, str(verdicts.pop(field)))
                 self.assertEqual(verdicts, dict.fromkeys(verdicts))
@@ -445,10 +446,10 @@ class TestInspectBadFiles(InspectTestCase):
     def test_corrupt_cache(self):
         code_file, cache_file = _files("inductor")
         cache = _read(cache_file)
-        envelope = precompile_module._read_envelope(cache)
+        envelope = format_module._read_envelope(cache)
         first = next(iter(envelope["artifact"]["kernels"]))
         envelope["artifact"]["kernels"][first] += b"\x00"
-        tampered = _write("tampered.cache", precompile_module._pack_envelope(envelope))
+        tampered = _write("tampered.cache", format_module._pack_envelope(envelope))
         for i, (path, fragment) in enumerate((
             (_write("truncated.cache", cache[: len(cache) // 2]), "damaged"),
             (_write("random.cache", os.urandom(4096)), "damaged"),

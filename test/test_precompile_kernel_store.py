@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""Tests for the kernel store of torch.compiler.precompile.load (issue 14).
+"""Tests for the kernel store of torch_precompile.load (issue 14).
 
 load() writes the cache's compiled kernels to ``$TORCHINDUCTOR_CACHE_DIR/
 precompile_kernels`` and imports them.  A planted, damaged or unwritable file
@@ -27,11 +27,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-import torch._precompile as precompile_module
-from torch.compiler import PrecompileError
+import torch_precompile
+import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_format as format_module
+from torch_precompile import PrecompileError
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 NOBODY = 65534
 _ARTIFACT: list = []
 
@@ -60,11 +62,11 @@ def _artifact():
 
 
 def _envelope(cache):
-    return precompile_module._read_envelope(cache)
+    return format_module._read_envelope(cache)
 
 
 def _save(envelope):
-    return precompile_module._pack_envelope(envelope)
+    return format_module._pack_envelope(envelope)
 
 
 def _is_root():
@@ -89,7 +91,7 @@ class _StoreTestCase(TestCase):
 
     def kernels(self, cache=None):
         """key -> (sha256, bytes) as load() would place them."""
-        return precompile_module._usable_cache(precompile_module.read_artifact(self.code, cache or self.cache))[0]
+        return precompile_module._usable_cache(format_module.read_artifact(self.code, cache or self.cache))[0]
 
     def some_kernel(self):
         digest, blob = next(iter(self.kernels().values()))
@@ -156,10 +158,10 @@ class TestPlantedFiles(_StoreTestCase):
             f.write(self.cache)
         script = textwrap.dedent(
             f"""
-            import sys, torch
+            import sys, torch, torch_precompile
             sys.path.insert(0, {os.path.dirname(__file__)!r})
             from test_precompile_kernel_store import _model, _inputs
-            f = torch.compiler.precompile.load(open({code_file!r}).read(), open({cache_file!r}, "rb").read())
+            f = torch_precompile.load(open({code_file!r}).read(), open({cache_file!r}, "rb").read())
             print(float(f(_model(), *_inputs())))
             """
         )
@@ -367,7 +369,7 @@ class TestCacheEnvelope(_StoreTestCase):
         keys = list(kernels)
         rotated = {key: kernels[keys[(i + 1) % len(keys)]] for i, key in enumerate(keys)}
         envelope["artifact"]["kernels"] = rotated
-        envelope["payload_sha256"] = precompile_module._payload_hash(precompile_module._kernel_digests(rotated))
+        envelope["payload_sha256"] = format_module._payload_hash(format_module._kernel_digests(rotated))
         forged = _save(envelope)
         with self.assertWarnsRegex(UserWarning, f"{len(keys)} of the cache's {len(keys)} kernels do not match"):
             self.assertEqual(self.kernels(forged), {})
@@ -387,11 +389,11 @@ class TestCacheEnvelope(_StoreTestCase):
                 self.assertEqual(self.kernels(bomb), {})
 
     def test_other_envelope_versions_are_ignored(self):
-        for version in (0, precompile_module.FORMAT_VERSION + 1, "1"):
+        for version in (0, format_module.FORMAT_VERSION + 1, "1"):
             with self.subTest(version=version):
                 envelope = _envelope(self.cache)
                 envelope["version"] = version
-                low, high = precompile_module.MIN_FORMAT_VERSION, precompile_module.FORMAT_VERSION
+                low, high = format_module.MIN_FORMAT_VERSION, format_module.FORMAT_VERSION
                 self.assert_ignored(_save(envelope), rf"cache has format version {version!r}, .*{low}\.\.{high}")
 
     def test_payload_hash_mismatch_is_ignored(self):
@@ -414,7 +416,7 @@ class TestCacheEnvelope(_StoreTestCase):
         start = self.code.index("KERNEL_SHA256 = ")
         older = self.code[:start] + self.code[self.code.index("\n\n# ====", start) + 1 :]
         envelope = _envelope(self.cache)
-        envelope["code_hash"] = precompile_module._text_hashes(older)[1]
+        envelope["code_hash"] = format_module._text_hashes(older)[1]
         with self.assertWarnsRegex(UserWarning, "records no hashes of its compiled kernels"):
             f = precompile.load(older, _save(envelope))
         self.assertIsNotNone(f)
@@ -423,7 +425,7 @@ class TestCacheEnvelope(_StoreTestCase):
 class TestDriver(TestCase):
     def test_kernel_that_fails_to_import_is_compiled(self):
         # Verified bytes that still do not import here (a missing shared library).
-        from torch import _precompile_runtime as runtime
+        from torch_precompile import _precompile_runtime as runtime
 
         with tempfile.NamedTemporaryFile(suffix=".so") as garbage:
             garbage.write(b"not a shared object")
@@ -438,7 +440,7 @@ class TestDriver(TestCase):
 class TestPythonCodeHeader(TestCase):
     def assert_refused(self, code, message):
         with self.assertRaisesRegex(PrecompileError, message):
-            precompile_module._read_convention(code)
+            format_module._read_convention(code)
 
     def test_deep_nesting_is_a_precompile_error(self):
         self.assert_refused("x = " + "-" * 200_000 + "1\n", r"nested too deeply to parse \(MemoryError\)")
@@ -452,7 +454,7 @@ class TestPythonCodeHeader(TestCase):
         for value in ("'1'", "True", "1.0", "None"):
             with self.subTest(value=value):
                 edited = code.replace(
-                    f"{{'format_version': {precompile_module.FORMAT_VERSION},", f"{{'format_version': {value},", 1
+                    f"{{'format_version': {format_module.FORMAT_VERSION},", f"{{'format_version': {value},", 1
                 )
                 self.assert_refused(edited, f"python_code has format version {re.escape(value)}, which is malformed")
 

@@ -21,11 +21,13 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-from torch.compiler import PrecompileError
+import torch_precompile
+
+from torch_precompile import PrecompileError
 from _precompile_testing import small_mlp
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
 # Adam/AdamW trace the capturable formulation (float32 bias corrections) and
 # foreach SGD multiplies then adds (eager fuses alpha into the add): float noise

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch._dynamo.decorators import mark_unbacked
-from torch.compiler import PrecompileError
+from torch_precompile import PrecompileError
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -40,13 +40,15 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
+import torch_precompile
+
 
 BACKENDS = ("eager", "inductor")
 # Inductor fuses and reorders reductions; AdamW amplifies tiny grad differences.
 TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}
 
 # load() warns at every call by design; keep the test log readable.
-logging.getLogger("torch._precompile").setLevel(logging.ERROR)
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)
 
 
 # ---------------------------------------------------------------------------
@@ -269,8 +271,8 @@ def _precompiled(key, fn, model, *inputs, backend):
     """(runnable, None) or (None, error); compiled once per process."""
     if key not in _ARTIFACTS:
         try:
-            python_code, cache = torch.compiler.precompile(fn, model, *inputs, backend=backend)
-            _ARTIFACTS[key] = (torch.compiler.precompile.load(python_code, cache), None)
+            python_code, cache = torch_precompile.precompile(fn, model, *inputs, backend=backend)
+            _ARTIFACTS[key] = (torch_precompile.load(python_code, cache), None)
         except Exception as error:  # reported by every test that needs it
             _ARTIFACTS[key] = (None, error)
     runnable, error = _ARTIFACTS[key]
@@ -388,8 +390,8 @@ class TestNumerics(TestCase):
         torch.manual_seed(0)
         expected = _classify_train(ref, x, y)
         torch.manual_seed(0)
-        runnable = torch.compiler.precompile.load(
-            *torch.compiler.precompile(_classify_train, copy.deepcopy(model), x, y, backend="eager")
+        runnable = torch_precompile.load(
+            *torch_precompile.precompile(_classify_train, copy.deepcopy(model), x, y, backend="eager")
         )
         loss = runnable(model, x, y)
         torch.testing.assert_close(loss, expected, **TOLERANCE)
@@ -488,7 +490,7 @@ class TestFreeDims(TestCase):
         mark_unbacked(x, 0, min=6, shape_id="batch")
         mark_unbacked(y, 0, max=4, shape_id="batch")
         with self.assertRaisesRegex(PrecompileError, r"shape_id 'batch' .* no size in common: min=6 > max=4"):
-            torch.compiler.precompile(lambda m, x, y: m(x) + y, nn.Linear(4, 4), x, y)
+            torch_precompile.precompile(lambda m, x, y: m(x) + y, nn.Linear(4, 4), x, y)
 
 
 _NamedPair = collections.namedtuple("_NamedPair", "a b")
@@ -529,11 +531,11 @@ class TestStructures(TestCase):
         for value, message in cases:
             with self.subTest(type(value).__name__):
                 with self.assertRaisesRegex(PrecompileError, r"^args\[2\]: .*" + message):
-                    torch.compiler.precompile(lambda m, t, v: m(t), nn.Linear(4, 4), x, value, backend="eager")
+                    torch_precompile.precompile(lambda m, t, v: m(t), nn.Linear(4, 4), x, value, backend="eager")
 
     def test_unrecordable_output_refused(self):
         with self.assertRaisesRegex(PrecompileError, r"^fn's output: .*register the type"):
-            torch.compiler.precompile(lambda m, x: _NoKeys(m(x)), nn.Linear(4, 4), torch.randn(2, 4), backend="eager")
+            torch_precompile.precompile(lambda m, x: _NoKeys(m(x)), nn.Linear(4, 4), torch.randn(2, 4), backend="eager")
 
 
 class TestTensorSubclasses(TestCase):
@@ -558,15 +560,15 @@ class TestTensorSubclasses(TestCase):
 
     def test_dtensor_eager(self):
         model, x = self._dtensor_case()
-        python_code, cache = torch.compiler.precompile(_infer, model, x, backend="eager")
-        out = torch.compiler.precompile.load(python_code, cache)(model, x)
+        python_code, cache = torch_precompile.precompile(_infer, model, x, backend="eager")
+        out = torch_precompile.load(python_code, cache)(model, x)
         self.assertEqual(type(out).__name__, "DTensor")
         torch.testing.assert_close(out.full_tensor(), model(x).full_tensor())
 
     def test_dtensor_inductor_refused(self):
         model, x = self._dtensor_case()
         with self.assertRaisesRegex(PrecompileError, r"parameter 'weight' is a DTensor: .*backend='eager'"):
-            torch.compiler.precompile(_infer, model, x, backend="inductor")
+            torch_precompile.precompile(_infer, model, x, backend="inductor")
 
 
 instantiate_parametrized_tests(TestRealModels)

@@ -23,13 +23,15 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-from torch._precompile import runtime
-from torch.compiler import PrecompileError
+import torch_precompile
+
+from torch_precompile._precompile import runtime
+from torch_precompile import PrecompileError
 
 
-precompile = torch.compiler.precompile
+precompile = torch_precompile.precompile
 BACKENDS = ("eager", "inductor")
-logging.getLogger("torch._precompile").setLevel(logging.ERROR)  # load() warns by design
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
 
 _RUNNABLES: dict = {}
 

@@ -35,6 +35,8 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
+import torch_precompile
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _precompile_models import ZOO  # noqa: E402
@@ -44,7 +46,7 @@ BACKENDS = ("eager", "inductor")
 MODELS = tuple(ZOO)
 
 # load() warns at every call by design; keep the test log readable.
-logging.getLogger("torch._precompile").setLevel(logging.ERROR)
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)
 
 
 def _snapshot(model: nn.Module) -> dict:
@@ -68,7 +70,7 @@ class _Artifact:
         inputs_before = [t.clone() for t in self.inputs]
         self.error = None
         try:
-            self.python_code, self.cache = torch.compiler.precompile(
+            self.python_code, self.cache = torch_precompile.precompile(
                 self.fn, self.model, *self.inputs, backend=backend
             )
         except Exception as error:  # reported by every test that needs it
@@ -102,7 +104,7 @@ class TestModelZoo(TestCase):
         if art.error is not None:
             raise art.error
         self.assertEqual(art.caller_changed, [], msg="precompile() modified the caller's model or inputs")
-        return torch.compiler.precompile.load(art.python_code, art.cache)
+        return torch_precompile.load(art.python_code, art.cache)
 
     def _assert_same_model(self, ref: nn.Module, got: nn.Module, what: str) -> None:
         ref_params = dict(ref.named_parameters(remove_duplicate=False))
@@ -261,7 +263,7 @@ class TestNoWeightsLeave(TestCase):
         for width in (self.SMALL, self.LARGE):
             model, patterns = _wide_model(width)
             x = torch.randn(2, width)
-            python_code, cache = torch.compiler.precompile(fn, model, x, backend=backend)
+            python_code, cache = torch_precompile.precompile(fn, model, x, backend=backend)
             blobs = {"python_code": python_code.encode(), "cache": bytes(cache)}
             for where, blob in blobs.items():
                 for pattern in patterns:
@@ -269,7 +271,7 @@ class TestNoWeightsLeave(TestCase):
                         self.assertNotIn(form, blob, msg=f"width {width}: {where} contains parameter bytes")
             sizes[width] = {where: len(blob) for where, blob in blobs.items()}
             # ... and the artifact still computes with the live weights.
-            runnable = torch.compiler.precompile.load(python_code, cache)
+            runnable = torch_precompile.load(python_code, cache)
             ref, got = copy.deepcopy(model), copy.deepcopy(model)
             torch.testing.assert_close(runnable(got, x), fn(ref, x))
         param_growth = 4 * (self.LARGE**2 - self.SMALL**2)

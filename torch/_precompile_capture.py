@@ -22,9 +22,11 @@ from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
-from torch import _precompile as api, _precompile_compat as compat, _precompile_runtime as runtime
-from torch._precompile import _driver_source, _marker, _NO_BYTECODE, _parse, _SECTIONS, FORMAT_VERSION
-from torch._precompile_runtime import (
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _precompile_compat as compat, _precompile_runtime as runtime
+from ._precompile_format import _driver_source, _marker, _NO_BYTECODE, _parse, _SECTIONS, FORMAT_VERSION
+from ._precompile_runtime import (
     CallingConvention,
     ConstantSpec,
     LeafSpec,
@@ -34,7 +36,6 @@ from torch._precompile_runtime import (
     StateSpec,
     TensorSpec,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
 
 
 # ---------------------------------------------------------------------------
@@ -1262,14 +1263,14 @@ def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-# precompile's modules and the driver sit outside torch's directory in an editable install.
-_PRECOMPILE_FILES = tuple(os.path.abspath(m.__file__) for m in (api, compat, runtime)) + (os.path.abspath(__file__),)
+# precompile's modules sit together in one directory, outside torch's once installed.
+_PRECOMPILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _is_user_file(filename: str) -> bool:
     """fn's own code: not torch's, not precompile's, not FX-generated."""
     return not (
-        filename.startswith(_TORCH_DIR) or filename in _PRECOMPILE_FILES or filename.startswith("<eval_with_key")
+        filename.startswith(_TORCH_DIR) or filename.startswith(_PRECOMPILE_DIR) or filename.startswith("<eval_with_key")
     )
 
 

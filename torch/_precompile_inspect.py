@@ -1,6 +1,9 @@
 """Inspect a ``torch.compiler.precompile`` artifact without running it.
 
-    python -m torch._precompile inspect CODE_FILE CACHE_FILE [--json]
+    python -m torch_precompile inspect CODE_FILE CACHE_FILE [--json]
+
+(``python -m torch._precompile inspect ...`` in a PyTorch checkout with the
+in-tree form)
 
 prints what a ``(python_code, cache)`` pair was built for and what it expects
 at every call: format version, backend, the build environment of the cached
@@ -11,7 +14,7 @@ outputs (shapes, dtypes, devices), which parameters receive gradients, the
 kernels, and whether the two files belong together.
 
 Nothing in the artifact is executed: the pair is read by
-``torch._precompile.read_artifact``, the reader ``precompile.load`` uses
+``read_artifact`` (``torch/_precompile_format.py``), the reader ``precompile.load`` uses
 (``python_code``'s header with ``ast``, the cache's JSON envelope and raw
 entries, the pairing, version and payload checks; see
 Note [precompile programming model], invariants 6 and 7, in
@@ -32,13 +35,16 @@ import sys
 from typing import Any
 
 import torch.utils._pytree as pytree
-from torch import _precompile as _impl
-from torch._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
+
+from . import _precompile_format as _format
+from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
 
 
 __all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
 
 EXIT_OK, EXIT_BAD_FILE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+# What users run: the installed package, or torch._precompile in-tree.
+_COMMAND = "torch._precompile" if __package__ == "torch" else __package__
 
 
 class UnreadableArtifact(PrecompileError):
@@ -59,12 +65,12 @@ def describe(python_code: str, cache: bytes) -> dict[str, Any]:
     return report(read(python_code, cache))
 
 
-def read(python_code: str, cache: bytes) -> _impl.Artifact:
+def read(python_code: str, cache: bytes) -> _format.Artifact:
     """``read_artifact`` (what ``load`` reads), with each failure blamed on its half of the pair."""
     if not isinstance(cache, (bytes, bytearray, memoryview)):
         raise UnreadableArtifact("cache", PrecompileError(f"cache: expected bytes, got {type(cache).__name__}"))
     try:
-        artifact = _impl.read_artifact(python_code, cache)
+        artifact = _format.read_artifact(python_code, cache)
         # read_artifact parses only the header; load() would also fail on
         # a syntax error further down.  Compiling executes nothing.
         compile(python_code, "<precompile artifact>", "exec", dont_inherit=True)
@@ -77,8 +83,8 @@ def read(python_code: str, cache: bytes) -> _impl.Artifact:
     return artifact
 
 
-def report(artifact: _impl.Artifact) -> dict[str, Any]:
-    """``describe``'s report on an artifact ``read_artifact`` read (``Artifact.describe()``).
+def report(artifact: _format.Artifact) -> dict[str, Any]:
+    """``describe``'s report on an artifact ``read_artifact`` read.
 
     Raises ``UnreadableArtifact`` if the cache cannot be read or its payload is damaged.
     """
@@ -96,7 +102,7 @@ def report(artifact: _impl.Artifact) -> dict[str, Any]:
         "format_version": {
             "python_code": convention.format_version,
             "cache": envelope["version"],
-            "supported": [_impl.MIN_FORMAT_VERSION, _impl.FORMAT_VERSION],
+            "supported": [_format.MIN_FORMAT_VERSION, _format.FORMAT_VERSION],
         },
         "backend": {"python_code": convention.backend, "cache": envelope["backend"]},
         "pair": {
@@ -104,7 +110,7 @@ def report(artifact: _impl.Artifact) -> dict[str, Any]:
             "problem": None if problem is None else _one_line(str(problem)),
             "version_matches": envelope["version"] == convention.format_version,
             "backend_matches": envelope["backend"] == convention.backend,
-            "code_hash_matches": envelope["code_hash"] == _impl._text_hashes(python_code)[1],
+            "code_hash_matches": envelope["code_hash"] == _format._text_hashes(python_code)[1],
         },
         "build_environment": _build_environment_report(envelope["build_env"], len(kernels)),
         "call": _call_text(convention),
@@ -219,7 +225,7 @@ def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
 
 
 def _build_environment_report(built: Any, num_kernels: int) -> dict[str, Any]:
-    host = _impl._build_environment()
+    host = _format._build_environment(gpu=isinstance(built, dict) and "gpu" in built)
     built_dict = built if isinstance(built, dict) else {}
     differs = sorted(k for k in set(host) | set(built_dict) if built_dict.get(k) != host.get(k))
     matches = isinstance(built, dict) and not differs
@@ -374,7 +380,7 @@ def _read(path: str, text: bool) -> Any:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m torch._precompile",
+        prog=f"python -m {_COMMAND}",
         description="Tools for torch.compiler.precompile artifacts.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -393,12 +399,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m torch._precompile inspect CODE_FILE CACHE_FILE [--json]``."""
+    """``python -m torch_precompile inspect CODE_FILE CACHE_FILE [--json]``."""
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit:  # --help, or argparse's own usage error
         return EXIT_USAGE if exit.code else EXIT_OK
-    prefix = "torch._precompile inspect: error"
+    prefix = f"{_COMMAND} inspect: error"
     try:
         python_code = _read(args.code_file, text=True)
         cache = _read(args.cache_file, text=False)

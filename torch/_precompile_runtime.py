@@ -134,23 +134,20 @@ def _static_cuda_launcher() -> Any:
 # --- end of torch 2.13 internals ---
 
 
-# sys.modules, not torch.compiler: the in-tree torch.compiler imports this module
-# while torch (and torch.compiler) are still initializing.
-_compiler = sys.modules.get("torch.compiler")
-if __name__ == "torch._precompile_runtime":
-    # The installed module defines the class unless the in-tree torch.compiler
-    # already did.  vars(), not getattr(): the installed shim's lazy
-    # torch.compiler.__getattr__ would import torch._precompile, which imports
-    # this half-initialized module (a circular import, reported as a warning).
-    _PrecompileError = vars(_compiler).get("PrecompileError") if _compiler is not None else None
-else:
-    # A copy embedded in an artifact: share the installed driver's class if there
-    # is one.  Importing the driver, not reading torch.compiler.PrecompileError,
-    # whose lazy attribute would import the whole patch into an artifact run alone.
-    try:
-        from torch._precompile_runtime import PrecompileError as _PrecompileError
-    except ImportError:
-        _PrecompileError = None
+_PrecompileError = None
+if not __name__.endswith("._precompile_runtime"):
+    # A copy embedded in an artifact (not the module installed as
+    # torch_precompile._precompile_runtime, or torch._precompile_runtime in a
+    # PyTorch checkout): share the installed driver's class if there is one.
+    # Not torch.compiler.PrecompileError: torch 2.14+ has its own, and the
+    # installed shim's lazy attribute would import the whole package into an
+    # artifact run alone.
+    for _installed in ("torch_precompile._precompile_runtime", "torch._precompile_runtime"):
+        try:
+            _PrecompileError = importlib.import_module(_installed).PrecompileError
+            break
+        except (ImportError, AttributeError):  # not installed, or another torch's module
+            pass
 if _PrecompileError is None:
     # Running without the patch installed (a bare artifact in a plain torch
     # environment): define the class the installed patch would provide.
