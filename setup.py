@@ -28,6 +28,6 @@ setup(
         "torch._precompile_compat",
         "torch_precompile",
     ],
-    install_requires=["torch==2.13.*"],
+    install_requires=["torch>=2.11,<2.15"],
     entry_points={"torch.backends": ["precompile = torch_precompile:_attach"]},
 )
