@@ -12,7 +12,11 @@ so a torch upgrade that moves or changes one fails here, in one place.
 import ast
 import contextlib
 import hashlib
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import traceback
 import warnings
 from pathlib import Path
@@ -351,6 +355,30 @@ class TestCaptureInternals(TestCase):
                                         r"is installed: .*pip install 'torch>=2.11,<2.15'"):
                 compat.check_torch_version(version)
         self.assertEqual(compat.TORCH_RELEASE, compat.torch_release(torch.__version__))
+
+    def test_import_refuses_an_unsupported_torch(self):
+        # Importing precompile raises, naming the version; the entry-point shim
+        # (which must never break `import torch`) warns instead.
+        script = textwrap.dedent("""
+            import sys, warnings
+            import torch
+            torch.__version__ = "2.10.2"
+            for name in [m for m in sys.modules if m.startswith("torch._precompile")]:
+                del sys.modules[name]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import torch_precompile
+            print("warned:", *[w.message for w in caught])
+            try:
+                import torch._precompile
+            except ImportError as error:
+                print("refused:", error)
+        """)
+        env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        message = "torch-precompile supports torch 2.11 to 2.14, but torch 2.10.2 is installed"
+        self.assertIn(f"warned: torch-precompile: torch.compiler.precompile is unavailable (ImportError: {message}", result.stdout)
+        self.assertIn(f"refused: {message}", result.stdout)
 
     def test_shape_env_internals(self):
         shape_env, fake_mode = compat.symbolic_fake_mode()
