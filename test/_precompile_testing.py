@@ -1,8 +1,18 @@
 """Helpers shared by the precompile test files (imported, not collected)."""
 
+import unittest
+
 import torch
 import torch.nn as nn
 import torch_precompile
+from torch_precompile._precompile_compat import TORCH_RELEASE
+
+
+# torch 2.11's mark_unbacked takes no min=/max=: a free dim's bounds need 2.12+.
+MARK_BOUNDS = TORCH_RELEASE >= (2, 12)
+needs_mark_bounds = unittest.skipIf(
+    not MARK_BOUNDS, "torch 2.11's mark_unbacked takes no min=/max= (bounds on a free dim need torch 2.12+)"
+)
 
 
 class Artifacts:

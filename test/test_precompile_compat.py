@@ -12,7 +12,11 @@ so a torch upgrade that moves or changes one fails here, in one place.
 import ast
 import contextlib
 import hashlib
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import traceback
 import warnings
 from pathlib import Path
@@ -309,7 +313,7 @@ class TestCaptureInternals(TestCase):
         self.assertFalse(torch.compiler.is_compiling())
 
     def test_mark_attributes(self):
-        from torch._dynamo.decorators import mark_dynamic, mark_unbacked
+        from torch._dynamo.decorators import mark_dynamic, mark_unbacked, maybe_mark_dynamic
 
         # Attributes mark_* set that precompile does not read; any other new one fails here.
         ignored = {"_specialize_on", "_dynamo_hint_overrides", "_dynamo_dynamic_range"}
@@ -319,11 +323,13 @@ class TestCaptureInternals(TestCase):
         marks = compat.dim_marks(x)
         self.assertEqual((marks.marked, marks.dynamic, marks.unbacked, marks.bounds, marks.shape_ids),
                          (False, frozenset(), frozenset(), {}, {}))
-        mark_unbacked(x, 0, min=2, max=9, shape_id="batch")
+        # torch 2.11's mark_unbacked takes no bounds.
+        bounds = {"min": 2, "max": 9} if compat.TORCH_RELEASE >= (2, 12) else {}
+        mark_unbacked(x, 0, shape_id="batch", **bounds)
         self.assertLessEqual(set(vars(x)), known)
         marks = compat.dim_marks(x)
         self.assertEqual((marks.marked, marks.dynamic, marks.unbacked, marks.bounds, marks.shape_ids),
-                         (True, frozenset(), frozenset({0}), {0: (2, 9)}, {0: "batch"}))
+                         (True, frozenset(), frozenset({0}), {0: (2, 9)} if bounds else {}, {0: "batch"}))
         y = torch.randn(4, 5)
         mark_unbacked(y, 1, strict=True)
         self.assertLessEqual(set(vars(y)), known)
@@ -333,6 +339,46 @@ class TestCaptureInternals(TestCase):
         self.assertLessEqual(set(vars(z)), known)
         marks = compat.dim_marks(z)
         self.assertEqual((marks.marked, marks.dynamic, marks.unbacked), (True, frozenset({0}), frozenset()))
+        w = torch.randn(4, 5)
+        maybe_mark_dynamic(w, 0)
+        self.assertLessEqual(set(vars(w)), known)
+        marks = compat.dim_marks(w)
+        self.assertEqual((marks.marked, marks.dynamic, marks.unbacked), (True, frozenset(), frozenset()))
+
+    def test_torch_version_range(self):
+        self.assertEqual(compat.torch_release("2.11.0+cu130"), (2, 11))
+        self.assertEqual(compat.torch_release("2.15.0a0+git1234"), (2, 15))
+        for supported in ("2.11.0", "2.12.1+cpu", "2.13.0", "2.14.1"):
+            compat.check_torch_version(supported)
+        for version in ("2.10.2", "2.15.0a0+git1234", "3.0.0"):
+            with self.assertRaisesRegex(ImportError, rf"supports torch 2.11 to 2.14, but torch {re.escape(version)} "
+                                        r"is installed: .*pip install 'torch>=2.11,<2.15'"):
+                compat.check_torch_version(version)
+        self.assertEqual(compat.TORCH_RELEASE, compat.torch_release(torch.__version__))
+
+    def test_import_refuses_an_unsupported_torch(self):
+        # Importing precompile raises, naming the version; the entry-point shim
+        # (which must never break `import torch`) warns instead.
+        script = textwrap.dedent("""
+            import sys, warnings
+            import torch
+            torch.__version__ = "2.10.2"
+            for name in [m for m in sys.modules if m.startswith("torch_precompile")]:
+                del sys.modules[name]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import torch_precompile
+            print("warned:", *[w.message for w in caught])
+            try:
+                import torch_precompile._precompile
+            except ImportError as error:
+                print("refused:", error)
+        """)
+        env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        message = "torch-precompile supports torch 2.11 to 2.14, but torch 2.10.2 is installed"
+        self.assertIn(f"warned: torch-precompile: torch.compiler.precompile is unavailable (ImportError: {message}", result.stdout)
+        self.assertIn(f"refused: {message}", result.stdout)
 
     def test_shape_env_internals(self):
         shape_env, fake_mode = compat.symbolic_fake_mode()
@@ -378,13 +424,19 @@ class TestCaptureInternals(TestCase):
         def plain(x):
             return x.relu()
 
-        def trace():
-            graph = make_fx(plain, record_stack_traces=True)(torch.randn(2))
+        def trace(record):
+            def traced(x):
+                if record:
+                    compat.record_frames_of(plain)
+                return plain(x)
+
+            graph = make_fx(traced, record_stack_traces=True)(torch.randn(2))
             return [n.stack_trace or "" for n in graph.graph.nodes if n.op == "call_function"]
 
-        self.assertNotIn("in plain", "".join(trace()))  # only frames named forward are kept
-        compat.record_frames_of(plain)
-        self.assertIn("in plain", "".join(trace()))
+        self.assertNotIn("in plain", "".join(trace(record=False)))  # only frames named forward are kept
+        self.assertIn("in plain", "".join(trace(record=True)))
+        self.assertNotIn("in traced", "".join(trace(record=True)))  # only plain's
+        compat.record_frames_of(len)  # no Python code: nothing to keep
 
     def test_innermost_frame(self):
         trace = "".join(traceback.format_list([
@@ -425,12 +477,30 @@ class TestCaptureInternals(TestCase):
         self.assertNotIn("from torch._inductor", stripped)
         self.assertIn("extern_kernels.mm", source)
         self.assertIn("mm", implementation._extern_kernel_table(source))
-        # Graph-input asserts are recognised by their "input" tag: both inputs'
-        # go, and nothing else does.
-        self.assertEqual(source.count("'input')"), 2)
+        # Both inputs' asserts go (one line each, or one grouped line on 2.14), nothing else does.
+        on_inputs = [line + "\n" for line in source.splitlines() if "assert_size_stride" in line and "arg" in line]
+        self.assertIn(len(on_inputs), (1, 2))
         kept = compat.without_input_asserts(source)
-        self.assertNotIn("'input')", kept)
-        self.assertEqual(len(source.splitlines()) - len(kept.splitlines()), 2)
+        self.assertEqual(kept, "".join(line for line in source.splitlines(keepends=True) if line not in on_inputs))
+
+    def test_without_input_asserts_knows_each_versions_format(self):
+        head = "    def call(self, args):\n        arg0_1, arg1_1 = args\n        args.clear()\n"
+        extern = "        assert_size_stride(buf0, (4, 4), (4, 1), 'torch.ops.aten.mm.default')\n"
+        tail = "        return (buf0, )\n"
+        for version, asserts in {
+            "2.11/2.12": ["        assert_size_stride(arg0_1, (4, 4), (4, 1))\n",
+                          "        assert_size_stride(arg1_1, (4, ), (1, ))\n"],
+            "2.13": ["        assert_size_stride(arg0_1, (4, 4), (4, 1), 'input')\n",
+                     "        assert_size_stride(arg1_1, (4, ), (1, ), 'input')\n"],
+            "2.14": ["        assert_size_stride_grouped((arg0_1, arg1_1), ((4, 4), (4, )), ((4, 1), (1, )), 'input')\n"],
+        }.items():
+            self.assertEqual(compat.without_input_asserts(head + "".join(asserts) + extern + tail),
+                             head + extern + tail, version)
+        # A lone input ("arg0_1, = args"); an assert on a name call() did not unpack stays.
+        lone = "    def call(self, args):\n        arg0_1, = args\n"
+        other = "        assert_size_stride(buf1, (4, ), (1, ))\n"
+        self.assertEqual(compat.without_input_asserts(lone + "        assert_size_stride(arg0_1, (4, ), (1, ))\n" + other),
+                         lone + other)
 
     def test_inductor_realize_op_and_post_grad_pass(self):
         # The op computes its input into a buffer of its own (a scalar is then

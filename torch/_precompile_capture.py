@@ -465,6 +465,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             for index, grad in zip(candidates, incoming_grads):
                 state[index].grad = grad
+            compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with torch.enable_grad(), guard:
                 result = fn(*call_args)
             _check_state_not_rebound(args.modules, mappings)
@@ -712,7 +713,6 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         )
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
-    compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
     with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModuleReads(args) as module_reads:
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)

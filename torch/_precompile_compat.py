@@ -1,9 +1,12 @@
-"""The private torch 2.13 internals torch.compiler.precompile's capture side relies on.
+"""The private torch internals torch.compiler.precompile's capture side relies on.
 
-Every private torch API that ``torch/_precompile.py``,
-``torch/_precompile_capture.py`` (and the entry-point shim
-``torch_precompile.py``) use goes through one name here, with a line
-saying what torch 2.13 lacks and what there is instead.
+Supported: torch 2.11 to 2.14 (``SUPPORTED_TORCH``); importing this module on
+another release raises ImportError naming it.  Every private torch API that
+``torch/_precompile.py``, ``torch/_precompile_capture.py`` (and the
+entry-point shim ``torch_precompile.py``) use goes through one name here,
+with a line saying what torch lacks and what there is instead; where an
+internal differs between releases, each path names the releases it covers
+(``TORCH_RELEASE``).
 ``test/test_precompile_compat.py`` pins each against the installed torch
 (existence, signature, the behaviour relied on) and checks that no other
 ``torch/_precompile*.py`` source touches them, so a torch upgrade that moves
@@ -33,10 +36,42 @@ directly.
 import contextlib
 import os
 import re
+import traceback
 import types
 from typing import Any, Callable
 
 import torch
+
+
+# ---------------------------------------------------------------------------
+# Supported torch releases
+# ---------------------------------------------------------------------------
+
+# The torch releases (major, minor) this module has a path for, first and last.
+SUPPORTED_TORCH = ((2, 11), (2, 14))
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as ``2.11.0+cu130`` or ``2.15.0a0+git``."""
+    major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor)
+
+
+def check_torch_version(version: str) -> None:
+    """Refuse a torch release outside SUPPORTED_TORCH, naming it and the range."""
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_TORCH
+    if not SUPPORTED_TORCH[0] <= torch_release(version) <= SUPPORTED_TORCH[1]:
+        raise ImportError(
+            f"torch-precompile supports torch {low_major}.{low_minor} to {high_major}.{high_minor}, but "
+            f"torch {version} is installed: install a supported torch "
+            f"(pip install 'torch>={low_major}.{low_minor},<{high_major}.{high_minor + 1}')"
+        )
+
+
+# The paths below rely on one release's internals each; an unknown release
+# would fail deep inside a capture instead of here.
+check_torch_version(torch.__version__)
+TORCH_RELEASE = torch_release(torch.__version__)
 
 
 # ---------------------------------------------------------------------------
@@ -115,11 +150,12 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
 
 # The tensor attributes torch._dynamo.decorators' mark_* set; no public reader as of 2.13.
 MARK_ATTRIBUTES = (
-    "_has_dynamo_dim_marking",
+    "_has_dynamo_dim_marking",  # torch 2.13+: set by mark_unbacked, mark_dynamic, maybe_mark_dynamic
     "_dynamo_dynamic_indices",
+    "_dynamo_weak_dynamic_indices",  # maybe_mark_dynamic
     "_dynamo_unbacked_indices",
     "_dynamo_strict_unbacked_indices",
-    "_dynamo_unbacked_bounds",
+    "_dynamo_unbacked_bounds",  # torch 2.12+ (2.11's mark_unbacked takes no min=/max=)
     "_dynamo_shape_ids",
 )
 
@@ -132,9 +168,10 @@ def dim_marks(tensor: torch.Tensor) -> types.SimpleNamespace:
     A SimpleNamespace, not a NamedTuple, whose class creation would cost ~0.2 ms
     of every ``import torch`` (the entry-point shim imports this module).
     """
-    marked, dynamic, unbacked, strict, bounds, shape_ids = (getattr(tensor, name, None) for name in MARK_ATTRIBUTES)
+    flag, dynamic, weak, unbacked, strict, bounds, shape_ids = (getattr(tensor, name, None) for name in MARK_ATTRIBUTES)
     return types.SimpleNamespace(
-        marked=bool(marked),
+        # torch 2.11/2.12 set no flag: any dim index set those three functions fill is a mark.
+        marked=bool(flag or dynamic or weak or unbacked or strict),
         dynamic=frozenset(dynamic or ()),
         unbacked=frozenset(unbacked or ()) | frozenset(strict or ()),
         bounds=dict(bounds or {}),
@@ -164,12 +201,23 @@ def fake_with_unbacked_dims(fake_mode: Any, tensor: torch.Tensor, name: str, dim
     from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
+    bounds = {d: (low, high) for d, (_, low, high) in dims.items()}
+    # torch 2.11's context has no unbacked_bounds: the bounds are applied below,
+    # as 2.12+ applies them (torch._check on the fresh symbol).
+    with_bounds = {} if TORCH_RELEASE < (2, 12) else {"unbacked_bounds": bounds}
     context = StatelessSymbolicContext(
         dynamic_sizes=[DimDynamic.UNBACKED if d in dims else DimDynamic.STATIC for d in range(tensor.dim())],
         shape_ids={d: shape_id for d, (shape_id, _, _) in dims.items()},
-        unbacked_bounds={d: (low, high) for d, (_, low, high) in dims.items()},
+        **with_bounds,
     )
-    return fake_mode.from_tensor(tensor, symbolic_context=context, source=LocalSource(name))
+    fake = fake_mode.from_tensor(tensor, symbolic_context=context, source=LocalSource(name))
+    if not with_bounds:
+        for d, (low, high) in bounds.items():
+            if low is not None:
+                torch._check(fake.shape[d] >= low)
+            if high is not None:
+                torch._check(fake.shape[d] <= high)
+    return fake
 
 
 # ShapeEnv's state after a trace; no public API as of 2.13 (plain ShapeEnv attributes).
@@ -241,13 +289,36 @@ def fx_builtin_imports(names: Any) -> tuple[list[str], list[str]]:
 
 
 def record_frames_of(fn: Callable) -> None:
-    """Keep ``fn``'s own frames in the stack traces make_fx records for graph nodes."""
+    """Keep ``fn``'s own frames in the stack traces make_fx records for graph nodes.
+
+    Call it inside the function make_fx traces, before ``fn`` runs.
+    """
     # make_fx's tracer keeps only frames named ``forward`` and registered
     # anchors, so an op written in fn itself would have no source line; torch
-    # 2.13 registers anchors only through this private helper (a process-wide set).
-    from torch.fx.proxy import _register_stack_trace_anchor
+    # 2.13+ registers anchors only through this private helper (a process-wide set).
+    code = getattr(fn, "__code__", None)
+    if code is None:  # not a Python function: no frames of its own
+        return
+    if TORCH_RELEASE >= (2, 13):
+        from torch.fx.proxy import _register_stack_trace_anchor
 
-    _register_stack_trace_anchor(fn)
+        _register_stack_trace_anchor(fn)
+        return
+    # torch 2.11/2.12 have no anchors: extend the running tracer's frame filter
+    # (an overridable method) on that tracer instance alone, as 2.13 does.
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    tracer = get_proxy_mode().tracer
+    kept_by_torch = type(tracer)._filter_traceback_frames
+    anchor = (code.co_filename, code.co_name)
+
+    def filter_frames(summary: traceback.StackSummary) -> traceback.StackSummary:
+        kept = {id(frame) for frame in kept_by_torch(tracer, summary)}
+        return traceback.StackSummary.from_list(
+            [frame for frame in summary if id(frame) in kept or (frame.filename, frame.name) == anchor]
+        )
+
+    tracer._filter_traceback_frames = filter_frames
 
 
 def innermost_frame(stack_trace: str | None, keep: Callable[[str], bool]) -> tuple | None:
@@ -416,9 +487,16 @@ def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any
     return _Pass()
 
 
-# How Inductor 2.13's generated call() asserts a graph input's size and stride
-# (``write_assert_size_stride(name, size, stride, "input")``); a private format.
-_INDUCTOR_INPUT_ASSERT = re.compile(r"^[ \t]*assert_size_stride\([A-Za-z_]\w*, .*, 'input'\)\n", re.MULTILINE)
+# Inductor's generated call() (a private format) first unpacks its inputs
+# (``arg0_1, arg1_1 = args``), then asserts each input's size and stride:
+# ``assert_size_stride(arg0_1, size, stride)`` on torch 2.11/2.12, the same
+# with an ``'input'`` tag on 2.13, and on 2.14 one
+# ``assert_size_stride_grouped((arg0_1, arg1_1), sizes, strides, 'input')``
+# for several inputs.
+_INDUCTOR_CALL_INPUTS = re.compile(r"^[ \t]*def call\((?:self, )?args\):\n[ \t]+([\w, ]+) = args\n", re.MULTILINE)
+_INDUCTOR_ASSERT = re.compile(
+    r"^[ \t]*(?:assert_size_stride\(([A-Za-z_]\w*)|assert_size_stride_grouped\(\(([\w, ]+)\)), .*\)\n", re.MULTILINE
+)
 
 
 def without_input_asserts(source: str) -> str:
@@ -430,8 +508,16 @@ def without_input_asserts(source: str) -> str:
     asserts on extern kernels' outputs stay: they check Inductor's own stride
     predictions, which nothing else does.
     """
-    # torch 2.13 can only turn all size asserts off (config.size_asserts).
-    return _INDUCTOR_INPUT_ASSERT.sub("", source)
+    # torch 2.11-2.14 can only turn all size asserts off (config.size_asserts).
+    def names(text: str) -> set[str]:
+        return {name.strip() for name in text.split(",")} - {""}
+
+    inputs = set().union(*map(names, _INDUCTOR_CALL_INPUTS.findall(source)))
+
+    def drop_if_inputs(match: re.Match) -> str:
+        return "" if names(match[1] or match[2]) <= inputs else match[0]
+
+    return _INDUCTOR_ASSERT.sub(drop_if_inputs, source)
 
 
 def inductor_extern_kernels() -> Any:
