@@ -190,7 +190,6 @@ def main():
     args = parser.parse_args()
 
     import torch
-    import torch_precompile
 
     if not torch.cuda.is_available():
         sys.exit("cuda_bench.py needs a CUDA GPU")
@@ -204,34 +203,50 @@ def main():
         namespace = {}
         exec(SETUP, namespace)
         for name in args.workloads.split(","):
-            paths = {"code": os.path.join(tmp, f"{name}.py"), "cache": os.path.join(tmp, f"{name}.cache")}
-            model, inputs, fn, _ = namespace["build"](name)
-            start = time.perf_counter()
-            code, cache = torch_precompile.precompile(fn, model, *inputs)
-            build_s = time.perf_counter() - start
-            with open(paths["code"], "w") as f:
-                f.write(code)
-            with open(paths["cache"], "wb") as f:
-                f.write(cache)
-            _child(name, "compile", paths, compile_env)  # fills torch.compile's cache directory
-            warm = {}
-            for method in ("precompile", "compile", "eager"):
-                method_env = compile_env if method == "compile" else {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "empty")}
-                results = [_child(name, method, paths, method_env) for _ in range(args.repeats)]
-                warm[method] = {
-                    "seconds": statistics.median(r["seconds"] for r in results),
-                    "heavy_imported": max(r["heavy_imported"] for r in results),
-                }
-            steady = _steady(name, code, cache, args.rounds, args.calls)
-            raw["workloads"][name] = {"build_s": build_s, "warm": warm, "steady": steady, "cache_bytes": len(cache)}
-            print(name, json.dumps(raw["workloads"][name]), flush=True)
-            rows.append(
-                f"| {name} | {_ms(build_s)} | {_ms(warm['precompile']['seconds'])} "
-                f"({'no' if warm['precompile']['heavy_imported'] == 0 else 'yes'}) | {_ms(warm['compile']['seconds'])} | "
-                f"{_ms(warm['eager']['seconds'])} | **{warm['compile']['seconds'] / warm['precompile']['seconds']:.0f}x** | "
-                f"{_us(steady['precompile'])} | {_us(steady['compile'])} | {_us(steady['eager'])} | "
-                f"{steady['compile'] / steady['precompile']:.2f}x |"
-            )
+            try:
+                rows.append(_measure(name, namespace, tmp, compile_env, args, raw))
+            except Exception as error:  # one broken workload must not hide the others' rows
+                rows.append(f"| {name} | failed: {type(error).__name__}: {str(error)[:200]} |" + " |" * 9)
+            with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+                json.dump(raw, f, indent=1)
+    _write(args, env, rows, raw)
+
+
+def _measure(name, namespace, tmp, compile_env, args, raw):
+    """Build, time and compare one workload; returns its table row."""
+    import torch_precompile
+
+    paths = {"code": os.path.join(tmp, f"{name}.py"), "cache": os.path.join(tmp, f"{name}.cache")}
+    model, inputs, fn, _ = namespace["build"](name)
+    start = time.perf_counter()
+    code, cache = torch_precompile.precompile(fn, model, *inputs)
+    build_s = time.perf_counter() - start
+    with open(paths["code"], "w") as f:
+        f.write(code)
+    with open(paths["cache"], "wb") as f:
+        f.write(cache)
+    _child(name, "compile", paths, compile_env)  # fills torch.compile's cache directory
+    warm = {}
+    for method in ("precompile", "compile", "eager"):
+        method_env = compile_env if method == "compile" else {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "empty")}
+        results = [_child(name, method, paths, method_env) for _ in range(args.repeats)]
+        warm[method] = {
+            "seconds": statistics.median(r["seconds"] for r in results),
+            "heavy_imported": max(r["heavy_imported"] for r in results),
+        }
+    steady = _steady(name, code, cache, args.rounds, args.calls)
+    raw["workloads"][name] = {"build_s": build_s, "warm": warm, "steady": steady, "cache_bytes": len(cache)}
+    print(name, json.dumps(raw["workloads"][name]), flush=True)
+    return (
+        f"| {name} | {_ms(build_s)} | {_ms(warm['precompile']['seconds'])} "
+        f"({'no' if warm['precompile']['heavy_imported'] == 0 else 'yes'}) | {_ms(warm['compile']['seconds'])} | "
+        f"{_ms(warm['eager']['seconds'])} | **{warm['compile']['seconds'] / warm['precompile']['seconds']:.0f}x** | "
+        f"{_us(steady['precompile'])} | {_us(steady['compile'])} | {_us(steady['eager'])} | "
+        f"{steady['compile'] / steady['precompile']:.2f}x |"
+    )
+
+
+def _write(args, env, rows, raw):
     text = "\n".join(
         [
             "# precompile on CUDA: warm start and steady state against torch.compile and eager",
@@ -256,8 +271,6 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump(raw, f, indent=1)
     print(text)
 
 
