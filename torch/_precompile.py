@@ -318,6 +318,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import json
 import linecache
 import logging
 import marshal
