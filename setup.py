@@ -1,4 +1,4 @@
-"""Install torch.compiler.precompile onto an installed torch 2.13 wheel.
+"""Install torch.compiler.precompile onto an installed torch 2.11-2.14 wheel.
 
 Adds the modules ``torch._precompile``, ``torch._precompile_capture``,
 ``torch._precompile_runtime``, ``torch._precompile_inspect`` and
@@ -18,7 +18,7 @@ from setuptools import setup
 setup(
     name="torch-precompile",
     version="0.1.0",
-    description="torch.compiler.precompile: ahead-of-time precompile on a stock PyTorch 2.13",
+    description="torch.compiler.precompile: ahead-of-time precompile on a stock PyTorch 2.11-2.14",
     python_requires=">=3.10",
     py_modules=[
         "torch._precompile",
