@@ -40,6 +40,7 @@ import unittest
 from pathlib import Path
 
 import torch
+from torch_precompile._precompile_compat import SUPPORTED_TORCH
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 
@@ -346,7 +347,9 @@ class TestInstalledFiles(TestCase):
         self.assertFalse((REPO / "torch" / "__init__.py").exists(), "this repo must never ship torch/__init__.py")
         self.assertEqual(setup["packages"], ["torch_precompile"])
         self.assertEqual(setup["entry_points"], {"torch.backends": ["precompile = torch_precompile:_attach"]})
-        self.assertEqual(setup["install_requires"], ["torch>=2.11,<2.15"])
+        # The releases torch/_precompile_compat.py has a path for, no others.
+        (low_major, low_minor), (high_major, high_minor) = SUPPORTED_TORCH
+        self.assertEqual(setup["install_requires"], [f"torch>={low_major}.{low_minor},<{high_major}.{high_minor + 1}"])
 
 
 def _setup_py() -> dict:

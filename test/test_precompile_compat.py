@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""The private torch 2.13 internals torch.compiler.precompile relies on, pinned.
+"""The private torch internals torch.compiler.precompile relies on, pinned (each supported release: 2.11-2.14).
 
 One test per shim in ``torch/_precompile_compat.py`` (capture) and in the
 driver's section "torch 2.13 internals the driver relies on"

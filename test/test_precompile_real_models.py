@@ -41,6 +41,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_precompile
+from _precompile_testing import needs_mark_bounds
 
 
 BACKENDS = ("eager", "inductor")
@@ -405,6 +406,7 @@ class TestNumerics(TestCase):
 class TestFreeDims(TestCase):
     """mark_unbacked dims on real nets (backend='inductor')."""
 
+    @needs_mark_bounds
     def test_conv_net_batch_dim(self):
         model = _model("mobilenet_eval")
         x = _images(0)
@@ -436,6 +438,7 @@ class TestFreeDims(TestCase):
             torch.testing.assert_close(runnable(model, y), step(ref, y), **TOLERANCE)
             _assert_same_state(ref, model, f"batch {batch}")
 
+    @needs_mark_bounds
     def test_channels_last_conv_net_batch_dim(self):
         # A free dim pins the input's memory format (its strides vary with the size).
         def step(model, x):
@@ -458,6 +461,7 @@ class TestFreeDims(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected a tensor in channels_last memory format"):
             runnable(model, _images(2, 2))
 
+    @needs_mark_bounds
     def test_transformer_sequence_dim(self):
         torch.manual_seed(0)
         layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
@@ -470,6 +474,7 @@ class TestFreeDims(TestCase):
                 y = torch.randn(2, length, 32)
                 torch.testing.assert_close(runnable(model, y), model(y), **TOLERANCE)
 
+    @needs_mark_bounds
     def test_shape_id_bounds_combine(self):
         def fn(model, x, y):
             return model(x) + y
@@ -485,6 +490,7 @@ class TestFreeDims(TestCase):
             with self.assertRaisesRegex(PrecompileError, r"outside the bounds \[2, 8\]"):
                 runnable(model, torch.randn(batch, 4), torch.randn(batch, 4))
 
+    @needs_mark_bounds
     def test_shape_id_bounds_without_common_size_refused(self):
         x, y = torch.randn(3, 4), torch.randn(3, 4)
         mark_unbacked(x, 0, min=6, shape_id="batch")

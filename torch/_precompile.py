@@ -142,7 +142,7 @@ says who guarantees it and, where it is enforced, which tests (in
    precompile() runs is the caller's responsibility.  The driver's one piece of
    process-global state is its structure counter, registered once per process
    on nn.Module's global registration hooks and shared by every artifact.  The
-   private torch 2.13 internals all this relies on are listed in
+   private torch internals all this relies on (a path per release, 2.11-2.14) are listed in
    ``torch/_precompile_compat.py`` (the driver's in its own marked section) and
    pinned by test_precompile_compat.py.
 11. Nothing baked goes unchecked.  A call either computes what eager fn

@@ -473,6 +473,8 @@ def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any
     own helper), so an edit to the pass or to a setting beside it never reuses
     a graph the old version produced.
     """
+    # CustomGraphPass derives from ABC on torch 2.11/2.12 and from CustomPassBase
+    # on 2.13+; a subclass defining __call__ and uuid is accepted by each.
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
     version = get_hash_for_files((graph_pass.__code__.co_filename,)).hex()
