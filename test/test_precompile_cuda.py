@@ -13,12 +13,15 @@ need no GPU (launch records, the grid check, the build environment, the
 refusal of a CUDA artifact where no GPU is present).
 """
 
+import ast
 import copy
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 import unittest
 from unittest import mock
 
@@ -35,6 +38,7 @@ from torch.testing._internal.common_utils import (
 import torch_precompile
 from torch_precompile import (
     _precompile as precompile_module,
+    _precompile_compat as compat_module,
     _precompile_format as format_module,
     _precompile_runtime as runtime,
     PrecompileError,
@@ -201,7 +205,11 @@ class TestCudaArtifacts(TestCase):
             self.assertIn(key.removesuffix(".cubin") + ".json", artifact.kernels)
         self.assertEqual(artifact.envelope["build_env"], format_module._build_environment(gpu=True))
         self.assertIn("async_compile.triton(", python_code)
-        self.assertNotIn("\nimport triton\n", python_code)
+        # Inductor's module imports Triton only inside its kernels' source strings now.
+        top_level_imports = [
+            alias.name for node in ast.parse(python_code).body if isinstance(node, ast.Import) for alias in node.names
+        ]
+        self.assertNotIn("triton", top_level_imports)
 
     def test_warm_load_in_a_fresh_process_imports_no_compiler(self):
         m = _mlp()
@@ -312,6 +320,104 @@ class TestCudaCacheLayout(TestCase):
         with mock.patch.object(torch.cuda, "is_available", return_value=False):
             with self.assertRaisesRegex(PrecompileError, r"captured on cuda:0 and needs cuda:0, but this process sees 0 CUDA GPU"):
                 torch_precompile.load(as_cuda, b"")
+
+
+# An Inductor Triton kernel as Inductor 2.11 writes it (pointwise add + relu), NAME substituted.
+_KERNEL_SOURCE = """
+import triton
+import triton.language as tl
+
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.hints import DeviceProperties
+
+@triton_heuristics.pointwise(
+    size_hints={'x': 4096},
+    filename=__file__,
+    triton_meta={'signature': {'in_out_ptr0': '*fp32', 'in_ptr0': '*fp32', 'xnumel': 'i32', 'XBLOCK': 'constexpr'},
+                 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9,
+                                            regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                                            max_threads_per_block=1024, warp_size=32),
+                 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]],
+                                               (2,): [['tt.divisibility', 16]]}]},
+    inductor_meta={'grid_type': 'Grid1D', 'kernel_name': 'NAME', 'mutated_arg_names': ['in_out_ptr0'],
+                   'optimize_mem': True, 'no_x_dim': False, 'autotune_local_cache': False},
+    min_elem_per_thread=0
+)
+@triton.jit
+def NAME(in_out_ptr0, in_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:]
+    tmp0 = tl.load(in_ptr0 + (xindex % 128), None)
+    tmp1 = tl.load(in_out_ptr0 + (xindex), None)
+    tl.store(in_out_ptr0 + (xindex), triton_helpers.maximum(tl.full([1], 0, tl.int32), tmp0 + tmp1), None)
+"""
+
+
+def _has_triton_codegen():
+    try:
+        return importlib.util.find_spec("triton") is not None and importlib.util.find_spec(
+            "torch._inductor.runtime.static_triton_launcher"
+        ) is not None
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(_has_triton_codegen(), "needs Triton (torch's CUDA wheels bring it)")
+class TestTritonLaunchRecords(TestCase):
+    """The launch record precompile keeps of a compiled Triton kernel, built without a GPU.
+
+    Triton compiles for sm_90 on any host; only loading and launching need the
+    GPU (TestCudaArtifacts).  Inductor launches a kernel whose name is over 150
+    characters through Triton's own launcher (Triton truncates its cache's file
+    names, so the static launcher finds no cubin): its record must be the one
+    the static launcher would have used.
+    """
+
+    def _autotuner(self, name: str, tmp: str):
+        from torch._inductor.runtime import triton_helpers
+
+        path = os.path.join(tmp, f"{len(name)}.py")
+        with open(path, "w") as f:
+            f.write(_KERNEL_SOURCE.replace("NAME", name))
+        spec = importlib.util.spec_from_file_location(f"precompile_test_kernel_{len(name)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        autotuner = getattr(module, name)
+        # No GPU here: compile every config for the sm_90 the source names, no driver.
+        with mock.patch.object(triton_helpers, "set_driver_to_gpu", lambda: None):
+            autotuner._precompile_worker()
+        chosen = autotuner.compile_results[-1]
+        autotuner.launchers = [types.SimpleNamespace(cache_hash=compat_module._triton_path_key(chosen.kernel.hash))]
+        return autotuner, chosen
+
+    def test_records_of_static_and_triton_launched_kernels_agree(self):
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": tmp}):
+            short_name, long_name = "triton_poi_fused_relu_0", "triton_poi_fused_" + "relu_" * 32 + "0"
+            (short, short_result), (long, long_result) = (
+                self._autotuner(short_name, tmp), self._autotuner(long_name, tmp)
+            )
+            self.assertEqual(type(short_result).__name__, "StaticTritonCompileResult")
+            self.assertEqual(type(long_result).__name__, "TritonCompileResult")
+            (short_record, short_cubin), (long_record, long_cubin) = map(compat_module.triton_launch_record, (short, long))
+        self.assertEqual(short_record.pop("name"), short_name)
+        self.assertEqual(long_record.pop("name"), long_name)
+        self.assertEqual(short_record, long_record)
+        self.assertEqual(short_record["def_args"], ["in_out_ptr0", "in_ptr0", "xnumel"])
+        self.assertEqual(short_record["call_args"], ["in_out_ptr0", "in_ptr0", "xnumel"])
+        self.assertEqual(short_record["arg_tys"], "OOi")
+        xblock = short_result.config.kwargs["XBLOCK"]
+        grid = runtime._grid_function(short_record["grid"], short_record["def_args"])
+        self.assertEqual(grid(None, None, 4096), (4096 // xblock, 1, 1))
+        for cubin in (short_cubin, long_cubin):
+            self.assertEqual(cubin[:4], b"\x7fELF")
+
+    def test_unlaunched_kernel_is_not_cached(self):
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": tmp}):
+            autotuner, _ = self._autotuner("triton_poi_fused_relu_1", tmp)
+            autotuner.launchers = []
+            self.assertIsNone(compat_module.triton_launch_record(autotuner))
+            autotuner.launchers = [types.SimpleNamespace(cache_hash="no such binary")]
+            self.assertIsNone(compat_module.triton_launch_record(autotuner))
 
 
 instantiate_parametrized_tests(TestCudaArtifacts)

@@ -382,24 +382,26 @@ def triton_launch_record(autotuner: Any) -> tuple[dict, bytes] | None:
     ``StaticTritonCompileResult.make_launcher`` generates its launcher from: the
     grid expressions (``GridExpr``), the arguments the graph passes and those
     the cubin takes, shared memory, warps, and Triton's trailing scratch
-    pointers.  Kernels the static launcher cannot run (no cubin, launch
-    attributes, a grid needing prefix statements) are not cached.
+    pointers.  A config Inductor launches through Triton's own launcher
+    (``TritonCompileResult``: e.g. a kernel name over 150 characters, which
+    Triton truncates in its cache's file names, so Inductor's static launch
+    finds no cubin) is recorded the same way from Triton's compiled kernel.
+    Kernels the static launcher cannot run (launch attributes, scratch memory,
+    a grid needing prefix statements) are not cached.
     """
-    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
     from torch._inductor.runtime.triton_heuristics import GridExpr, StaticTritonCompileResult
 
     if not autotuner.launchers:
         return None
     cache_hash = getattr(autotuner.launchers[0], "cache_hash", None)
-    result = next(
-        (
-            r
-            for r in autotuner.compile_results
-            if isinstance(r, StaticTritonCompileResult) and _triton_path_key(r.kernel.hash) == cache_hash
-        ),
-        None,
-    )
+    result = next((r for r in autotuner.compile_results if _triton_path_key(r.kernel.hash) == cache_hash), None)
     if result is None:
+        return None
+    if isinstance(result, StaticTritonCompileResult):
+        cubin = _read_cached_cubin(result, cache_hash)
+    else:
+        cubin, result = _as_static_result(autotuner, result)
+    if cubin is None:
         return None
     static = result.kernel
     grid = GridExpr.from_meta(result.inductor_meta, result.config)
@@ -411,16 +413,9 @@ def triton_launch_record(autotuner: Any) -> tuple[dict, bytes] | None:
     ]
     if not set(call_args) <= set(def_args):
         return None
-    device = result.compile_meta.get("device") or 0
-    path = os.path.join(triton_cache_dir(device), cache_hash, static.name + ".cubin")
-    try:
-        with open(path, "rb") as f:
-            cubin = f.read()
-    except OSError:
-        return None
     record = {
         "name": static.name,
-        "device": device,
+        "device": result.compile_meta.get("device") or 0,
         "shared": static.shared,
         "num_warps": static.num_warps,
         "arg_tys": static.arg_tys,
@@ -430,6 +425,47 @@ def triton_launch_record(autotuner: Any) -> tuple[dict, bytes] | None:
         "grid": [str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)],
     }
     return record, cubin
+
+
+def _read_cached_cubin(result: Any, cache_hash: str) -> bytes | None:
+    # A statically launched kernel dropped its cubin bytes once loaded; they are
+    # still in Triton's cache directory, where Inductor found them.
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    path = os.path.join(triton_cache_dir(result.compile_meta.get("device") or 0), cache_hash, result.kernel.name + ".cubin")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _as_static_result(autotuner: Any, result: Any) -> tuple[bytes | None, Any]:
+    """(cubin, StaticTritonCompileResult) of a config compiled to a Triton ``CompiledKernel``."""
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    from torch._inductor.runtime.triton_heuristics import StaticTritonCompileResult
+
+    compiled = result.kernel
+    cubin, src = compiled.asm.get("cubin"), getattr(compiled, "src", None)
+    launch_attributes = getattr(compiled.metadata, "launch_pdl", False) or getattr(
+        compiled.metadata, "launch_cooperative_grid", False
+    )
+    if cubin is None or src is None or launch_attributes:
+        return None, result
+    # What StaticallyLaunchedCudaKernel reads of a CompiledKernel; a kernel
+    # compiled in a worker process comes back without its JITFunction (src.fn).
+    view = types.SimpleNamespace(
+        src=types.SimpleNamespace(fn=autotuner.fn, signature=src.signature, constants=getattr(src, "constants", {})),
+        asm=compiled.asm,
+        metadata=compiled.metadata,
+        hash=compiled.hash,
+        _cubin_path=None,
+    )
+    try:
+        static = StaticallyLaunchedCudaKernel(view)
+    except NotImplementedError:  # scratch memory, launch hooks, clusters
+        return None, result
+    return cubin, StaticTritonCompileResult(static, result.config, result.compile_meta, result.inductor_meta)
 
 
 def _triton_path_key(kernel_hash: str) -> str:
