@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import unittest
 import traceback
 import warnings
 from pathlib import Path
@@ -150,6 +151,13 @@ class TestDriverInternals(TestCase):
             guard.check()
         self.assertFalse(runtime.guard_passes(guard, []))
         self.assertIs(runtime._TensorGuards, torch._C._dynamo.guards.TensorGuards)
+
+    @unittest.skipUnless(hasattr(torch._C, "_StaticCudaLauncher"), "a CPU-only torch build has no CUDA launcher")
+    def test_static_cuda_launcher_loads_and_launches(self):
+        # TritonLaunch replays a cached cubin through these two (test_precompile_cuda.py runs them on a GPU).
+        launcher = runtime._static_cuda_launcher()
+        self.assertIs(launcher, torch._C._StaticCudaLauncher)
+        self.assertTrue(callable(launcher._load_kernel) and callable(launcher._launch_kernel))
 
     def test_is_alias_of_means_same_storage(self):
         for is_alias_of in (runtime._is_alias_of, compat.is_alias_of):
