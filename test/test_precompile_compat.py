@@ -17,8 +17,8 @@ import re
 import subprocess
 import sys
 import textwrap
-import unittest
 import traceback
+import unittest
 import warnings
 from pathlib import Path
 
