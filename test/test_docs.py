@@ -162,7 +162,9 @@ class TestReadmeAndCi(TestCase):
         self.assertIn("set -euo pipefail", run)
         self.assertIn("rm -rf .venv", run)  # a fresh venv, not the machine's Python
         self.assertIn(setup_and_demo, run, ".ci/run must run the README's first command verbatim")
-        self.assertEqual(run[-1], test_command, ".ci/run must end with the README's test command")
+        self.assertIn(test_command, run, ".ci/run must run the README's test command")
+        # ... in the README's environment, before the legs on the other supported torch releases.
+        self.assertLess(run.index(setup_and_demo), run.index(test_command))
         self.assertNotIn("--system-site-packages", (REPO / ".ci" / "run").read_text())
         setup = (REPO / ".ci" / "setup").read_text()
         self.assertIn("set -euo pipefail", setup)
