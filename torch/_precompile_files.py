@@ -69,7 +69,7 @@ class MakeFxTracer:
 def _tracer(tracer: Any) -> MakeFxTracer:
     if isinstance(tracer, MakeFxTracer):
         return tracer
-    if tracer == "make_fx":
+    if isinstance(tracer, str) and tracer == "make_fx":
         return MakeFxTracer()
     raise PrecompileError(
         f"capture: tracer must be MakeFxTracer() (or the string 'make_fx'), the only tracer this "
@@ -117,7 +117,9 @@ class Capture:
 
     def __enter__(self) -> "Capture":
         if self._entered or self._closed:
-            raise PrecompileError(f"{self!r} was already used in a with block; a capture is single-use: call capture() again")
+            raise PrecompileError(
+                f"{self!r} was already used in a with block; a capture is single-use: call capture() again"
+            )
         self._entered = True
         return self
 
@@ -140,7 +142,9 @@ class Capture:
                 "positional); pass them positionally"
             )
         if self._closed:
-            raise PrecompileError(f"{self!r} is closed (its with block exited); a capture is single-use: call capture() again")
+            raise PrecompileError(
+                f"{self!r} is closed (its with block exited); a capture is single-use: call capture() again"
+            )
         if self._called:
             raise PrecompileError(
                 f"{self!r} already took its call: MakeFxTracer captures exactly one call of fn; "
@@ -324,7 +328,8 @@ def _checks(convention: CallingConvention) -> tuple[str, ...]:
         checks.append(
             f"args[{module.position}]: an nn.Module; parameter and buffer names, tying, {tensor_check}; "
             "submodule names and classes; training flags fn read: "
-            f"{sum(flag is not None for _, flag in module.submodules)}, attributes fn read: {len(module.attributes)}; no hooks"
+            f"{sum(flag is not None for _, flag in module.submodules)}, "
+            f"attributes fn read: {len(module.attributes)}; no hooks"
         )
     for optimizer in convention.optimizers:
         checks.append(
