@@ -389,6 +389,7 @@ VENV_REPORT = _NO_EDITABLE + """
 import importlib.metadata, json, sysconfig
 import torch
 import torch_precompile, torch_precompile._precompile as ours
+from torch_precompile import files
 model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
 f = torch_precompile.load(*torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager"))
 torch.testing.assert_close(f(model, x), model(x))
@@ -399,6 +400,7 @@ print(json.dumps({
     "files": [str(f) for f in dist.files],
     "shim": torch_precompile.__file__,
     "module": ours.__file__,
+    "files_module": files.__file__,  # torch_precompile.files: an alias of _precompile_files
     "torch": torch.__file__,
     "attached": torch.compiler.precompile is ours.precompile and "precompile" in torch.compiler.__all__,
 }))
@@ -441,6 +443,7 @@ class TestPipInstallUninstall(TestCase):
             package = purelib / "torch_precompile"
             self.assertEqual(Path(report["module"]).resolve(), (package / "_precompile.py").resolve())
             self.assertEqual(Path(report["shim"]).resolve(), (package / "__init__.py").resolve())
+            self.assertEqual(Path(report["files_module"]).resolve(), (package / "_precompile_files.py").resolve())
             files = report["files"]
             for path in (REPO / "torch").glob("_precompile*.py"):
                 self.assertIn(f"torch_precompile/{path.name}", files)

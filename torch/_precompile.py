@@ -7,8 +7,9 @@ attached as ``torch.compiler.precompile`` / ``PrecompileError`` on torch that
 has no precompile of its own (2.11-2.13; torch 2.14's own is left alone).  In
 a PyTorch checkout with ``patches/torch_compiler_init.patch`` it is
 ``torch._precompile`` and ``torch.compiler.precompile``.  The modules import
-each other relatively and downward only: ``_precompile`` (this API and load)
-and ``_precompile_capture`` / ``_precompile_inspect`` over
+each other relatively and downward only: ``_precompile_files`` (torch 2.15's
+file-based front-end, ``torch_precompile.files``) over ``_precompile`` (this API
+and load) and ``_precompile_capture`` / ``_precompile_inspect`` over
 ``_precompile_format`` (the artifact format) over ``_precompile_runtime`` (the
 driver) and ``_precompile_compat``.
 

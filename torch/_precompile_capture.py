@@ -25,7 +25,15 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _precompile_compat as compat, _precompile_runtime as runtime
-from ._precompile_format import _driver_source, _marker, _NO_BYTECODE, _parse, _SECTIONS, FORMAT_VERSION
+from ._precompile_format import (
+    _driver_source,
+    _marker,
+    _NO_BYTECODE,
+    _parse,
+    _SECTIONS,
+    describe_arguments,
+    FORMAT_VERSION,
+)
 from ._precompile_runtime import (
     CallingConvention,
     ConstantSpec,
@@ -1735,37 +1743,7 @@ def _torch_name(obj: Any) -> str | None:
 
 def _describe_call(convention: CallingConvention) -> str:
     """One comment line per argument, for the artifact's header."""
-    lines = []
-    modules = {m.position: m for m in convention.modules}
-    optimizers = {o.position: o for o in convention.optimizers}
-    spec = convention.input_spec
-    leaves = iter(convention.inputs)
-    for position in range(convention.arity):
-        if position in optimizers:
-            o = optimizers[position]
-            lines.append(
-                f"args[{position}]: torch.optim.{o.cls} over {sum(map(len, o.groups))} parameters in "
-                f"{len(o.groups)} groups (lr read at every call; state updated in place)"
-            )
-            continue
-        if position in modules:
-            module = modules[position]
-            lines.append(
-                f"args[{position}]: nn.Module with {len(module.parameters)} parameters, "
-                f"{len(module.buffers)} buffers"
-            )
-            continue
-        child = spec.children()[convention.user_positions.index(position)]
-        described = [_describe_leaf(next(leaves)) for _ in range(child.num_leaves)]
-        lines.append(f"args[{position}]: " + (described[0] if child.is_leaf() else f"pytree of {described}"))
-    return "\n".join(f"#   {line}" for line in lines)
-
-
-def _describe_leaf(leaf: LeafSpec) -> str:
-    if leaf.is_value:
-        return f"{leaf.value!r} (baked)"
-    t = leaf.tensor
-    return f"Tensor{t.describe_shape()} {t.dtype} {t.device}"
+    return "\n".join(f"#   {line}" for line in describe_arguments(convention))
 
 
 def _render(convention: CallingConvention, lowered: _Lowered) -> str:

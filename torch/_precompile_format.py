@@ -72,6 +72,41 @@ def _driver_source() -> str:
         return f.read()
 
 
+def describe_arguments(convention: CallingConvention) -> list[str]:
+    """One line per positional argument of fn: what the runnable expects there (the header states them)."""
+    lines = []
+    modules = {m.position: m for m in convention.modules}
+    optimizers = {o.position: o for o in convention.optimizers}
+    spec = convention.input_spec
+    leaves = iter(convention.inputs)
+    for position in range(convention.arity):
+        if position in optimizers:
+            o = optimizers[position]
+            lines.append(
+                f"args[{position}]: torch.optim.{o.cls} over {sum(map(len, o.groups))} parameters in "
+                f"{len(o.groups)} groups (lr read at every call; state updated in place)"
+            )
+            continue
+        if position in modules:
+            module = modules[position]
+            lines.append(
+                f"args[{position}]: nn.Module with {len(module.parameters)} parameters, "
+                f"{len(module.buffers)} buffers"
+            )
+            continue
+        child = spec.children()[convention.user_positions.index(position)]
+        described = [_describe_leaf(next(leaves)) for _ in range(child.num_leaves)]
+        lines.append(f"args[{position}]: " + (described[0] if child.is_leaf() else f"pytree of {described}"))
+    return lines
+
+
+def _describe_leaf(leaf: runtime.LeafSpec) -> str:
+    if leaf.is_value:
+        return f"{leaf.value!r} (baked)"
+    t = leaf.tensor
+    return f"Tensor{t.describe_shape()} {t.dtype} {t.device}"
+
+
 # ---------------------------------------------------------------------------
 # Package: the cache is a zip archive of stored entries (``unzip -l`` lists
 # it): ``envelope.json``, a plain dict (format, version, backend, code_hash,

@@ -12,6 +12,11 @@ Names that work on every supported torch (2.11-2.14)::
     python_code, cache = torch_precompile.precompile(fn, *example_inputs)
     runnable = torch_precompile.load(python_code, cache)  # = precompile.load
 
+    from torch_precompile import files  # torch 2.15's file-based front-end
+    with files.capture(fn, artifact_path="f.py", cache_path="f.cache") as cap:
+        result = cap(*args)  # a real call; leaving the block writes the two files
+    runnable = files.load("f.py", "f.cache")
+
 This package is also the entry point of the group ``torch.backends``, which
 ``import torch`` runs at its end, turning any exception into a ``RuntimeError``
 that aborts ``import torch`` itself.  ``_attach`` therefore never raises
@@ -46,10 +51,12 @@ if not os.path.isfile(os.path.join(__path__[0], "_precompile.py")) and not os.pa
 
 
 def __getattr__(name: str):
-    if name not in ("precompile", "load", "PrecompileError"):
+    if name not in ("precompile", "load", "PrecompileError", "files"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
+    if name == "files":  # the submodule alias, imported at first access like the rest
+        return importlib.import_module(__name__ + ".files")
     module = importlib.import_module(_MODULE)
     return module.precompile.load if name == "load" else getattr(module, name)
 
