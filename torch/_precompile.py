@@ -121,10 +121,14 @@ says who guarantees it and, where it is enforced, which tests (in
    An optimizer argument's param_groups and state are restored too
    (invariant 15).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
-   environment (torch, Python, platform, CPU capability) equals this
-   process's; otherwise ``load`` warns once and compiles from python_code.
-   Warm loads run no compiler and import neither ``torch._inductor`` nor
-   ``torch._dynamo`` (TestInductorCache).
+   environment (torch, Python, platform, CPU capability; for Triton kernels
+   also the GPU architecture and Triton version) equals this process's;
+   otherwise ``load`` warns once and compiles from python_code.  Warm loads
+   run no compiler and import neither ``torch._inductor`` nor
+   ``torch._dynamo`` (TestInductorCache); on a GPU they import no Triton
+   either: each cubin is launched from the record precompile kept of its
+   autotuned config (test_precompile_cuda.py).  A CUDA artifact is refused
+   before anything runs where the process has no such GPU.
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
