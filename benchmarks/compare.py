@@ -10,7 +10,9 @@ conv+BatchNorm forward):
   + torch.compiler.load_compiled_function; torch._inductor.standalone_compile
   (on a make_fx graph with the parameters as inputs); torch.export + AOTInductor
   package (aoti_compile_and_package / aoti_load_package); TorchScript
-  (torch.jit.trace + save / load); torch.compiler.precompile (both backends).
+  (torch.jit.trace + save / load); torch.compiler.precompile (both backends);
+  on torch 2.14, torch's own prototype torch.compiler.precompile (both
+  backends: torch_precompile, torch_precompile_eager).
 
 Reported per (workload, peer): build time; warm start (fresh process, after
 ``import torch``, to the first result) with an empty inductor cache dir and
@@ -26,6 +28,11 @@ Usage:
     python benchmarks/compare.py --quick    # CI smoke: MLP forward, 1 repeat, fast peers only
     # a real model (needs transformers), into results/compare_gpt2.md:
     python benchmarks/compare.py --workloads gpt2_fwd,gpt2_train --peers eager,compile,precompile_eager,precompile --report compare_gpt2
+    # against torch 2.14's own precompile (issue 24), into results/compare_torch_precompile.md;
+    # --no-compiler-starts adds one start per cache mode with failing stub C++ compilers on PATH:
+    python benchmarks/compare.py --workloads mlp_fwd,mlp_train,gpt2_fwd,gpt2_train \
+        --peers precompile,precompile_eager,torch_precompile,torch_precompile_eager \
+        --repeats 3 --budget-min 20 --no-compiler-starts --no-chart --report compare_torch_precompile
 """
 
 import sys
@@ -497,7 +504,14 @@ def _vs_torch_own(plan: C.Plan, workloads: list, peers: list) -> str:
                 continue
             a, b = plan.cell(w, ours), plan.cell(w, theirs)
             if a.skipped or b.skipped:
-                rows.append([w, METHODS[ours].backend, f"not measured: {a.skipped or b.skipped}"] + [""] * 6)
+                rows.append([w, METHODS[ours].backend, f"not measured: {a.skipped or b.skipped}"] + [""] * 4)
+                continue
+            failed = next((c for c in (a, b) if c.builds and not c.ok_builds()), None)
+            if failed is not None:  # a capture refused: nothing to load
+                who = "this package's" if failed is a else "torch's own"
+                error = (failed.error() or "?").split(". ")[0]
+                rows.append([w, METHODS[ours].backend, f"{who} precompile fails at capture: {error}"] + [""] * 4)
+                verdicts.append(f"- {w}, {METHODS[ours].backend}: no comparison, {who} precompile refuses this workload ({error})")
                 continue
 
             def pair(x, y):
