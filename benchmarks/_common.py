@@ -46,6 +46,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 # PRECOMPILE_BENCH_RESULTS redirects the tables (CI smoke runs keep the committed ones).
 RESULTS_DIR = Path(os.environ.get("PRECOMPILE_BENCH_RESULTS", BENCH_DIR / "results"))
 RESULT_MARK = "@@precompile-bench-result@@"
+NO_COMPILER = "+no-compiler"  # suffix of the start modes run with failing stub compilers
 HEAVY_MODULES = ("torch._inductor", "torch._dynamo")
 
 
@@ -327,20 +328,24 @@ class Precompile(Method):
     backend = "inductor"
     start_modes = ("empty", "own")
 
-    def build(self, wl, model, inputs, art):
+    def _api(self):
+        """(precompile, load): this package's."""
         import torch_precompile
 
+        return torch_precompile.precompile, torch_precompile.load
+
+    def build(self, wl, model, inputs, art):
+        precompile, _ = self._api()
         t0 = time.perf_counter()
-        code, cache = torch_precompile.precompile(wl.fn, model, *inputs, backend=self.backend)
+        code, cache = precompile(wl.fn, model, *inputs, backend=self.backend)
         build_s = time.perf_counter() - t0
         (art / "code.py").write_text(code)
         (art / "cache.bin").write_bytes(cache)
         return {"build_s": build_s, "code_bytes": len(code.encode()), "cache_bytes": len(cache)}
 
     def _load(self, art):
-        import torch_precompile
-
-        return torch_precompile.load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
+        _, load = self._api()
+        return load((art / "code.py").read_text(), (art / "cache.bin").read_bytes())
 
     def load(self, wl, model, inputs, art):
         f = self._load(art)
@@ -353,6 +358,56 @@ class Precompile(Method):
 class PrecompileEager(Precompile):
     name, label = "precompile_eager", "precompile (eager backend)"
     backend = "eager"
+
+
+def torch_own_precompile_missing() -> str | None:
+    """Why torch's own ``torch.compiler.precompile`` cannot be measured here (None: it can).
+
+    torch 2.14 ships a prototype of its own (``torch/_precompile.py``, the class
+    ``_PrecompileApi``); earlier releases have none, and there this package
+    attaches itself as ``torch.compiler.precompile``.  Read from the file, so
+    the parent process need not import torch.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return "torch is not installed"
+    own = Path(spec.submodule_search_locations[0]) / "_precompile.py"
+    with contextlib.suppress(OSError):
+        if "class _PrecompileApi" in own.read_text():
+            return None
+    return "this torch has no precompile of its own (torch 2.14 has)"
+
+
+class TorchPrecompile(Precompile):
+    """torch 2.14's own prototype: ``torch.compiler.precompile(...)`` / ``.load(...)``.
+
+    Same call shape as this package.  Its cache is a ``torch.save`` of Inductor's
+    ``save_cache_artifacts`` bundle; its ``load`` imports ``torch._dynamo``, primes
+    the Inductor caches with the bundle and executes ``python_code``, whose kernels
+    are then compiled or fetched from the Inductor cache directory.
+    """
+
+    name, label = "torch_precompile", "torch's own precompile (inductor)"
+    slow_empty_start = True
+
+    def unsupported(self, wl):
+        return torch_own_precompile_missing()
+
+    def _api(self):
+        import torch
+
+        api = torch.compiler.precompile
+        if type(api).__name__ != "_PrecompileApi":  # this package, attached on torch < 2.14
+            raise RuntimeError(f"torch.compiler.precompile is not torch's own here: {type(api)}")
+        return api, api.load
+
+
+class TorchPrecompileEager(TorchPrecompile):
+    name, label = "torch_precompile_eager", "torch's own precompile (eager backend)"
+    backend = "eager"
+    slow_empty_start = False
 
 
 class DriverProbe(Precompile):
@@ -433,6 +488,8 @@ BASE_METHODS = {
         Compile(),
         Precompile(),
         PrecompileEager(),
+        TorchPrecompile(),
+        TorchPrecompileEager(),
         *_probes(),
     )
 }
@@ -747,9 +804,41 @@ class Runner:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def run(self, task: dict, cache_dir: Path, timeout: float = 1200, python_flags: tuple = (), keep_stderr: bool = False) -> dict:
+    def no_compiler_env(self) -> tuple[dict, Path]:
+        """Environment in which every C++ compiler fails, and the log its calls go to.
+
+        A directory of stub ``gcc g++ cc c++ clang clang++`` that append their
+        command line to the log and exit 1 goes first on PATH (CC/CXX name them
+        by bare name, so Inductor finds the stubs), as in the test suite's
+        TestInductorCache.
+        """
+        stubs = self.workdir / "compiler-stubs"
+        if not stubs.exists():
+            stubs.mkdir(parents=True)
+            for name in ("gcc", "g++", "cc", "c++", "clang", "clang++"):
+                stub = stubs / name
+                stub.write_text('#!/bin/sh\necho "$0 $@" >> "$PRECOMPILE_BENCH_COMPILER_LOG"\nexit 1\n')
+                stub.chmod(0o755)
+        log = self.fresh_dir("compiler-log") / "calls.log"
+        env = {
+            "PATH": str(stubs) + os.pathsep + os.environ.get("PATH", ""),
+            "CC": "gcc",
+            "CXX": "g++",
+            "PRECOMPILE_BENCH_COMPILER_LOG": str(log),
+        }
+        return env, log
+
+    def run(
+        self, task: dict, cache_dir: Path, timeout: float = 1200, python_flags: tuple = (), keep_stderr: bool = False,
+        no_compiler: bool = False,
+    ) -> dict:
+        """Run one child task; ``no_compiler``: with failing stub compilers (``result["compiler_calls"]``)."""
         env = dict(os.environ)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+        compiler_log = None
+        if no_compiler:
+            stub_env, compiler_log = self.no_compiler_env()
+            env.update(stub_env)
         env.pop("TORCH_LOGS", None)
         # Import modules from cached bytecode, like any normal install: this
         # sandbox sets PYTHONDONTWRITEBYTECODE=1, which would make every fresh
@@ -772,6 +861,10 @@ class Runner:
                 result = {"ok": False, "error": f"child exited {proc.returncode} without a result: {tail}"}
             if keep_stderr:
                 result["stderr"] = proc.stderr
+        if compiler_log is not None:
+            calls = compiler_log.read_text().splitlines() if compiler_log.exists() else []
+            result["compiler_calls"] = len(calls)
+            result["compiler_first_call"] = calls[0][:200] if calls else None
         wall = time.perf_counter() - t0
         if self.verbose:
             what = " ".join(f"{k}={v}" for k, v in task.items() if k in ("task", "workload", "method", "mode", "size"))
@@ -1001,7 +1094,9 @@ class Cell:
         return median(s[field] for s in self.starts[mode] if s.get("ok"))
 
     def error(self) -> str | None:
-        for result in self.builds + [r for results in self.starts.values() for r in results]:
+        """The first failure, not counting starts without a compiler (those may fail by design)."""
+        starts = [r for mode, results in self.starts.items() if not mode.endswith(NO_COMPILER) for r in results]
+        for result in self.builds + starts:
             if not result.get("ok"):
                 return result.get("error")
         if self.steady and "error" in self.steady:
@@ -1057,8 +1152,12 @@ class Plan:
             else:
                 break
 
-    def start(self, w: str, m: str, mode: str, repeats: int = 1, threads: int | None = None) -> None:
-        """Fresh-process starts; results land in ``cell.starts[mode]`` (``mode@threads``)."""
+    def start(self, w: str, m: str, mode: str, repeats: int = 1, threads: int | None = None, no_compiler: bool = False) -> None:
+        """Fresh-process starts; results land in ``cell.starts[mode]`` (``mode@threads``).
+
+        ``no_compiler``: every C++ compiler on PATH fails and records its calls
+        (``Runner.no_compiler_env``); results land in ``cell.starts[mode + NO_COMPILER]``.
+        """
         cell, method = self.cell(w, m), self.methods[m]
         owner = self.cell(w, method.artifact_dir_name)
         if cell.skipped or owner.skipped or (owner.builds and not owner.ok_builds()):
@@ -1073,9 +1172,10 @@ class Plan:
             task = {"task": "start", "workload": w, "method": m, "art": str(self.art_dir(w, m)), "mode": mode}
             if threads:
                 task["threads"] = threads
-            result = self.runner.run(task, cache)
-            cell.starts[f"{mode}@{threads}" if threads else mode].append(result)
-            if mode == "empty" and result.get("ok"):
+            result = self.runner.run(task, cache, no_compiler=no_compiler)
+            key = (f"{mode}@{threads}" if threads else mode) + (NO_COMPILER if no_compiler else "")
+            cell.starts[key].append(result)
+            if mode == "empty" and result.get("ok") and not no_compiler:
                 cell.own_dir = cache  # an empty dir that one run warmed becomes the method's own cache
 
     def steady(self, w: str, methods: list, repeats: int, target_s: float, pairs: tuple = (), pair_count: int = 200) -> None:

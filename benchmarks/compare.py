@@ -10,7 +10,9 @@ conv+BatchNorm forward):
   + torch.compiler.load_compiled_function; torch._inductor.standalone_compile
   (on a make_fx graph with the parameters as inputs); torch.export + AOTInductor
   package (aoti_compile_and_package / aoti_load_package); TorchScript
-  (torch.jit.trace + save / load); torch.compiler.precompile (both backends).
+  (torch.jit.trace + save / load); torch.compiler.precompile (both backends);
+  on torch 2.14, torch's own prototype torch.compiler.precompile (both
+  backends: torch_precompile, torch_precompile_eager).
 
 Reported per (workload, peer): build time; warm start (fresh process, after
 ``import torch``, to the first result) with an empty inductor cache dir and
@@ -26,6 +28,11 @@ Usage:
     python benchmarks/compare.py --quick    # CI smoke: MLP forward, 1 repeat, fast peers only
     # a real model (needs transformers), into results/compare_gpt2.md:
     python benchmarks/compare.py --workloads gpt2_fwd,gpt2_train --peers eager,compile,precompile_eager,precompile --report compare_gpt2
+    # against torch 2.14's own precompile (issue 24), into results/compare_torch_precompile.md;
+    # --no-compiler-starts adds one start per cache mode with failing stub C++ compilers on PATH:
+    python benchmarks/compare.py --workloads mlp_fwd,mlp_train,gpt2_fwd,gpt2_train \
+        --peers precompile,precompile_eager,torch_precompile,torch_precompile_eager \
+        --repeats 3 --budget-min 20 --no-compiler-starts --no-chart --report compare_torch_precompile
 """
 
 import sys
@@ -218,8 +225,13 @@ METHODS = dict(C.BASE_METHODS)
 for _peer in (MegaCache(), AotCompile(), AotCompile1T(), Standalone(), AOTInductor(), TorchScript()):
     METHODS[_peer.name] = _peer
 
-ORDER = ["eager", "compile", "mega", "aot_compile", "standalone", "aoti", "torchscript", "precompile_eager", "precompile"]
-SLOW = {"mega", "aot_compile", "standalone", "aoti"}
+ORDER = [
+    "eager", "compile", "mega", "aot_compile", "standalone", "aoti", "torchscript",
+    "torch_precompile_eager", "torch_precompile", "precompile_eager", "precompile",
+]
+SLOW = {"mega", "aot_compile", "standalone", "aoti", "torch_precompile"}
+# torch's own precompile (torch 2.14) against this package's, same backend.
+TORCH_OWN = {"precompile": "torch_precompile", "precompile_eager": "torch_precompile_eager"}
 # Peers whose start takes milliseconds: also started with 1 thread, where the
 # first call's OpenMP regions cannot stall on a busy second core.
 FAST_START = {"eager", "torchscript", "precompile_eager", "precompile"}
@@ -233,6 +245,8 @@ NOTES = {
     "torchscript": "weights baked; training updates the ScriptModule's own parameters, not the user's model",
     "precompile_eager": "captured ATen graph, no kernels",
     "precompile": "load() + call(model, x); no weights, kernels shipped in the cache",
+    "torch_precompile_eager": "torch 2.14's own prototype; its load imports torch._dynamo",
+    "torch_precompile": "torch 2.14's own prototype; cache = Inductor's save_cache_artifacts bundle, kernels built from python_code at load",
 }
 
 
@@ -249,12 +263,18 @@ def main() -> None:
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--report", default="compare", help="results/REPORT.md (and .json, .png)")
     parser.add_argument("--from-json", default=None, help="re-render a previous run's results JSON; measures nothing")
+    parser.add_argument(
+        "--no-compiler-starts", action="store_true",
+        help="also start every compiled peer once per cache mode with failing stub C++ compilers on PATH",
+    )
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     slow_empty_repeats = 1  # an empty-dir start of a compiling peer is a full recompile
     steady_repeats, target_s = (2, 0.005) if args.quick else (15, 0.02)
     workloads = (args.workloads or ("mlp_fwd" if args.quick else ",".join(WORKLOADS))).split(",")
-    default_peers = [m for m in ORDER if not (args.quick and m in SLOW)]
+    # torch's own precompile only where torch has one (2.14); elsewhere name it in --peers to see why not.
+    own_missing = C.torch_own_precompile_missing()
+    default_peers = [m for m in ORDER if not (args.quick and m in SLOW) and not (own_missing and m in TORCH_OWN.values())]
     peers = [m for m in (args.peers.split(",") if args.peers else default_peers) if m]
     budget_s = args.budget_min * 60
     if args.from_json:
@@ -286,6 +306,10 @@ def main() -> None:
                 plan.build(w, m)
             for m, mode, threads in starts:
                 plan.start(w, m, mode, threads=threads)
+            if args.no_compiler_starts:  # after the starts above, so "own" dirs are warm
+                for m, mode, threads in starts:
+                    if m != "eager" and threads is None:
+                        plan.start(w, m, mode, no_compiler=True)
             plan.steady(w, peers, steady_repeats, target_s)
         # Phase 2: more start repeats, round-robin, while the budget lasts.
         pending = []
@@ -308,6 +332,11 @@ def main() -> None:
         f"{slow_empty_repeats}, a full recompile each), builds 1, steady state {steady_repeats} interleaved repeats "
         f"(batches of ~{target_s * 1e3:.0f} ms, 1 thread); medians\n"
     )
+    if args.no_compiler_starts:
+        text += (
+            "- compiler at load: each compiled peer also started once per cache mode with stub `gcc g++ cc c++ clang "
+            "clang++` first on PATH (CC=gcc, CXX=g++) that record their call and exit 1\n"
+        )
     if capped:
         text += f"- budget ({args.budget_min:.0f} min) spent: {len(capped)} extra repeats skipped ({', '.join(capped[:8])}...)\n"
     text += "\n"
@@ -348,6 +377,8 @@ def render(plan: C.Plan, workloads: list, peers: list) -> str:
         "(torch.compile: its cache dir)."
     )
     out.append(legend + "\n")
+    if any(TORCH_OWN.get(m) in peers for m in peers):
+        out.append(_vs_torch_own(plan, workloads, peers))
     for w in workloads:
         wl = C.WORKLOADS[w]
         out.append(f"\n## {w}: {wl.label}\n")
@@ -411,6 +442,7 @@ def render(plan: C.Plan, workloads: list, peers: list) -> str:
             rows,
         ))
         out.append(_split_table(plan, w, peers))
+        out.append(_compiler_table(plan, w, peers))
         # Who wins.
         compiled = [m for m in peers if m != "eager"]
         best_start = _best(plan, w, compiled, lambda c, m: _warm(c, m))
@@ -420,6 +452,119 @@ def render(plan: C.Plan, workloads: list, peers: list) -> str:
             f"fastest steady state: {best_steady}.\n"
         )
     return "\n".join(out) + "\n"
+
+
+def _without_compiler(cell: C.Cell, mode: str, short: bool = False) -> str | None:
+    """How the start in ``mode`` went with failing stub compilers (None: not run)."""
+    results = cell.starts.get(mode + C.NO_COMPILER, [])
+    if not results:
+        return None
+    r = results[-1]
+    calls = r.get("compiler_calls") or 0
+    first_call = " ".join([Path((r.get("compiler_first_call") or "?").split()[0]).name] + (r.get("compiler_first_call") or "").split()[1:])
+    tried = f"{calls} compiler call{'s' * (calls != 1)}, first `{first_call}`" if calls else ""
+    if not r.get("ok"):
+        error = (r.get("error") or "?").strip().splitlines()[0]
+        error = error.split(":")[0] if short else error[:140]
+        return f"**fails** ({tried}; {error})" if tried else f"**fails** ({error})"
+    if r.get("correct") is False:
+        return "runs, wrong result"
+    if short:
+        return "works" + (f" ({tried}, all failed)" if calls else ", no compiler run")
+    return f"works, {C.fmt_time(r.get('first_result_s'))}" + (f" (but {tried}, all failed)" if calls else ", no compiler run")
+
+
+def _compiler_table(plan: C.Plan, w: str, peers: list) -> str:
+    rows = []
+    for m in peers:
+        cell = plan.cell(w, m)
+        if cell.skipped:
+            continue
+        modes = [(mode, _without_compiler(cell, mode)) for mode in METHODS[m].start_modes]
+        if any(text for _, text in modes):
+            rows.append([METHODS[m].label] + [
+                dict(modes).get(mode) or ("-" if mode not in METHODS[m].start_modes else "not run") for mode in ("own", "empty")
+            ])
+    if not rows:
+        return ""
+    return (
+        "\nC++ compiler at load: one fresh-process start per cache mode with stub compilers that always fail first on "
+        "PATH (the time is that one start's, default threads).\n\n"
+        + C.markdown_table(["peer", "own warm cache dir", "empty cache dir"], rows)
+        + "\n"
+    )
+
+
+def _vs_torch_own(plan: C.Plan, workloads: list, peers: list) -> str:
+    """This package's precompile against torch 2.14's own, same backend, same run: the issue-24 goals."""
+    rows, verdicts = [], []
+    for w in workloads:
+        for ours, theirs in TORCH_OWN.items():
+            if ours not in peers or theirs not in peers:
+                continue
+            a, b = plan.cell(w, ours), plan.cell(w, theirs)
+            if a.skipped or b.skipped:
+                rows.append([w, METHODS[ours].backend, f"not measured: {a.skipped or b.skipped}"] + [""] * 4)
+                continue
+            failed = next((c for c in (a, b) if c.builds and not c.ok_builds()), None)
+            if failed is not None:  # a capture refused: nothing to load
+                who = "this package's" if failed is a else "torch's own"
+                error = (failed.error() or "?").split(". ")[0]
+                rows.append([w, METHODS[ours].backend, f"{who} precompile fails at capture: {error}"] + [""] * 4)
+                verdicts.append(f"- {w}, {METHODS[ours].backend}: no comparison, {who} precompile refuses this workload ({error})")
+                continue
+
+            def pair(x, y):
+                return f"{C.fmt_time(x)} / {C.fmt_time(y)} = {C.fmt_ratio(y, x)}"
+
+            starts = {mode: (a.start_s(mode), b.start_s(mode)) for mode in ("own", "empty")}
+            steady_a, steady_b = a.steady or {}, b.steady or {}
+            sa, sb = steady_a.get("median_s"), steady_b.get("median_s")
+            compiler = " / ".join(
+                f"{_without_compiler(c, 'own', True) or 'not run'}; {_without_compiler(c, 'empty', True) or 'not run'}"
+                for c in (a, b)
+            )
+            rows.append([
+                w,
+                METHODS[ours].backend,
+                pair(a.build_s(), b.build_s()),
+                pair(*starts["own"]),
+                pair(*starts["empty"]),
+                f"{C.fmt_steady(steady_a)} / {C.fmt_steady(steady_b)} = {C.fmt_ratio(sb, sa)}",
+                compiler,
+            ])
+            ratios = [y / x for x, y in starts.values() if x and y]
+            start_ok = len(ratios) == 2 and min(ratios) >= 50
+            if sa is None or sb is None:
+                steady_ok = "steady state not measured"
+            elif sa <= sb:
+                steady_ok = "steady state no slower: met"
+            elif sa - sb <= (steady_a.get("ci95_s") or 0) + (steady_b.get("ci95_s") or 0):
+                steady_ok = f"steady state {C.fmt_ratio(sa, sb)} of torch's, inside the notches (noise)"
+            else:
+                steady_ok = f"steady state no slower: **not met** ({C.fmt_ratio(sa, sb)} of torch's)"
+            verdicts.append(
+                f"- {w}, {METHODS[ours].backend}: warm start >= 50x: "
+                + ("met" if start_ok else "**not met**")
+                + (f" (min {min(ratios):.0f}x)" if ratios else "")
+                + f"; {steady_ok}"
+            )
+    return (
+        "\n## Against torch 2.14's own precompile\n\n"
+        "Each cell: this package / torch's own `torch.compiler.precompile` = torch's / ours (> 1: ours is faster). "
+        "**capture** = `precompile()` in a fresh process with an empty Inductor cache dir; **warm start** = fresh "
+        "process, from after `import torch` to the first result (`load()` + first call; model + inputs included), with "
+        "an Inductor cache dir that this peer's capture or an earlier start warmed (warm dir) or a new empty one; **steady** = per call, 1 thread, interleaved; **compiler at load** = the "
+        "same start with stub compilers that always fail (ours / torch's).\n\n"
+        + C.markdown_table(
+            ["workload", "backend", "capture", "warm start, warm dir", "warm start, empty dir", "steady (1 thread)",
+             "without a C++ compiler, warm dir; empty dir (ours / torch's)"],
+            rows,
+        )
+        + "\n\nGoals (issue 24): warm start >= 50x faster than torch's own with both cache dirs, steady state no slower.\n\n"
+        + "\n".join(verdicts)
+        + "\n"
+    )
 
 
 def _split_table(plan: C.Plan, w: str, peers: list) -> str:
