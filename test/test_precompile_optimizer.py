@@ -302,6 +302,36 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
 
+    def test_refused_call_creates_no_optimizer_state(self):
+        # Two models, two optimizers (a GAN's step): the second optimizer is refused after the
+        # first one's missing state was made; neither optimizer, parameter nor .grad changes.
+        def two_steps(g, d, g_opt, d_opt, x, y):
+            for model, opt in ((g, g_opt), (d, d_opt)):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+
+        g, d = small_mlp(0), small_mlp(1)
+        x, y = _data()[0]
+        step = precompile.load(
+            *precompile(two_steps, g, d, OPTIMIZERS["adamw"](g), OPTIMIZERS["adamw"](d), x, y, backend="eager")
+        )
+        g_opt, d_opt = OPTIMIZERS["adamw"](g), torch.optim.AdamW(d.parameters(), lr=1e-2, betas=(0.5, 0.999))
+        before = [p.clone() for p in (*g.parameters(), *d.parameters())]
+        with self.assertRaisesRegex(PrecompileError, r"args\[3\] \(optimizer\) param_groups\[0\]\['betas'\]"):
+            step(g, d, g_opt, d_opt, x, y)
+        self.assertEqual(len(g_opt.state), 0)
+        self.assertEqual(len(d_opt.state), 0)
+        self.assertFalse(hasattr(g_opt, "_opt_called"))
+        for p, b in zip((*g.parameters(), *d.parameters()), before):
+            self.assertEqual(p, b)
+            self.assertIsNone(p.grad)
+        # The same call with the captured betas steps both, creating their state as eager does.
+        d_opt = OPTIMIZERS["adamw"](d)
+        step(g, d, g_opt, d_opt, x, y)
+        self.assertEqual(len(g_opt.state), len(list(g.parameters())))
+        self.assertEqual(len(d_opt.state), len(list(d.parameters())))
+
 
 instantiate_parametrized_tests(TestOptimizerSemantics)
 

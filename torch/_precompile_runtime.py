@@ -1167,8 +1167,9 @@ class PrecompiledFunction:
             self._check_values(user_args, leaves)
         if self._input_alias_pairs:
             self._check_aliasing(tensors, self._input_alias_pairs)
+        created = []  # (optimizer, state entries this call creates): stored once the graph ran
         if self._has_trailing_inputs:
-            tensors += self._trailing_inputs(args, leaves, state)
+            tensors += self._trailing_inputs(args, leaves, state, created)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad),
         # and write .grad as the autograd engine does, with grad mode off.
@@ -1180,6 +1181,8 @@ class PrecompiledFunction:
                 self._raise_rejected(error)
             if len(outputs) != self._num_graph_outputs:
                 self._raise_edited(outputs)
+            for optimizer, entries in created:
+                OptimizerArgument.stepped(optimizer, entries)
             if self._writes_grads:
                 self._write_grads(state, outputs)
         finally:
@@ -1190,11 +1193,15 @@ class PrecompiledFunction:
             return tuple([outputs[i] for i in self._output_indices])
         return self._rebuild_outputs(outputs)
 
-    def _trailing_inputs(self, args: tuple, leaves: Any, state: list) -> list:
-        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads."""
+    def _trailing_inputs(self, args: tuple, leaves: Any, state: list, created: list) -> list:
+        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads.
+
+        Optimizer state a call creates goes to ``created``, not to the
+        optimizers: a call refused by a later check changes no state.
+        """
         trailing = self._free_sizes(leaves) if self._free_inputs else []
         for optimizer in self._optimizers:
-            trailing += optimizer.inputs(args[optimizer.spec.position], state)
+            trailing += optimizer.inputs(args[optimizer.spec.position], state, created)
         if self.convention.grad_inputs:
             trailing += self._prior_grads(state)
         return trailing
@@ -1540,7 +1547,7 @@ class PrecompiledFunction:
         self._check_slowly(user_args, leaves, state)
         self._check_values(user_args, leaves)
         self._check_aliasing(tensors, self._input_alias_pairs)
-        return [*tensors, *self._trailing_inputs(args, leaves, state), *self._constants]
+        return [*tensors, *self._trailing_inputs(args, leaves, state, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:
         """Run the graph alone on ``inputs`` (from ``graph_inputs``), which it leaves as they are.
@@ -1609,7 +1616,8 @@ class OptimizerArgument:
         self.lr = [(None, None)] * len(spec.groups)  # per group: (value, 0-dim tensor)
         self.guard = None  # TensorGuards over the state tensors, armed after a full check
 
-    def inputs(self, optimizer: Any, state: list) -> list:
+    def inputs(self, optimizer: Any, state: list, created: list) -> list:
+        """Check ``optimizer``; its graph inputs.  State it lacks is made and appended to ``created``."""
         spec = self.spec
         if type(optimizer) is not getattr(torch.optim, spec.cls):
             raise PrecompileError(
@@ -1626,12 +1634,12 @@ class OptimizerArgument:
         for index, group in enumerate(groups):
             self._check_group(index, group, state)
             lrs.append(self._lr_tensor(index, group["lr"]))
-        tensors = []
+        tensors, entries = [], {}
         for group_index, param_index in spec.stepped:
             param = groups[group_index]["params"][param_index]
             entry = optimizer.state.get(param)
             if not entry:  # before eager's first step: create it as _init_group would
-                entry = optimizer.state[param] = initial_optimizer_state(spec.keys, param)
+                entry = entries[param] = initial_optimizer_state(spec.keys, param)
             try:
                 tensors += [entry[key] for key in spec.keys]
             except KeyError as error:
@@ -1642,8 +1650,14 @@ class OptimizerArgument:
         if self.guard is None or not guard_passes(self.guard, tensors):
             self._check_state(tensors)
             self.guard = tensor_guard(tensors, spec.tensors)
-        optimizer._opt_called = True  # what eager opt.step() tells an LR scheduler
+        created.append((optimizer, entries))
         return lrs + tensors
+
+    @staticmethod
+    def stepped(optimizer: Any, entries: dict) -> None:
+        """After the graph stepped ``optimizer``: keep the state it created, as eager's step does."""
+        optimizer.state.update(entries)
+        optimizer._opt_called = True  # what eager opt.step() tells an LR scheduler
 
     def _check_group(self, index: int, group: dict, state: list) -> None:
         params, expected = group["params"], self.spec.groups[index]
