@@ -946,9 +946,8 @@ def _check_gpus_present(convention: CallingConvention) -> None:
     if missing:
         raise PrecompileError(
             f"this artifact was captured on {', '.join(str(d) for d in cuda)} and needs "
-            f"{', '.join(missing)}, but this process sees {available} CUDA GPU(s) "
-            f"(torch.cuda.is_available() is {torch.cuda.is_available()}); load it on a host with the GPU, "
-            "or precompile again with the model and inputs on the CPU"
+            f"{', '.join(missing)}, but this process sees {available} CUDA GPU(s); load it on a host "
+            "with the GPU, or precompile again with the model and inputs on the CPU"
         )
 
 
