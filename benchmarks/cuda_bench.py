@@ -244,7 +244,7 @@ def _measure(name, namespace, tmp, compile_env, args, raw):
     print(name, json.dumps(raw["workloads"][name]), flush=True)
     return (
         f"| {name} | {_ms(build_s)} | {_ms(warm['precompile']['seconds'])} "
-        f"({'no' if warm['precompile']['heavy_imported'] == 0 else 'yes'}) | {_ms(warm['compile']['seconds'])} | "
+        f"(+{warm['precompile']['heavy_imported'] - warm['eager']['heavy_imported']}) | {_ms(warm['compile']['seconds'])} | "
         f"{_ms(warm['eager']['seconds'])} | **{warm['compile']['seconds'] / warm['precompile']['seconds']:.0f}x** | "
         f"{_us(steady['precompile'])} | {_us(steady['compile'])} | {_us(steady['eager'])} | "
         f"{steady['compile'] / steady['precompile']:.2f}x |"
@@ -262,7 +262,8 @@ def _write(args, env, rows, raw):
             "",
             "Warm start: a fresh process, from after `import torch` with the model and inputs on the GPU, to the first "
             "result (synchronized), median of the fresh processes. precompile: `load()` + first call (in brackets: "
-            "whether that process imported Triton, Inductor or Dynamo at all); torch.compile: its warm-cache start "
+            "how many more Triton, Inductor or Dynamo modules that process imported than eager's, whose imports "
+            "of the model library, e.g. transformers, pull some in); torch.compile: its warm-cache start "
             "(a first process filled its Inductor cache directory); eager: its own first call. Steady: median "
             "per-call time in one process, the three interleaved; last column torch.compile's time over precompile's.",
             "",
