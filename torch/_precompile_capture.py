@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import inspect
 import operator
 import os
 import pprint
@@ -447,7 +448,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     caller_tensors = _caller_tensors(args)
     candidates = _grad_candidates(args)
     num_optimizer_inputs = sum(
-        len(lifted.groups) + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
+        lifted.num_group_inputs + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
     )
 
     def flat_fn(*flat):
@@ -791,8 +792,19 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grads_assigned=grads["grads_assigned"],
         grads_cleared=grads["grads_cleared"],
         output_tensors=tuple(output_tensors),
+        signature=_signature_record(fn, example_inputs),
     )
     return _Capture(graph, convention, example)
+
+
+def _signature_record(fn: Callable, example_inputs: tuple) -> tuple:
+    """fn's parameters as literals (CallingConvention.signature): (name, kind, bound by the capture)."""
+    try:
+        signature = inspect.signature(fn)
+        bound = signature.bind(*example_inputs).arguments
+    except (TypeError, ValueError):  # no signature (a C callable): positional calls only
+        return ()
+    return tuple((p.name, p.kind.name, p.name in bound) for p in signature.parameters.values())
 
 
 def _output_spec(t: torch.Tensor) -> TensorSpec:
@@ -997,9 +1009,14 @@ class _LiftedOptimizer:
     optimizer: torch.optim.Optimizer
     cls: str  # key of runtime.OPTIMIZER_STATE_KEYS
     groups: list  # per param group: indices into args.lifted
-    hyper: list  # per param group: [(key, baked value)], every default but lr
+    hyper: list  # per param group: [(key, baked value)], every default but lr and the lifted ones
     keys: tuple  # state keys of one stepped parameter
     state: list  # per (group, param): {key: example tensor} (a clone, or eager's initial state)
+    lifted: tuple = ()  # hyperparameters lifted like lr, per group after it ("momentum", "betas[0]")
+
+    @property
+    def num_group_inputs(self) -> int:
+        return len(self.groups) * (1 + len(self.lifted))
 
 
 _SUPPORTED_OPTIMIZERS = {cls.__name__: cls for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)}
@@ -1025,6 +1042,8 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
     if compat.optimizer_has_step_hooks(optimizer):
         raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
     parameter_index = {id(e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
+    cycled = {_cycled_hyperparameters(cls, group) for group in optimizer.param_groups}
+    cycled = cycled.pop() if len(cycled) == 1 else ()  # groups that disagree: all baked
     groups, hyper, state, keys = [], [], [], None
     for g, group in enumerate(optimizer.param_groups):
         _check_optimizer_group(where, g, cls, group)
@@ -1046,8 +1065,33 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
             indices.append(parameter_index[id(param)])
             state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), param))
         groups.append(indices)
-        hyper.append([(key, group[key]) for key in sorted(optimizer.defaults) if key != "lr"])
-    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state)
+        hyper.append(_baked_hyperparameters(optimizer.defaults, group, cycled))
+    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled)
+
+
+def _cycled_hyperparameters(cls: str, group: dict) -> tuple:
+    """What OneCycleLR / CyclicLR cycle besides lr, where the step's math takes it as a tensor.
+
+    SGD's momentum, unless it is 0 (eager keeps no buffer then) or nesterov
+    (it is ``add``'s ``alpha=``, which must be a number); Adam's and AdamW's
+    ``betas[0]`` (traced with the single-tensor step; ``betas[1]`` stays baked).
+    """
+    if cls == "SGD":
+        return ("momentum",) if group["momentum"] != 0 and not group["nesterov"] else ()
+    return ("betas[0]",)
+
+
+def _baked_hyperparameters(defaults: dict, group: dict, lifted: tuple) -> list:
+    """(key, value) of the group's options the artifact bakes: all but lr and the lifted ones."""
+    baked = []
+    for key in sorted(defaults):
+        if key == "lr" or key in lifted:
+            continue
+        if f"{key}[0]" in lifted:  # betas: the rest of the tuple stays baked
+            baked += [(f"{key}[{i}]", value) for i, value in enumerate(group[key]) if f"{key}[{i}]" not in lifted]
+        else:
+            baked.append((key, group[key]))
+    return baked
 
 
 def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
@@ -1088,10 +1132,9 @@ def _trailing_example_inputs(args: _Arguments) -> list:
     for lifted in args.optimizers:
         # float64 like eager's Python float; requires_grad steers SGD onto its
         # tensor-lr path (addcmul) instead of reading lr as a number.
-        inputs += [
-            torch.tensor(group["lr"], dtype=torch.float64, requires_grad=True)
-            for group in lifted.optimizer.param_groups
-        ]
+        for group in lifted.optimizer.param_groups:
+            inputs.append(torch.tensor(group["lr"], dtype=torch.float64, requires_grad=True))
+            inputs += [torch.tensor(runtime.hyperparameter(group, key), dtype=torch.float64) for key in lifted.lifted]
         inputs += [tensor for entry in lifted.state for tensor in entry.values()]
     # Incoming grads: empty, not zeros, so a fn that never touches .grad (a
     # forward) costs no resident memory (untouched pages); values are not read.
@@ -1112,7 +1155,7 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     torch.compile, so no tensor is read back as a number.
     """
     inputs = iter(inputs)
-    saved, handles = [], []
+    saved, handles, swapped = [], [], []
     compiling = compat.compiling_flag()
     try:
         for lifted in args.optimizers:
@@ -1121,6 +1164,8 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
             traced_state = collections.defaultdict(dict)
             for group, indices in zip(optimizer.param_groups, lifted.groups):
                 group["params"], group["lr"] = [state[i] for i in indices], next(inputs)
+                for key in lifted.lifted:
+                    swapped.append(_set_lifted_hyperparameter(group, key, next(inputs)))
                 if lifted.cls != "SGD":
                     group["capturable"] = True
             for group in optimizer.param_groups:
@@ -1134,11 +1179,42 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
         compat.set_compiling_flag(compiling)
         for handle in handles:
             handle.remove()
+        for tensor in swapped:
+            tensor.__class__ = torch.Tensor
         for optimizer, original_state, groups in saved:
             optimizer.state = original_state
             for group, original in zip(optimizer.param_groups, groups):
                 group.clear()
                 group.update(original)
+
+
+def _set_lifted_hyperparameter(group: dict, key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Point ``group``'s hyperparameter ``key`` at its graph input; returns it (its class to restore)."""
+    if key == "momentum":
+        tensor.__class__ = _NonzeroMomentum
+        group[key] = tensor
+    else:  # betas[0]: foreach Adam reads a tensor beta1 as a number; the single-tensor step does not
+        group["betas"] = (tensor, group["betas"][1])
+        group["foreach"] = False
+    return tensor
+
+
+class _NonzeroMomentum(torch.Tensor):
+    """SGD's lifted momentum while fn is traced: a plain tensor to every op.
+
+    SGD branches on ``momentum != 0`` in Python, which would read the traced
+    value; the driver refuses a zero momentum at every call (eager keeps no
+    buffer then), so the branch is answered without reading it.
+    """
+
+    __torch_function__ = compat.disabled_torch_function_impl
+
+    def __ne__(self, other: Any) -> Any:
+        if type(other) in (int, float) and other == 0:
+            return True
+        return super().__ne__(other)
+
+    __hash__ = torch.Tensor.__hash__
 
 
 def _set_compiling(value: bool) -> None:
@@ -1182,7 +1258,7 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
     unused = set()
     specs = []
     for lifted in args.optimizers:
-        position += len(lifted.groups)  # the lrs stay, even when unused
+        position += lifted.num_group_inputs  # lrs and lifted hyperparameters stay, even when unused
         stepped, tensors = [], []
         slots = [(g, j) for g, indices in enumerate(lifted.groups) for j in range(len(indices))]
         for slot, entry in zip(slots, lifted.state):
@@ -1202,6 +1278,7 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
                 keys=tuple(lifted.keys),
                 stepped=tuple(stepped),
                 tensors=tuple(tensors),
+                lifted=lifted.lifted,
             )
         )
     return tuple(specs), unused, position
@@ -1420,7 +1497,8 @@ def _graph_input_names(convention: CallingConvention) -> list[str]:
     names += [paths[i] for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]
     names += [f"size_{paths[leaf]}_dim{dim}" for leaf, dim in convention.sizes]
     for optimizer in convention.optimizers:
-        names += [f"lr_group{g}" for g in range(len(optimizer.groups))]
+        for g in range(len(optimizer.groups)):
+            names += [f"lr_group{g}"] + [f"{key.replace('[', '').replace(']', '')}_group{g}" for key in optimizer.lifted]
         for group, index in optimizer.stepped:
             names += [f"{key}_{fqn(optimizer.groups[group][index])}" for key in optimizer.keys]
     names += [f"grad_{fqn(i)}" for i in convention.grad_inputs]

@@ -82,6 +82,9 @@ TORCH_RELEASE = torch_release(torch.__version__)
 is_alias_of = torch._C._is_alias_of
 # The autograd Node running now (None outside the engine); no public API as of 2.13.
 current_autograd_node = torch._C._current_autograd_node
+# A Tensor subclass's __torch_function__ that makes it behave as a plain tensor
+# (nn.Parameter's); no public name as of 2.13.
+disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 
 
 # ---------------------------------------------------------------------------

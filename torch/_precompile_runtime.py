@@ -18,6 +18,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import operator
@@ -342,9 +343,10 @@ class ConstantSpec(Record):
 class OptimizerSpec(Record):
     """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
 
-    Graph inputs per optimizer: one 0-dim float64 ``lr`` per param group, then
-    the ``keys`` state tensors of each ``stepped`` parameter.  Every other
-    hyperparameter is baked and must be equal at every call.
+    Graph inputs per optimizer: per param group a 0-dim float64 ``lr`` and one
+    per ``lifted`` hyperparameter, then the ``keys`` state tensors of each
+    ``stepped`` parameter.  Every other hyperparameter is baked and must be
+    equal at every call.
     """
 
     position: Count  # positional index in fn's arguments
@@ -354,6 +356,38 @@ class OptimizerSpec(Record):
     keys: tuple[str, ...]  # state keys of one stepped parameter, in input order
     stepped: tuple[tuple[Count, Count], ...]  # (group, index in group) with state inputs
     tensors: tuple[TensorSpec, ...]  # the state inputs, len(stepped) * len(keys)
+    # Hyperparameters LR schedulers cycle, read at every call like lr (LIFTED_HYPERPARAMETERS).
+    lifted: tuple[str, ...] = ()
+
+
+# inspect.Parameter kinds, by name (the convention stores fn's signature as literals).
+PARAMETER_KINDS = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "VAR_POSITIONAL", "KEYWORD_ONLY", "VAR_KEYWORD")
+
+
+def call_signature(parameters: tuple) -> inspect.Signature:
+    """fn's signature rebuilt from ``CallingConvention.signature``.
+
+    A parameter not bound at capture gets the default ``BAKED``, so a call that
+    leaves it out binds, and one that passes it is seen (``bind_call``).
+    """
+    return inspect.Signature(
+        [
+            inspect.Parameter(
+                name,
+                getattr(inspect.Parameter, kind),
+                default=BAKED if not bound and kind not in ("VAR_POSITIONAL", "VAR_KEYWORD") else inspect.Parameter.empty,
+            )
+            for name, kind, bound in parameters
+        ]
+    )
+
+
+class _Baked:
+    def __repr__(self) -> str:
+        return "<baked at capture>"
+
+
+BAKED = _Baked()
 
 
 class CallingConvention(Record):
@@ -400,6 +434,11 @@ class CallingConvention(Record):
     # (None where it depends on free dims), dtype, device.  For readers (the
     # inspector); the driver does not check outputs.
     output_tensors: tuple[TensorSpec, ...] = ()
+    # fn's parameters, as inspect.signature saw them: (name, kind, bound at
+    # capture).  A call binds its keyword arguments with them as Python would;
+    # a parameter not bound at capture had its default baked.  () when fn has
+    # no signature (a C callable): only positional calls then.
+    signature: tuple[tuple[str, Literal[PARAMETER_KINDS], bool], ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -774,6 +813,8 @@ def validate_convention(c: "CallingConvention") -> None:
                 fail(f"{where}.groups", group, "expected indices of parameters in state")
         if len(o.hyper) != len(o.groups):
             fail(f"{where}.hyper", o.hyper, f"expected one entry per group ({len(o.groups)})")
+        if not set(o.lifted) <= set(LIFTED_HYPERPARAMETERS[o.cls]) or len(set(o.lifted)) != len(o.lifted):
+            fail(f"{where}.lifted", o.lifted, f"expected distinct entries of {list(LIFTED_HYPERPARAMETERS[o.cls])}")
         for entry in o.stepped:
             if entry[0] >= len(o.groups) or entry[1] >= len(o.groups[entry[0]]):
                 fail(f"{where}.stepped", entry, "expected (group, index in group)")
@@ -781,6 +822,13 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"{where}.tensors", len(o.tensors), f"expected len(stepped) * len(keys) = {len(o.stepped) * len(o.keys)} specs")
         for i, t in enumerate(o.tensors):
             check_tensor(f"{where}.tensors[{i}]", t)
+    if c.signature:
+        try:
+            call_signature(c.signature)
+        except ValueError as error:  # kinds out of order, a repeated or non-identifier name
+            fail("signature", c.signature, str(error))
+        if sum(1 for _, kind, bound in c.signature if bound and kind != "VAR_POSITIONAL") > c.arity:
+            fail("signature", c.signature, f"binds more parameters than arity {c.arity}")
     for index, k in enumerate(c.constants):
         try:
             raw = base64.b64decode(k.data, validate=True)
@@ -1078,6 +1126,13 @@ class PrecompiledFunction:
         self._run_graph = run_graph
         self._constants = constants
         self._arity = convention.arity
+        self._signature = call_signature(convention.signature) if convention.signature else None
+        self._baked_parameters = frozenset(name for name, _, bound in convention.signature if not bound)
+        # Names a call may pass by keyword; None: any (fn takes **kwargs, whose emptiness is baked).
+        kinds = {kind for _, kind, _ in convention.signature}
+        self._keywords = None if "VAR_KEYWORD" in kinds else frozenset(
+            name for name, kind, _ in convention.signature if kind in ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
+        )
         self._module_positions = tuple(m.position for m in convention.modules)
         self._user_positions = convention.user_positions
         self._pick_modules = _picker(self._module_positions)
@@ -1144,7 +1199,7 @@ class PrecompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._arity:
-            self._raise_call_shape(args, kwargs)
+            args = self._bind(args, kwargs)
         grad_enabled = _is_grad_enabled()
         if (
             self._any_autocast  # captured under autocast: compared in full at every call
@@ -1221,6 +1276,27 @@ class PrecompiledFunction:
             f"the captured graph returned {len(outputs)} outputs but the calling convention "
             f"describes {self._num_graph_outputs}: python_code was edited"
         )
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple:
+        """fn's arguments as captured (positionally), bound from a call as Python binds fn's."""
+        if self._signature is None:  # fn had no signature: positional calls only
+            self._raise_call_shape(args, kwargs)
+        unknown = [name for name in kwargs if self._keywords is not None and name not in self._keywords]
+        try:
+            if unknown:  # named before a missing argument, as Python's own call does
+                raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise PrecompileError(f"fn{self._signature}: {error} (the artifact binds its arguments like fn)") from None
+        for name in bound.arguments:
+            if name in self._baked_parameters:
+                raise PrecompileError(
+                    f"fn's parameter {name!r} was not passed at capture, so its default is baked into the "
+                    "artifact: leave it out, or precompile again passing it"
+                )
+        if len(bound.args) != self._arity:  # more or fewer *args than at capture
+            self._raise_call_shape(bound.args, {})
+        return bound.args
 
     def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
         if kwargs:
@@ -1539,7 +1615,7 @@ class PrecompiledFunction:
         autocast, hooks) is not.  Nothing runs and nothing is written.
         """
         if len(args) != self._arity:
-            self._raise_call_shape(args, {})
+            args = self._bind(args, {})
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
         state = self._state_tensors(self._pick_modules(args))
@@ -1582,6 +1658,20 @@ OPTIMIZER_STATE_KEYS = {
 }
 
 
+# What OneCycleLR / CyclicLR cycle besides lr, per optimizer class: lifted when captured.
+LIFTED_HYPERPARAMETERS = {"SGD": ("momentum",), "Adam": ("betas[0]",), "AdamW": ("betas[0]",)}
+
+
+def hyperparameter(group: dict, key: str) -> Any:
+    """``group[key]``; ``"betas[1]"`` names one element of a tuple option."""
+    name, _, index = key.partition("[")
+    if not index:
+        return group.get(key)
+    value = group.get(name)
+    position = int(index[:-1])
+    return value[position] if isinstance(value, (tuple, list)) and position < len(value) else value
+
+
 def optimizer_state_keys(cls: str, group: dict) -> tuple[str, ...]:
     """The state one stepped parameter of ``group`` has after eager's first step."""
     if cls == "SGD":
@@ -1605,6 +1695,12 @@ def initial_optimizer_state(keys: tuple[str, ...], param: torch.Tensor) -> dict:
     return state
 
 
+def _group_key(key: str) -> str:
+    """``"betas[1]"`` -> ``['betas'][1]``, ``"lr"`` -> ``['lr']``."""
+    name, bracket, rest = key.partition("[")
+    return f"[{name!r}]" + bracket + rest
+
+
 class OptimizerArgument:
     """Per-call work for one optimizer argument: check it, return its graph inputs."""
 
@@ -1613,7 +1709,7 @@ class OptimizerArgument:
         self.where = f"args[{spec.position}] (optimizer)"
         self.hyper_keys = [tuple(k for k, _ in group) for group in spec.hyper]
         self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
-        self.lr = [(None, None)] * len(spec.groups)  # per group: (value, 0-dim tensor)
+        self.scalars = {}  # (group, key) -> (value, its 0-dim float64 tensor), lr and the lifted keys
         self.guard = None  # TensorGuards over the state tensors, armed after a full check
 
     def inputs(self, optimizer: Any, state: list, created: list) -> list:
@@ -1633,7 +1729,8 @@ class OptimizerArgument:
         lrs = []
         for index, group in enumerate(groups):
             self._check_group(index, group, state)
-            lrs.append(self._lr_tensor(index, group["lr"]))
+            lrs.append(self._scalar_tensor(index, "lr", group["lr"]))
+            lrs += [self._lifted_tensor(index, key, group) for key in spec.lifted]
         tensors, entries = [], {}
         for group_index, param_index in spec.stepped:
             param = groups[group_index]["params"][param_index]
@@ -1668,23 +1765,34 @@ class OptimizerArgument:
                 "optimizer over the model passed with it"
             )
         keys, want = self.hyper_keys[index], self.hyper_values[index]
-        got = tuple(group.get(key) for key in keys)
+        got = tuple(hyperparameter(group, key) for key in keys)
         if got != want:
             key, w, g = next((k, w, g) for k, w, g in zip(keys, want, got) if w != g)
+            changeable = ", ".join(repr(k) for k in ("lr", *self.spec.lifted))
             raise PrecompileError(
-                f"{self.where} param_groups[{index}][{key!r}]: expected {w!r} (baked at capture), got {g!r}; "
-                "only 'lr' may change between calls: precompile again for other values"
+                f"{self.where} param_groups[{index}]{_group_key(key)}: expected {w!r} (baked at capture), got {g!r}; "
+                f"only {changeable} may change between calls: precompile again for other values"
             )
 
-    def _lr_tensor(self, index: int, lr: Any) -> torch.Tensor:
-        value, tensor = self.lr[index]
-        if lr != value or type(lr) is not type(value):
-            if not isinstance(lr, (float, int)) or isinstance(lr, bool):
+    def _lifted_tensor(self, index: int, key: str, group: dict) -> torch.Tensor:
+        value = hyperparameter(group, key)
+        if key == "momentum" and value == 0:
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}]['momentum'] is 0, but was not at capture: eager keeps "
+                "no momentum buffer at 0, the captured step updates it; precompile again with momentum=0"
+            )
+        return self._scalar_tensor(index, key, value)
+
+    def _scalar_tensor(self, index: int, key: str, number: Any) -> torch.Tensor:
+        """A 0-dim float64 tensor of ``number``, cached while it stays the same."""
+        value, tensor = self.scalars.get((index, key), (None, None))
+        if number != value or type(number) is not type(value):
+            if not isinstance(number, (float, int)) or isinstance(number, bool):
                 raise PrecompileError(
-                    f"{self.where} param_groups[{index}]['lr']: expected a float, got {type(lr).__name__}"
+                    f"{self.where} param_groups[{index}]{_group_key(key)}: expected a float, got {type(number).__name__}"
                 )
-            tensor = torch.tensor(float(lr), dtype=torch.float64)
-            self.lr[index] = (lr, tensor)
+            tensor = torch.tensor(float(number), dtype=torch.float64)
+            self.scalars[index, key] = (number, tensor)
         return tensor
 
     def _check_state(self, tensors: list) -> None:
