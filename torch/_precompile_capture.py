@@ -116,11 +116,10 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     ]
     user_args = tuple(example_inputs[i] for i in user_positions)
     for position, arg in zip(user_positions, user_args):
-        _check_recordable_structure(f"args[{position}]", arg)
+        _check_recordable_structure(f"args[{position}]", pytree.tree_structure(arg), rebuilt=False)
     input_leaves, input_spec = pytree.tree_flatten(user_args)
     input_paths = [
-        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
-        for path, _ in pytree.tree_flatten_with_path(user_args)[0]
+        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}" for path in runtime.leaf_paths(input_spec)
     ]
     for what, leaf in zip(input_paths, input_leaves):
         if isinstance(leaf, torch.Tensor):
@@ -186,38 +185,42 @@ def _refuse_hooks(modules: list, module_positions: list, lifted: list) -> None:
         )
 
 
-# How to make a pytree node type recordable in the artifact's calling convention.
-_PYTREE_FIX = (
-    "pass plain tuples, lists and dicts instead, or register the type with "
-    "torch.utils._pytree.register_pytree_node(cls, flatten_fn, unflatten_fn, "
-    "serialized_type_name='pkg.Name', flatten_with_keys_fn=...) (a namedtuple: "
-    "torch.utils._pytree._register_namedtuple(cls, serialized_type_name='pkg.Name')), adding "
-    "to_dumpable_context/from_dumpable_context if its context is not JSON; the process that "
-    "loads the artifact must make the same registration"
-)
+def _check_recordable_structure(what: str, spec: pytree.TreeSpec, rebuilt: bool) -> None:
+    """The artifact can record ``spec`` (Note invariant 3): by treespec_dumps, else by import paths.
 
-
-def _dump_structure(what: str, spec: pytree.TreeSpec) -> str:
-    """The artifact records fn's input/output structure as JSON (treespec_dumps)."""
+    ``rebuilt``: load must rebuild the structure (fn's output), so every
+    context must be a literal or a class; an input's is only compared with
+    the caller's, by repr, which must then not name an address.
+    """
     try:
-        return pytree.treespec_dumps(spec)
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise PrecompileError(
-            f"{what}: its pytree structure cannot be recorded ({str(error).rstrip('.')}); {_PYTREE_FIX}"
-        ) from None
+        pytree.treespec_dumps(spec)
+        return
+    except (NotImplementedError, TypeError, ValueError):
+        pass
+    try:
+        node = runtime.named_node(spec)
+    except runtime.Unnameable as error:
+        raise PrecompileError(f"{what}: its pytree structure holds {error}") from None
+    for type_path, context in _repr_contexts(node):
+        if rebuilt or " at 0x" in context:
+            raise PrecompileError(
+                f"{what}: its pytree structure holds a {type_path.replace(':', '.')} whose context {context} "
+                + ("is not a Python literal or a class, so load could not rebuild it" if rebuilt else "has no stable repr to compare at each call")
+                + ": register the type with to_dumpable_context / from_dumpable_context and a "
+                "serialized_type_name (torch.utils._pytree.register_pytree_node), or make its context a "
+                "literal (tuples, lists, dicts of str, int, float, bool, None)"
+            )
 
 
-def _recordable_spec(what: str, spec: pytree.TreeSpec) -> pytree.TreeSpec:
-    _dump_structure(what, spec)  # to_literal() dumps it when the artifact is rendered
-    return spec
-
-
-def _check_recordable_structure(what: str, value: Any) -> None:
-    try:  # the driver names leaves by key path in its errors
-        pytree.tree_flatten_with_path(value)
-    except ValueError as error:
-        raise PrecompileError(f"{what}: {str(error).rstrip('.')}; {_PYTREE_FIX}") from None
-    _dump_structure(what, pytree.tree_structure(value))
+def _repr_contexts(node: Any):
+    """(type path, context repr) of each node of a named structure whose context is only a repr."""
+    if node is None:
+        return
+    type_path, kind, context, children = node
+    if kind == "repr":
+        yield type_path, context
+    for child in children:
+        yield from _repr_contexts(child)
 
 
 def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
@@ -319,6 +322,52 @@ def _combine_shape_id_bounds(free_dims: list, args: _Arguments) -> list:
         for free in members:
             free.low, free.high = low, high
     return free_dims
+
+
+class _DictOrderProbe(dict):
+    """A plain dict input while fn is traced: notes whether fn observed its key order.
+
+    A call may pass the same keys in another order (Note invariant 3): the
+    driver maps them by key, which computes what eager would unless fn
+    depends on the order -- iterating the dict (keys(), values(), items(),
+    ``**``, ``for``, copies that keep the order).  Registered with pytree like
+    dict, so fn's own tree_map still sees a node (and observes the order).
+    """
+
+    __slots__ = ("observed",)
+
+
+def _observing(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def observe(self, *args, **kwargs):
+        self.observed = True
+        return method(self, *args, **kwargs)
+
+    return observe
+
+
+for _name in ("__iter__", "__reversed__", "keys", "values", "items", "popitem", "copy", "__or__", "__ror__"):
+    setattr(_DictOrderProbe, _name, _observing(getattr(dict, _name)))
+pytree.register_pytree_node(
+    _DictOrderProbe,
+    lambda d: (list(d.values()), list(d.keys())),
+    lambda values, keys: dict(zip(keys, values)),
+    flatten_with_keys_fn=lambda d: ([(pytree.MappingKey(k), v) for k, v in d.items()], list(d.keys())),
+)
+
+
+def _probe_dicts(value: Any, path: str, probes: dict) -> Any:
+    """``value`` with each plain dict (through plain tuples, lists, dicts) a _DictOrderProbe, by path in ``probes``."""
+    kind = type(value)
+    if kind is dict:
+        probe = probes[path] = _DictOrderProbe(
+            (key, _probe_dicts(v, path + pytree.keystr((pytree.MappingKey(key),)), probes)) for key, v in value.items()
+        )
+        probe.observed = False
+        return probe
+    if kind in (list, tuple):
+        return kind(_probe_dicts(v, f"{path}[{i}]", probes) for i, v in enumerate(value))
+    return value
 
 
 class _CaptureGuard(TorchDispatchMode):
@@ -460,8 +509,9 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for index, tensor in zip(args.tensor_indices, tensors):
             leaves[index] = tensor
         call_args = list(args.example_inputs)
+        probes: dict = {}  # path -> _DictOrderProbe
         for position, arg in zip(args.user_positions, pytree.tree_unflatten(leaves, args.input_spec)):
-            call_args[position] = arg
+            call_args[position] = _probe_dicts(arg, f"args[{position}]", probes)
         mappings = [{} for _ in args.modules]
         for entry, leaf in zip(args.lifted, state):
             for index, fqn in entry.names:
@@ -479,11 +529,13 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 result = fn(*call_args)
             _check_state_not_rebound(args.modules, mappings)
         out_leaves, out_spec = pytree.tree_flatten(result)
+        _check_recordable_structure("fn's output", out_spec, rebuilt=True)
         recorded["ran_autograd"] = guard.ran_autograd
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
         recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None]
+        recorded["ordered_dicts"] = tuple(path for path, probe in probes.items() if probe.observed)
         outputs = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
@@ -776,7 +828,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             else LeafSpec(value=leaf)
             for i, leaf in enumerate(args.input_leaves)
         ),
-        output_spec=_recordable_spec("fn's output", recorded["out_spec"]),
+        output_spec=recorded["out_spec"],
         outputs=tuple(outputs),
         grad_state=grads["grad_state"],
         constants=tuple(_constant_spec(c) for c in constants),
@@ -792,6 +844,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grads_assigned=grads["grads_assigned"],
         grads_cleared=grads["grads_cleared"],
         output_tensors=tuple(output_tensors),
+        ordered_dicts=recorded["ordered_dicts"],
         signature=_signature_record(fn, example_inputs),
     )
     return _Capture(graph, convention, example)
@@ -1486,12 +1539,9 @@ def _graph_input_names(convention: CallingConvention) -> list[str]:
     def fqn(state_index: int) -> str:
         return convention.state[state_index].names[0][1]
 
-    user_spec = convention.input_spec
     paths = [
         f"args_{convention.user_positions[position.idx]}{pytree.keystr(tuple(rest))}"
-        for (position, *rest), _ in pytree.tree_flatten_with_path(
-            pytree.tree_unflatten([None] * user_spec.num_leaves, user_spec)
-        )[0]
+        for position, *rest in runtime.leaf_paths(convention.input_spec)
     ]
     names = [f"{'p' if s.kind == 'parameter' else 'b'}_{fqn(i)}" for i, s in enumerate(convention.state)]
     names += [paths[i] for i, leaf in enumerate(convention.inputs) if leaf.tensor is not None]

@@ -14,6 +14,7 @@ a kernel has to be compiled because the cache did not provide it.
 
 import ast
 import base64
+import collections
 import contextlib
 import functools
 import hashlib
@@ -439,6 +440,9 @@ class CallingConvention(Record):
     # a parameter not bound at capture had its default baked.  () when fn has
     # no signature (a C callable): only positional calls then.
     signature: tuple[tuple[str, Literal[PARAMETER_KINDS], bool], ...] = ()
+    # Paths (``args[1]['batch']``) of the dict inputs whose key order fn observed
+    # (it iterated over them): another order is refused there, mapped by key elsewhere.
+    ordered_dicts: tuple[str, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -487,7 +491,7 @@ def _to_literal(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return {"nonfinite_float": repr(value)}  # `nan`/`inf` are not literals
     if isinstance(value, pytree.TreeSpec):
-        return pytree.treespec_dumps(value)
+        return encode_tree_spec(value)
     return value
 
 
@@ -559,6 +563,12 @@ def _decode_py_value(value: Any) -> Any:
 
 
 def _decode_tree_spec(value: Any) -> pytree.TreeSpec:
+    if type(value) is str and value.startswith(NAMED_SPEC_PREFIX):
+        try:
+            node = ast.literal_eval(value[len(NAMED_SPEC_PREFIX) :])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            node = _MISSING
+        return _decode_named_node(value, node)
     if type(value) is str:
         try:
             return pytree.treespec_loads(value)
@@ -836,6 +846,188 @@ def validate_convention(c: "CallingConvention") -> None:
             fail(f"constants[{index}].data", k.data[:40], "not base64")
         if len(raw) != math.prod(k.shape) * _dtype(k.dtype).itemsize:
             fail(f"constants[{index}].data", f"{len(raw)} bytes", f"expected {k.shape} {k.dtype}")
+
+
+# ---------------------------------------------------------------------------
+# Structures: fn's input and output pytree specs as literals (Note invariant 3)
+# ---------------------------------------------------------------------------
+
+# A spec that treespec_dumps cannot write (a plain namedtuple, a node type
+# registered without serialized_type_name, a context that is not JSON) is
+# written as this prefix and a literal that names each node type, and a class
+# context (a namedtuple's), by import path: load imports them.  Per node:
+# None for a leaf, else (type path, context kind, context, children) with
+# kind "literal" (the context itself), "class" (its import path) or "repr"
+# (a context load cannot rebuild: inputs compare it by repr, see ContextRepr).
+NAMED_SPEC_PREFIX = "precompile-named-treespec:"
+
+
+class Unnameable(Exception):
+    """A class a structure literal cannot name by import path; the message says which and the fix."""
+
+
+def encode_tree_spec(spec: pytree.TreeSpec) -> str:
+    try:
+        return pytree.treespec_dumps(spec)
+    except (NotImplementedError, TypeError, ValueError):  # nothing registered to serialize a node
+        return NAMED_SPEC_PREFIX + repr(named_node(spec))
+
+
+def named_node(spec: pytree.TreeSpec) -> Any:
+    """The literal of ``spec`` (see NAMED_SPEC_PREFIX); raises Unnameable."""
+    if spec.is_leaf():
+        return None
+    children = [named_node(child) for child in spec.children()]
+    context = spec.context
+    if isinstance(context, type):  # a namedtuple's or structseq's class
+        return (import_path(spec.type), "class", import_path(context), children)
+    if _is_literal(context):
+        return (import_path(spec.type), "literal", context, children)
+    return (import_path(spec.type), "repr", repr(context), children)
+
+
+def import_path(obj: Any) -> str:
+    """``module:qualname`` that imports ``obj`` back, or Unnameable."""
+    path = f"{obj.__module__}:{obj.__qualname__}"
+    if _import(path) is not obj:
+        why = "it is defined inside a function" if "<locals>" in obj.__qualname__ else "that name imports something else"
+        raise Unnameable(
+            f"{obj.__module__}.{obj.__qualname__} cannot be imported by its name ({why}), which is how the "
+            "artifact records it: define it at module level"
+        )
+    return path
+
+
+def _import(path: str) -> Any:
+    module, _, qualname = path.partition(":")
+    try:
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found
+
+
+def _is_literal(value: Any) -> bool:
+    try:
+        copy = ast.literal_eval(repr(value))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return type(copy) is type(value) and copy == value
+
+
+class ContextRepr:
+    """A pytree context load cannot rebuild, as captured: equal to any context with its repr.
+
+    Only input specs hold one (capture refuses it in fn's output, which load
+    must rebuild): the call compares the caller's spec with the captured one.
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __eq__(self, other: Any) -> bool:
+        return self.text == (other.text if isinstance(other, ContextRepr) else repr(other))
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _decode_named_node(literal: str, node: Any) -> pytree.TreeSpec:
+    if node is None:
+        return pytree.treespec_leaf()
+    if type(node) is not tuple or len(node) != 4 or type(node[0]) is not str or type(node[3]) is not list:
+        raise _Malformed(literal, "a named pytree structure")
+    type_path, kind, context, children = node
+    node_type = _import(type_path)
+    if node_type not in pytree.SUPPORTED_NODES:
+        raise PrecompileError(
+            f"fn's input or output structure holds the pytree node type {type_path.replace(':', '.')}, which "
+            "this process cannot import or has not registered with torch.utils._pytree: import the module "
+            "that defines (and registers) it before load()"
+        )
+    if kind == "class" and type(context) is str:
+        context = _import(context)
+        if not isinstance(context, type):
+            raise PrecompileError(
+                f"fn's input or output structure holds the class {node[2].replace(':', '.')}, which this process "
+                "cannot import: import its module (or define it again at module level) before load()"
+            )
+    elif kind == "repr" and type(context) is str:
+        context = ContextRepr(context)
+    elif kind != "literal":
+        raise _Malformed(literal, "a named pytree structure")
+    return pytree.TreeSpec(node_type, context, [_decode_named_node(literal, child) for child in children])
+
+
+def leaf_paths(spec: pytree.TreeSpec) -> list[tuple]:
+    """The pytree key path of each leaf of ``spec``.
+
+    Read through the node types' ``flatten_with_keys_fn``; a node registered
+    without one, or a context only compared (ContextRepr), is named by
+    position (by field for a namedtuple, by key for a dict).
+    """
+    try:
+        skeleton = pytree.tree_unflatten([None] * spec.num_leaves, spec)
+        return [path for path, _ in pytree.tree_flatten_with_path(skeleton)[0]]
+    except Exception:  # whatever a node's unflatten or missing flatten_with_keys_fn raises
+        paths: list = []
+        _walk_leaf_paths(spec, (), paths)
+        return paths
+
+
+def _walk_leaf_paths(spec: pytree.TreeSpec, path: tuple, paths: list) -> None:
+    if spec.is_leaf():
+        paths.append(path)
+        return
+    context = spec.context
+    for index, child in enumerate(spec.children()):
+        if spec.type in (dict, collections.OrderedDict):
+            key = pytree.MappingKey(context[index])
+        elif isinstance(context, type) and hasattr(context, "_fields"):
+            key = pytree.GetAttrKey(context._fields[index])
+        else:
+            key = pytree.SequenceKey(index)
+        _walk_leaf_paths(child, (*path, key), paths)
+
+
+def conform_dict_order(value: Any, spec: pytree.TreeSpec, path: str, ordered: frozenset) -> Any:
+    """``value`` with each plain dict's keys put in ``spec``'s (the captured) order.
+
+    fn reads a dict input by key unless capture saw it observe the order
+    (``ordered``: the paths of those dicts), so a dict with the same keys in
+    another order computes the same; other keys, or another order where the
+    order was observed, are refused.  Recurses through plain tuples, lists
+    and dicts, as capture's probe does.
+    """
+    kind = type(value)
+    if spec.is_leaf() or kind is not spec.type or kind not in (dict, list, tuple):
+        return value
+    if kind is dict:
+        keys = spec.context
+        if list(value) != keys:
+            if value.keys() != set(keys):
+                raise PrecompileError(
+                    f"{path}: a dict with keys {list(value)}, but it had keys {keys} at capture (the artifact "
+                    "maps dict inputs by key): pass the captured keys, or precompile again"
+                )
+            if path in ordered:
+                raise PrecompileError(
+                    f"{path}: its keys come in the order {list(value)}, but were {keys} at capture, and fn "
+                    "observed that order (it iterated over the dict, e.g. items(), values(), ** or a for "
+                    "loop), so it is baked into the artifact: pass the keys in the captured order"
+                )
+        return {
+            key: conform_dict_order(value[key], child, path + pytree.keystr((pytree.MappingKey(key),)), ordered)
+            for key, child in zip(keys, spec.children())
+        }
+    if len(value) != spec.num_children:
+        return value
+    return kind(conform_dict_order(v, child, f"{path}[{i}]", ordered) for i, (v, child) in enumerate(zip(value, spec.children())))
 
 
 # ---------------------------------------------------------------------------
@@ -1138,6 +1330,7 @@ class PrecompiledFunction:
         self._pick_modules = _picker(self._module_positions)
         self._pick_user_args = _picker(self._user_positions)
         self._input_spec = convention.input_spec
+        self._ordered_dicts = frozenset(convention.ordered_dicts)
         self._output_spec = convention.output_spec
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
         # the guard and value checks below catch a container passed instead.
@@ -1473,16 +1666,26 @@ class PrecompiledFunction:
     # -- user inputs ---------------------------------------------------------
 
     def _flatten(self, user_args: tuple) -> list:
+        # The captured spec on the left: a ContextRepr in it compares first.
         leaves, spec = pytree.tree_flatten(tuple(user_args))
-        if spec != self._input_spec:
-            self._raise_structure_mismatch(user_args)
+        if self._input_spec != spec:
+            leaves, spec = pytree.tree_flatten(self._conform_dict_order(user_args))
+            if self._input_spec != spec:
+                self._raise_structure_mismatch(user_args)
         return leaves
+
+    def _conform_dict_order(self, user_args: tuple) -> tuple:
+        ordered = self._ordered_dicts
+        return tuple(
+            conform_dict_order(arg, spec, f"args[{position}]", ordered)
+            for position, arg, spec in zip(self._user_positions, user_args, self._input_spec.children())
+        )
 
     def _raise_structure_mismatch(self, user_args: tuple) -> None:
         expected = self._input_spec.children()
         for position, arg, want in zip(self._user_positions, user_args, expected):
             got = pytree.tree_structure(arg)
-            if got != want:
+            if want != got:
                 raise PrecompileError(
                     f"args[{position}]: input structure differs from the captured one: "
                     f"expected {want}, got {got}"
@@ -1501,10 +1704,7 @@ class PrecompiledFunction:
                 )
 
     def _input_path(self, index: int) -> str:
-        paths, _ = pytree.tree_flatten_with_path(
-            pytree.tree_unflatten([None] * len(self.convention.inputs), self._input_spec)
-        )
-        positional, *rest = paths[index][0]
+        positional, *rest = leaf_paths(self._input_spec)[index]
         return _leaf_path(self._user_positions[positional.idx], tuple(rest))
 
     def _free_sizes(self, leaves: list) -> list:
