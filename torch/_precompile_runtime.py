@@ -889,11 +889,13 @@ def named_node(spec: pytree.TreeSpec) -> Any:
 def import_path(obj: Any) -> str:
     """``module:qualname`` that imports ``obj`` back, or Unnameable."""
     path = f"{obj.__module__}:{obj.__qualname__}"
-    if _import(path) is not obj:
-        why = "it is defined inside a function" if "<locals>" in obj.__qualname__ else "that name imports something else"
+    found = _import(path)
+    if found is not obj:
+        why = "another object has that name" if found is not None else f"{obj.__module__} defines no such name"
         raise Unnameable(
-            f"{obj.__module__}.{obj.__qualname__} cannot be imported by its name ({why}), which is how the "
-            "artifact records it: define it at module level"
+            f"the class {obj.__module__}.{obj.__qualname__}, which cannot be imported by that name ({why}; "
+            "defined inside a function?), and the artifact records classes by import path: define it at "
+            "module level"
         )
     return path
 
