@@ -143,8 +143,9 @@ class TestCompilerApiPage(TestCase):
         torch.testing.assert_close(f(model, x), model(x))
         with self.assertRaisesRegex(torch_precompile.PrecompileError, r"expected shape \(5, 4\)"):
             f(model, torch.randn(7, 4))
-        with self.assertRaises(torch_precompile.PrecompileError):
-            f(model, x=x)  # keyword arguments are refused
+        torch.testing.assert_close(f(model, x=x), model(x))  # keywords bind like fn's parameters
+        with self.assertRaisesRegex(torch_precompile.PrecompileError, "unexpected keyword argument 'y'"):
+            f(model, y=x)
 
 
 class TestReadmeAndCi(TestCase):

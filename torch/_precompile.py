@@ -53,11 +53,23 @@ says who guarantees it and, where it is enforced, which tests (in
    bounds.  A marked input's strides vary with its sizes, so its layout is
    pinned as a memory format instead (``contiguous_format``,
    ``channels_last``); the graph's outputs are then dense but may be in
-   another memory format than eager's (values are equal).  Input and output pytree structures must be recordable
-   (registered types with a serialized_type_name, keys and a JSON context),
-   else capture refuses them by argument.
+   another memory format than eager's (values are equal).  Input and output
+   pytree structures are recorded with treespec_dumps, else by import path:
+   each node type, and a class context (a plain namedtuple's), as
+   ``module:qualname``, imported at load; a context that is a literal as
+   itself; an input's other context by its repr (an output's must be
+   rebuilt: refused).  The call compares the caller's structure with it,
+   contexts included.  Refused at capture, by argument: a class load could
+   not import (defined inside a function), a repr with an address.  A plain
+   dict input with the same keys in another order is mapped by key, unless
+   fn observed the order (iterated over it: a probe dict records it during
+   the trace): then, like other keys, refused naming both.  Arguments may be
+   passed by keyword: fn's signature is recorded as literals and a call
+   binds like Python; a parameter the capture left to its default (its
+   value baked) is refused by name.
    Enforced (TestRuntimeChecks, TestFreeDims, test_precompile_fuzz.py,
-   test_precompile_real_models.py TestFreeDims, TestStructures).
+   test_precompile_real_models.py TestFreeDims, TestStructures;
+   test_precompile_structures.py).
 4. The whole step.  If fn calls ``.backward()``, forward and backward are one
    graph; the runnable writes parameter gradients onto the runtime model's
    ``.grad`` exactly like eager (assign when None, else add; invariant 13).  Which
@@ -219,6 +231,10 @@ says who guarantees it and, where it is enforced, which tests (in
    - Python leaves of the inputs: baked and CHECKED by type and, for floats,
      sign: ``-0.0`` is not ``0.0``, ``True`` is not ``1``, ``nan`` equals
      ``nan`` (test_baked_floats_compare_bitwise, test_same_value).
+   - Input structure: CHECKED at every call against the captured one,
+     pytree contexts included; a dict's key order only where fn observed
+     it, keyword arguments bound by fn's signature, defaulted parameters
+     REFUSED when passed (invariant 3; test_precompile_structures.py).
    Global state
    - Grad mode: an artifact that runs autograd is REFUSED under
      ``no_grad()`` and ``inference_mode()`` (whether fn would enable grad
@@ -289,10 +305,17 @@ says who guarantees it and, where it is enforced, which tests (in
    the one graph.  Capture points the optimizer's param_groups and state at
    the traced leaves and clones while fn runs, then restores them.
    Hyperparameters: ``lr`` is a 0-dim float64 graph input read from the
-   runtime optimizer at every call (LR schedulers work without re-capture);
-   every other group key in ``opt.defaults`` (momentum, betas, eps,
+   runtime optimizer at every call (LR schedulers work without re-capture),
+   and so is what OneCycleLR / CyclicLR cycle with it: SGD's ``momentum``
+   (a tensor to ``mul_``; SGD's Python ``momentum != 0`` tests are answered
+   without reading it, and a call with momentum 0, where eager keeps no
+   buffer, is refused; baked when it was 0 or nesterov, whose ``alpha=``
+   needs a number) and Adam's / AdamW's ``betas[0]`` (traced with the
+   single-tensor step, as foreach reads a tensor beta1 as a number);
+   every other group key in ``opt.defaults`` (``betas[1]``, eps,
    weight_decay, foreach, maximize, ...) is baked and a different runtime
-   value is refused, naming the group and key.  State missing at a call (a
+   value is refused, naming the group and key
+   (test_precompile_structures.py TestOneCycleLR).  State missing at a call (a
    fresh optimizer) is created as eager's first step would (zeros, ``step``
    0), and the graph computes eager's first-step values from it; a parameter
    that gets no gradient gets no state.  Adam/AdamW trace their capturable
