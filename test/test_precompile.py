@@ -967,8 +967,8 @@ class TestRuntimeChecks(TestCase):
         m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
         f = load(_artifact("mlp_train", _train_step, m, x, y, backend=backend))
         cases = [
-            ((m, x), {}, r"expected 3 positional arguments \(as captured\), got 2"),
-            ((m, x), {"y": y}, r"keyword arguments are not supported \(got \['y'\]\)"),
+            ((m, x), {}, r"fn\(m, x, y\): missing a required argument: 'y'"),
+            ((m, x), {"target": y}, r"fn\(m, x, y\): got an unexpected keyword argument 'target'"),
             ((x, x, y), {}, r"args\[0\]: expected an nn.Module .* got Tensor"),
             ((m, [x], y), {}, r"args\[1\]: input structure differs"),
             ((m, torch.randn(4, 8), y), {}, r"args\[1\]: expected shape \(3, 8\), got \(4, 8\)"),

@@ -11,7 +11,6 @@ model], invariants 3 and 15.  Artifacts are compiled once per process.
 """
 
 import collections
-import copy
 import logging
 
 import torch
@@ -28,20 +27,13 @@ from torch.testing._internal.common_utils import (
 import torch_precompile
 
 from torch_precompile import PrecompileError
+from _precompile_testing import small_mlp
+from test_precompile_optimizer import TOLERANCE, train_step
+from test_precompile_soundness import _runnable, BACKENDS
 
 
 precompile = torch_precompile.precompile
-BACKENDS = ("eager", "inductor")
 logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
-
-_RUNNABLES: dict = {}
-
-
-def _runnable(key, fn, *example_inputs, backend):
-    """Capture and load each (fn, backend) once per test process."""
-    if (key, backend) not in _RUNNABLES:
-        _RUNNABLES[key, backend] = precompile.load(*precompile(fn, *example_inputs, backend=backend))
-    return _RUNNABLES[key, backend]
 
 
 def _linear():
@@ -308,7 +300,6 @@ class TestNamedStructures(_RefusalAssertions):
 # ---------------------------------------------------------------------------
 
 
-TOLERANCE = {"atol": 1e-6, "rtol": 1e-5}  # as test_precompile_optimizer.py: the traced step's float noise
 OPTIMIZERS = {
     "sgd_momentum": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
     "sgd_momentum_foreach": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2, foreach=True),
@@ -316,19 +307,6 @@ OPTIMIZERS = {
     "adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=1e-2),
     "adamw_foreach": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=True),
 }
-
-
-def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-
-
-def _train_step(model, opt, x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
 
 
 def _one_cycle(opt):
@@ -341,23 +319,23 @@ def _cycled(group):
 
 class TestOneCycleLR(_RefusalAssertions):
     def _step(self, name, backend):
-        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
-        model = _mlp()
-        return _runnable(f"onecycle_{name}", _train_step, model, OPTIMIZERS[name](model), x, y, backend=backend)
+        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+        model = small_mlp()
+        return _runnable(f"onecycle_{name}", train_step, model, OPTIMIZERS[name](model), x, y, backend=backend)
 
     @parametrize("backend", BACKENDS)
     @parametrize("name", list(OPTIMIZERS))
     def test_one_cycle_matches_eager(self, backend, name):
         step = self._step(name, backend)
         self.assertEqual(step.convention.optimizers[0].lifted, ("momentum",) if name.startswith("sgd") else ("betas[0]",))
-        model, ref = _mlp(), _mlp()
+        model, ref = small_mlp(), small_mlp()
         opt, ref_opt = OPTIMIZERS[name](model), OPTIMIZERS[name](ref)
         schedule, ref_schedule = _one_cycle(opt), _one_cycle(ref_opt)
         cycled = [_cycled(opt.param_groups[0])]
         torch.manual_seed(1)
         for _ in range(4):
-            x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
-            torch.testing.assert_close(step(model, opt, x, y), _train_step(ref, ref_opt, x, y), **TOLERANCE)
+            x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+            torch.testing.assert_close(step(model, opt, x, y), train_step(ref, ref_opt, x, y), **TOLERANCE)
             schedule.step()
             ref_schedule.step()
             cycled.append(_cycled(opt.param_groups[0]))
@@ -371,9 +349,9 @@ class TestOneCycleLR(_RefusalAssertions):
     @parametrize("backend", BACKENDS)
     def test_zero_momentum_is_refused_before_any_write(self, backend):
         step = self._step("sgd_momentum", backend)
-        model = _mlp()
+        model = small_mlp()
         opt = OPTIMIZERS["sgd_momentum"](model)
-        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
         step(model, opt, x, y)
         buffers = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
         opt.param_groups[0]["momentum"] = 0.0  # eager would leave the buffers alone
@@ -390,9 +368,9 @@ class TestOneCycleLR(_RefusalAssertions):
     def test_nesterov_momentum_stays_baked(self):
         # Nesterov SGD passes momentum as add's alpha=, which must be a number.
         make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True)  # noqa: E731
-        model = _mlp()
-        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
-        step = precompile.load(*precompile(_train_step, model, make(model), x, y, backend="eager"))
+        model = small_mlp()
+        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+        step = precompile.load(*precompile(train_step, model, make(model), x, y, backend="eager"))
         self.assertEqual(step.convention.optimizers[0].lifted, ())
         opt = make(model)
         _one_cycle(opt)
