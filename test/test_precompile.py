@@ -1053,7 +1053,7 @@ class TestIntrospection(TestCase):
         self.assertTrue(all(p.grad is None for p in m.parameters()))  # run_graph writes no .grad
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected shape \(3, 8\), got \(2, 8\)"):
             f.graph_inputs(m, torch.randn(2, 8), y)
-        with self.assertRaisesRegex(PrecompileError, "expected 3 positional arguments"):
+        with self.assertRaisesRegex(PrecompileError, "missing a required argument: 'y'"):
             f.graph_inputs(m, x)
 
     def test_with_graph_keeps_the_checks(self):

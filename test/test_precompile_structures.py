@@ -153,6 +153,11 @@ def _iterates(model, batch):
     return model(torch.cat(list(batch.values())))
 
 
+def _returns_batch(model, batch):
+    batch["out"] = model(batch["x"])
+    return batch
+
+
 def _nested(model, items):
     return [model(item["x"]) * item["w"] for item in items]
 
@@ -184,6 +189,19 @@ class TestDictOrder(_RefusalAssertions):
         torch.testing.assert_close(f(model, items), _nested(model, items))
         with self.assertRaisesRegex(PrecompileError, r"^args\[1\]\[0\]: a dict with keys \['w'\]"):
             f(model, [{"w": w}, items[1]])
+
+    @parametrize("backend", BACKENDS)
+    def test_an_input_dict_returned_keeps_its_order(self, backend):
+        x, w = torch.randn(3, 4), torch.randn(3)
+        f = _runnable("returns_batch", _returns_batch, _linear(), {"x": x, "w": w}, backend=backend)
+        self.assertEqual(f.convention.ordered_dicts, ("args[1]",))  # returning it shows its order
+        model = _linear()
+        out = f(model, {"x": x, "w": w})
+        self.assertIs(type(out), dict)
+        self.assertEqual(list(out), ["x", "w", "out"])
+        torch.testing.assert_close(out, _returns_batch(model, {"x": x, "w": w}))
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\]: its keys come in the order \['w', 'x'\]"):
+            f(model, {"w": w, "x": x})
 
     @parametrize("backend", BACKENDS)
     def test_order_fn_observed_is_kept(self, backend):

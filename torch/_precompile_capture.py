@@ -370,6 +370,14 @@ def _probe_dicts(value: Any, path: str, probes: dict) -> Any:
     return value
 
 
+def _without_probes(spec: pytree.TreeSpec) -> pytree.TreeSpec:
+    """``spec`` with each _DictOrderProbe node a dict (fn returned an input dict): the call returns a dict."""
+    if spec.is_leaf():
+        return spec
+    node_type = dict if spec.type is _DictOrderProbe else spec.type
+    return pytree.TreeSpec(node_type, spec.context, [_without_probes(child) for child in spec.children()])
+
+
 class _CaptureGuard(TorchDispatchMode):
     """Sees every op fn runs while it is traced, before make_fx records it.
 
@@ -528,7 +536,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             with torch.enable_grad(), guard:
                 result = fn(*call_args)
             _check_state_not_rebound(args.modules, mappings)
-        out_leaves, out_spec = pytree.tree_flatten(result)
+        out_leaves, out_spec = pytree.tree_flatten(result)  # an input dict returned: order observed
+        out_spec = _without_probes(out_spec)
         _check_recordable_structure("fn's output", out_spec, rebuilt=True)
         recorded["ran_autograd"] = guard.ran_autograd
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves

@@ -84,7 +84,7 @@ def describe_arguments(convention: CallingConvention) -> list[str]:
             o = optimizers[position]
             lines.append(
                 f"args[{position}]: torch.optim.{o.cls} over {sum(map(len, o.groups))} parameters in "
-                f"{len(o.groups)} groups (lr read at every call; state updated in place)"
+                f"{len(o.groups)} groups ({' and '.join(('lr', *o.lifted))} read at every call; state updated in place)"
             )
             continue
         if position in modules:

@@ -37,7 +37,7 @@ from typing import Any
 import torch.utils._pytree as pytree
 
 from . import _precompile_format as _format
-from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, PrecompileError, TensorSpec
+from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, leaf_paths, PrecompileError, TensorSpec
 
 
 __all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
@@ -189,15 +189,9 @@ def _state_report(convention: CallingConvention, kind: str) -> dict[str, Any]:
     }
 
 
-def _leaf_paths(spec: pytree.TreeSpec, count: int) -> list[tuple]:
-    # validate_convention checked that spec has count leaves
-    paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * count, spec))
-    return [path for path, _ in paths]
-
-
 def _inputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
     report = []
-    paths = _leaf_paths(convention.input_spec, len(convention.inputs))
+    paths = leaf_paths(convention.input_spec)
     for (positional, *rest), leaf in zip(paths, convention.inputs):
         entry = {"path": _leaf_path(convention.user_positions[positional.idx], tuple(rest))}
         if leaf.tensor is not None:
@@ -210,7 +204,7 @@ def _inputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
 
 def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
     report = []
-    paths = _leaf_paths(convention.output_spec, len(convention.outputs))
+    paths = leaf_paths(convention.output_spec)
     for path, leaf in zip(paths, convention.outputs):
         entry = {"path": "result" + pytree.keystr(path)}
         if leaf.graph_output is not None:

@@ -1807,8 +1807,8 @@ class PrecompiledFunction:
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.
 
-    def graph_inputs(self, *args: Any) -> list:
-        """The flat list of graph inputs that ``self(*args)`` would pass to the graph.
+    def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
+        """The flat list of graph inputs that ``self(*args, **kwargs)`` would pass to the graph.
 
         In the calling convention's order: parameters and buffers, the user
         input tensors, free dim sizes, optimizer inputs, incoming grads, then
@@ -1816,8 +1816,8 @@ class PrecompiledFunction:
         PrecompileError names what differs); the global state (grad mode,
         autocast, hooks) is not.  Nothing runs and nothing is written.
         """
-        if len(args) != self._arity:
-            args = self._bind(args, {})
+        if kwargs or len(args) != self._arity:
+            args = self._bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
         state = self._state_tensors(self._pick_modules(args))
