@@ -178,6 +178,7 @@ class TestDriverInternals(TestCase):
     def test_disabled_torch_function_impl_is_parameters(self):
         self.assertIs(nn.Parameter.__torch_function__, runtime._disabled_torch_function_impl)
         self.assertIn(runtime._disabled_torch_function_impl, runtime._PLAIN_TORCH_FUNCTIONS)
+        self.assertIs(compat.disabled_torch_function_impl, runtime._disabled_torch_function_impl)
 
     def test_module_dicts(self):
         model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
