@@ -113,7 +113,8 @@ says who guarantees it and, where it is enforced, which tests (in
    ``cache``: only load pairs you trust.  It reads the calling convention with
    ``ast`` (or, warm, takes the cache's copy that python_code pins) and the
    cache's JSON envelope and raw entries (no unpickling) before executing
-   anything, and warns at every load (TestLoad).  Trusting the
+   anything but the imports of the classes an input/output structure names
+   by import path (invariant 3), and warns at every load (TestLoad).  Trusting the
    pair is the caller's responsibility.  The convention's records
    (``_precompile_runtime.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the

@@ -369,7 +369,7 @@ def call_signature(parameters: tuple) -> inspect.Signature:
     """fn's signature rebuilt from ``CallingConvention.signature``.
 
     A parameter not bound at capture gets the default ``BAKED``, so a call that
-    leaves it out binds, and one that passes it is seen (``bind_call``).
+    leaves it out binds, and one that passes it is seen (``PrecompiledFunction._bind``).
     """
     return inspect.Signature(
         [
