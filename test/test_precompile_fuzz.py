@@ -603,11 +603,14 @@ def _mutation(data, model: nn.Module, backend: str) -> tuple:
         variant = data.draw(
             st.sampled_from(
                 ["drop_key", "add_key", "rename_key", "list_to_tuple", "short_list", "long_list",
-                 "dict_to_list", "wrap_x", "x_to_dict", "extra_none", "x_none"]
+                 "dict_to_list", "wrap_x", "x_to_dict", "extra_none", "x_none", "reorder_keys"]
             ),
             label="structure",
         )
         x, extra = args[1], args[2]
+        if variant == "reorder_keys":  # fn reads extra by key: mapped by key, honoured
+            args[2] = dict(reversed(extra.items()))
+            return args, {}, None
         if variant == "drop_key":
             del extra["a"]
         elif variant == "add_key":
@@ -640,12 +643,12 @@ def _mutation(data, model: nn.Module, backend: str) -> tuple:
         return args, {}, "args[2]"
     if kind == "arity":
         if data.draw(st.booleans(), label="drop"):
-            return args[:-1], {}, "positional arguments"
-        return args + [data.draw(st.sampled_from([None, 0.5, "x"]), label="extra")], {}, "positional arguments"
+            return args[:-1], {}, "missing a required argument: 'scale'"
+        return args + [data.draw(st.sampled_from([None, 0.5, "x"]), label="extra")], {}, "too many positional arguments"
     if kind == "kwargs":
-        if data.draw(st.booleans(), label="move"):
-            return args[:-1], {"scale": args[-1]}, "keyword"
-        return args, {"debug": True}, "keyword"
+        if data.draw(st.booleans(), label="move"):  # bound like fn's own parameter: honoured
+            return args[:-1], {"scale": args[-1]}, None
+        return args, {"debug": True}, "unexpected keyword argument 'debug'"
     if kind == "not_module":
         choice = data.draw(
             st.sampled_from(["none", "string", "int", "tensor", "dict", "state_dict", "list", "function"]),

@@ -62,8 +62,9 @@ says who guarantees it and, where it is enforced, which tests (in
    contexts included.  Refused at capture, by argument: a class load could
    not import (defined inside a function), a repr with an address.  A plain
    dict input with the same keys in another order is mapped by key, unless
-   fn observed the order (iterated over it: a probe dict records it during
-   the trace): then, like other keys, refused naming both.  Arguments may be
+   fn observed the order (iterated over it, ``model(**batch)`` included: a
+   probe dict records it during the trace): then, like other keys, refused
+   naming both.  Arguments may be
    passed by keyword: fn's signature is recorded as literals and a call
    binds like Python; a parameter the capture left to its default (its
    value baked) is refused by name.
