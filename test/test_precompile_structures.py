@@ -153,6 +153,14 @@ def _iterates(model, batch):
     return model(torch.cat(list(batch.values())))
 
 
+def _weighted(model, x, w):
+    return model(x) * w
+
+
+def _unpacks(model, batch):
+    return _weighted(model, **batch)
+
+
 def _returns_batch(model, batch):
     batch["out"] = model(batch["x"])
     return batch
@@ -189,6 +197,17 @@ class TestDictOrder(_RefusalAssertions):
         torch.testing.assert_close(f(model, items), _nested(model, items))
         with self.assertRaisesRegex(PrecompileError, r"^args\[1\]\[0\]: a dict with keys \['w'\]"):
             f(model, [{"w": w}, items[1]])
+
+    @parametrize("backend", BACKENDS)
+    def test_unpacking_observes_the_order(self, backend):
+        # ``**batch`` reads the keys in order (a **kwargs callee would see it): refused, not guessed.
+        x, w = torch.randn(3, 4), torch.randn(3, 2)
+        f = _runnable("unpacks", _unpacks, _linear(), {"x": x, "w": w}, backend=backend)
+        self.assertEqual(f.convention.ordered_dicts, ("args[1]",))
+        model = _linear()
+        torch.testing.assert_close(f(model, {"x": x, "w": w}), _unpacks(model, {"x": x, "w": w}))
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\]: its keys come in the order \['w', 'x'\].*\*\* or a for loop"):
+            f(model, {"w": w, "x": x})
 
     @parametrize("backend", BACKENDS)
     def test_an_input_dict_returned_keeps_its_order(self, backend):

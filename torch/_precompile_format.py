@@ -44,10 +44,13 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # and carries the header's constants beside the compiled sections.  7: the
 # cache's code_hash is derived from python_code's source hash (_text_hashes:
 # python_code is hashed once per load), and the sections run under the file
-# name <precompile artifact HASH>.py.
+# name <precompile artifact HASH>.py.  8: fn's signature (keyword calls), the
+# dict inputs whose key order fn observed, optimizer hyperparameters lifted
+# like lr (OptimizerSpec.lifted) and structures named by import path; a
+# version-7 convention reads as one without them, an older driver refuses 8.
 # load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
 MIN_FORMAT_VERSION = 7
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 
 # ---------------------------------------------------------------------------
