@@ -124,7 +124,8 @@ class TestQuarantine(TestCase):
         self.assertGreater(len(section), 10)
         source = DRIVER.read_text()
         for name in ("_TensorGuards", "_is_alias_of", "_set_grad_enabled", "_is_any_autocast_enabled",
-                     "_KERNEL_DATA_PTR_ENV", "_owner_dict", "_MODULE_HOOKS", "_TENSOR_HOOKS"):
+                     "_KERNEL_DATA_PTR_ENV", "_owner_dict", "_MODULE_HOOKS", "_TENSOR_HOOKS",
+                     "accumulate_grad_hooks"):
             (definition,) = [i for i, line in enumerate(source.splitlines(), 1)
                              if re.match(rf"(def )?{name}\b", line)]
             self.assertIn(definition, section, name)

@@ -366,7 +366,7 @@ class TestSoundness(TestCase):
             (lambda: nn.modules.module.register_module_forward_hook(lambda *a: None), r"a global module forward hook"),
         ):
             handle = register()
-            self.assertRefused(where + r".*registered after capture", lambda: f(model, x), model)
+            self.assertRefused(where + r".*which was not there at capture", lambda: f(model, x), model)
             handle.remove()
             torch.testing.assert_close(f(model, x), model(x))
 

@@ -131,7 +131,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         module_index, fqn = entry.names[0]
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
-    _refuse_hooks(modules, module_positions, lifted)
+    _refuse_hooks(runtime.named_submodules(module_positions, modules), _named_state(module_positions, lifted))
     return _Arguments(
         example_inputs=example_inputs,
         module_positions=module_positions,
@@ -168,15 +168,17 @@ def _refuse_state_as_input(lifted: list, module_positions: list, leaves: list, p
             )
 
 
-def _refuse_hooks(modules: list, module_positions: list, lifted: list) -> None:
-    """Hooks on fn's modules or their tensors (Note invariant 11).
+def _named_state(module_positions: list, lifted: list) -> list:
+    return [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.tensor) for e in lifted]
+
+
+def _refuse_hooks(named_modules: list, named_tensors: list, named_accumulated: list = ()) -> None:
+    """Hooks on fn's modules, their tensors or their AccumulateGrad nodes (Note invariant 11).
 
     The trace would inline what a hook computes once, and the artifact could
     not tell if it is removed later (or repeat its Python side effects).
     """
-    named_modules = runtime.named_submodules(module_positions, modules)
-    named_tensors = [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.tensor) for e in lifted]
-    hook = runtime.find_hook(named_modules, named_tensors)
+    hook = runtime.find_hook(named_modules, named_tensors, named_accumulated)
     if hook is not None:
         raise PrecompileError(
             f"{hook}: precompile cannot keep a hook in step with the artifact (it would be "
@@ -790,6 +792,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
+    # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
+    named_state = _named_state(args.module_positions, args.lifted)
+    _refuse_hooks((), (), [named_state[i] for i in grads["grad_state"]])
 
     outputs, output_tensors = [], []
     for i, leaf in enumerate(recorded["out_leaves"]):

@@ -133,6 +133,51 @@ def _static_cuda_launcher() -> Any:
     return torch._C._StaticCudaLauncher
 
 
+# Hooks on a parameter's AccumulateGrad node (``node.register_hook`` /
+# ``register_prehook``, as Horovod-style reducers add them) run when eager's
+# backward accumulates the parameter's gradient.  torch 2.11-2.14 cannot list a
+# node's hooks from Python (gc.get_referents sees them only while nothing else
+# owns the node): registering a probe hands back a handle on the node's one
+# dict of Python hooks (registerFunctionHook reuses it), so any other entry is
+# someone else's hook.  Hooks added from C++ (DDP's Reducer) are not in it.
+_NODE_HOOK_REGISTRATIONS = (("register_prehook", "pre-hook"), ("register_hook", "hook"))
+
+
+def _probe(*_: Any) -> None:
+    return None
+
+
+def _hook_probe_counter() -> list:
+    """``[n]``: RemovableHandles the drivers' probes made, process-wide (so a probe is no new hook)."""
+    counter = getattr(RemovableHandle, "_precompile_probes", None)
+    if counter is None:
+        counter = [0]
+        RemovableHandle._precompile_probes = counter
+    return counter
+
+
+_HOOK_PROBES = _hook_probe_counter()
+
+
+def accumulate_grad_hooks(tensor: torch.Tensor) -> list[str]:
+    """Kinds of the Python hooks on the AccumulateGrad node of leaf ``tensor`` ([] for none).
+
+    Reusable for any wrapper that reaches parameters (DDP-style reducers); it
+    leaves an empty hook dict on a node that someone else keeps alive.
+    """
+    if not (tensor.requires_grad and tensor.is_leaf):
+        return []
+    node = torch.autograd.graph.get_gradient_edge(tensor).node
+    kinds = []
+    for register, kind in _NODE_HOOK_REGISTRATIONS:
+        handle = getattr(node, register)(_probe)
+        _HOOK_PROBES[0] += 1
+        if len(handle.hooks_dict_ref()) > 1:
+            kinds.append(kind)
+        handle.remove()
+    return kinds
+
+
 # --- end of torch 2.13 internals ---
 
 
@@ -1204,6 +1249,9 @@ class _ModuleCache(Record):
     watched_values: list  # ... the value object checked, held so that its id is not reused
     children: list  # the watched _modules dicts
     expected: list  # id() of each watched value (so a changed value of equal == is caught), then len() of each child dict
+    # [hook_epoch()] when a scan of these modules last found no hook, [-1] before
+    # one: a rebuilt entry (another instance, a swapped submodule) is rescanned.
+    hooks_clean_at: list
 
     def valid(self) -> bool:
         """Whether the walk this entry records still describes the modules (one C-level pass each)."""
@@ -1253,11 +1301,16 @@ def named_submodules(positions: Any, modules: Any) -> list:
     ]
 
 
-def find_hook(named_modules: Any, named_tensors: Any) -> str | None:
+def hook_epoch() -> int:
+    """Moves whenever a hook is registered anywhere: each makes a ``RemovableHandle`` (not counting probes)."""
+    return RemovableHandle.next_id - _HOOK_PROBES[0]
+
+
+def find_hook(named_modules: Any, named_tensors: Any, named_accumulated: Any = ()) -> str | None:
     """Describe a module or tensor hook on what fn receives, or return None.
 
-    Every hook registration makes a ``RemovableHandle``, so the driver rescans
-    only when ``RemovableHandle.next_id`` moved since its last clean scan.
+    ``named_accumulated``: the parameters whose gradient eager's backward
+    accumulates, whose AccumulateGrad nodes are probed too.
     """
     for attribute, kind in _MODULE_HOOKS.items():
         if _global_module_hooks(attribute):
@@ -1270,6 +1323,12 @@ def find_hook(named_modules: Any, named_tensors: Any) -> str | None:
         for attribute, kind in _TENSOR_HOOKS.items():
             if getattr(tensor, attribute, None):
                 return f"{path} has a {kind}"
+    for path, tensor in named_accumulated:
+        for kind in accumulate_grad_hooks(tensor):
+            return (
+                f"{path} has a {kind} on its AccumulateGrad node "
+                "(torch.autograd.graph.get_gradient_edge(param).node)"
+            )
     return None
 
 
@@ -1359,7 +1418,6 @@ class PrecompiledFunction:
         # tuple(id(module)) -> _ModuleCache, while those modules live.
         self._state_cache: dict[tuple, _ModuleCache] = {}
         self._guard = None  # TensorGuards armed by the last fully checked call
-        self._hooks_scanned_at = -1  # RemovableHandle.next_id at the last scan that found no hook
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
         self._default_dtype = _dtype(convention.default_dtype)
@@ -1404,9 +1462,9 @@ class PrecompiledFunction:
         ):
             self._check_global_state(grad_enabled)
         modules = self._pick_modules(args)
-        state = self._state_tensors(modules)
-        if RemovableHandle.next_id != self._hooks_scanned_at:
-            self._refuse_hooks(modules, state)
+        cached, state = self._state_tensors(modules)
+        if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
+            self._refuse_hooks(modules, state, cached)
         user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
@@ -1505,16 +1563,17 @@ class PrecompiledFunction:
 
     # -- global state ----------------------------------------------------------
 
-    def _refuse_hooks(self, modules: tuple, state: list) -> None:
-        handles_made = RemovableHandle.next_id
+    def _refuse_hooks(self, modules: tuple, state: list, cached: _ModuleCache) -> None:
+        epoch = hook_epoch()  # read first: a hook registered while scanning rescans next call
         named_modules = named_submodules(self._module_positions, modules)
-        hook = find_hook(named_modules, zip(map(self._tensor_path, range(len(state))), state))
+        named_state = list(zip(map(self._tensor_path, range(len(state))), state))
+        hook = find_hook(named_modules, named_state, [named_state[i] for i in self.convention.grad_state])
         if hook is not None:
             raise PrecompileError(
-                f"{hook}, registered after capture: the graph does not run it, eager would. Remove "
-                "it (handle.remove()) before calling, or call fn eagerly"
+                f"{hook}, which was not there at capture: the graph does not run it, eager would. "
+                "Remove it (handle.remove()) before calling, or call fn eagerly"
             )
-        self._hooks_scanned_at = handles_made
+        cached.hooks_clean_at[0] = epoch
 
     def _check_global_state(self, grad_enabled: bool) -> None:
         """Grad mode, autocast and default dtype as captured, or a PrecompileError."""
@@ -1549,7 +1608,7 @@ class PrecompiledFunction:
 
     # -- module state --------------------------------------------------------
 
-    def _state_tensors(self, modules: tuple) -> list:
+    def _state_tensors(self, modules: tuple) -> tuple[_ModuleCache, list]:
         cached = self._state_cache.get(tuple(map(id, modules)))
         if cached is None or not cached.valid():
             cached = self._cache_modules(modules)
@@ -1561,7 +1620,7 @@ class PrecompiledFunction:
         for state_index, table, name, module_index, fqn in cached.aliases:
             if table[name] is not state[state_index]:
                 self._raise_untied(state_index, module_index, fqn)
-        return state
+        return cached, state
 
     def _cache_modules(self, modules: tuple) -> _ModuleCache:
         """Walk the module arguments, check them against the convention, cache the result."""
@@ -1591,8 +1650,11 @@ class PrecompiledFunction:
             watched_values=watched_values,
             children=watched_values[len(watched) - len(parents) :],  # the parents' entries come last
             expected=[*map(id, watched_values), *(len(_children(parent)) for parent in parents)],
+            hooks_clean_at=[-1],
         )
         state = list(map(dict.__getitem__, cached.tables, cached.names))
+        if len(set(map(id, state))) != len(state):
+            self._raise_tied(state)
         if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
             self._check_aliasing(state, self._state_alias_pairs)
         self._state_cache[key] = cached
@@ -1656,6 +1718,18 @@ class PrecompiledFunction:
             _owner_dict(module, n, "buffer") for n in buffers
         ]
         return accessors, [sub for _, sub in named], checked
+
+    def _raise_tied(self, state: list) -> None:
+        first = {}
+        for index, tensor in enumerate(state):
+            earlier = first.setdefault(id(tensor), index)
+            if earlier != index:
+                raise PrecompileError(
+                    f"{self._tensor_path(index)} is the same tensor as {self._tensor_path(earlier)} "
+                    "(tied weights), but they were distinct tensors at capture, so the graph would "
+                    "compute and write each one separately (eager sums both uses into one .grad): "
+                    "untie them, or precompile the tied model"
+                )
 
     def _raise_untied(self, state_index: int, module_index: int, fqn: str) -> None:
         first_module, first_name = self.convention.state[state_index].names[0]
@@ -1820,7 +1894,7 @@ class PrecompiledFunction:
             args = self._bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
-        state = self._state_tensors(self._pick_modules(args))
+        _, state = self._state_tensors(self._pick_modules(args))
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._check_slowly(user_args, leaves, state)
         self._check_values(user_args, leaves)

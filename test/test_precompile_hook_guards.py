@@ -1,0 +1,181 @@
+# Owner(s): ["module: dynamo"]
+"""Hooks, tying and aliasing a call must see (issue 27 rows 6-9).
+
+Each test builds its artifacts once per process (tiny models) and checks, on
+both backends, that a call computes eager's values and side effects or raises
+a PrecompileError before anything is written (Note [precompile programming
+model], invariant 11: the "Hooks", "Parameters and buffers" and "Aliasing"
+bullets).
+"""
+
+import copy
+import logging
+
+import torch
+import torch.nn as nn
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+from torch_precompile import PrecompileError
+from torch_precompile._precompile import runtime
+
+from _precompile_testing import Artifacts, load, needs_mark_bounds
+
+
+BACKENDS = ("eager", "inductor")
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
+_artifact = Artifacts()
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+
+
+def _forward(model, x):
+    return model(x)
+
+
+def _step(model, x):
+    loss = model(x).square().sum()
+    loss.backward()
+    return loss
+
+
+def _fresh_step(model, x):
+    model.zero_grad()
+    loss = model(x).square().sum()
+    loss.backward()
+    return loss
+
+
+def _snapshot(model, *tensors):
+    """Bit-exact copies of what a call could write: parameters, buffers, .grad, inputs."""
+    copies = [t.detach().clone() for t in model.state_dict(keep_vars=True).values()]
+    copies += [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    return copies + [t.detach().clone() for t in tensors]
+
+
+class TestHookGuards(TestCase):
+    def assertRefused(self, regex, call, model, *tensors):
+        """``call()`` raises a PrecompileError matching ``regex`` and writes nothing."""
+        before = _snapshot(model, *tensors)
+        with self.assertRaisesRegex(PrecompileError, regex):
+            call()
+        for old, new in zip(before, _snapshot(model, *tensors), strict=True):
+            if old is None or new is None:
+                self.assertIs(old, new, "a refused call set a .grad")
+            else:
+                self.assertTrue(old.equal(new), "a refused call changed a tensor")
+
+    def assertStepLikeEager(self, f, model, x):
+        """One training step through the artifact equals eager's on a copy: loss and every .grad."""
+        reference = copy.deepcopy(model)
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            q.grad = None if p.grad is None else p.grad.clone()  # Parameter.__deepcopy__ drops .grad
+        torch.testing.assert_close(f(model, x), _step(reference, x))
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_hooks_on_another_instance_or_a_swapped_submodule_are_refused(self, backend):
+        """Row 6: hooks registered before an earlier clean call, on an instance or submodule not yet seen."""
+        x = torch.randn(2, 4)
+        f = load(_artifact("forward", _forward, _mlp(), x, backend=backend))
+        clean, hooked = _mlp(), _mlp(1)
+        handle = hooked[2].register_forward_hook(lambda module, args, out: out * 2)
+        torch.testing.assert_close(f(clean, x), clean(x))
+        for _ in range(2):  # alternating with the clean instance never skips the hooked one
+            self.assertRefused(r"args\[0\]\.2 has a forward hook, which was not there at capture", lambda: f(hooked, x), hooked)
+            torch.testing.assert_close(f(clean, x), clean(x))
+        handle.remove()
+        torch.testing.assert_close(f(hooked, x), hooked(x))
+
+        swapped = nn.Linear(4, 4)
+        handle = swapped.register_forward_pre_hook(lambda module, args: (args[0] * 3,))
+        clean[2] = swapped
+        self.assertRefused(r"args\[0\]\.2 has a forward pre-hook, which was not there at capture", lambda: f(clean, x), clean)
+        handle.remove()
+        torch.testing.assert_close(f(clean, x), clean(x))
+
+        g = load(_artifact("step", _step, _mlp(), x, backend=backend))
+        clean, hooked = _mlp(), _mlp(1)
+        handle = hooked[0].weight.register_hook(lambda grad: grad * 10)
+        self.assertStepLikeEager(g, clean, x)
+        self.assertRefused(r"args\[0\]\.0\.weight \(parameter\) has a gradient hook", lambda: g(hooked, x), hooked, x)
+        handle.remove()
+        self.assertStepLikeEager(g, hooked, x)
+
+    @parametrize("backend", BACKENDS)
+    def test_accumulate_grad_node_hooks_are_refused(self, backend):
+        """Row 7: Horovod-style hooks on a parameter's AccumulateGrad node, by a step that accumulates it."""
+        x = torch.randn(2, 4)
+        model = _mlp()
+        weight = model[0].weight
+        nodes = [  # held, as a reducer holds them: a node nobody holds dies with its hooks
+            weight.view_as(weight).grad_fn.next_functions[0][0],
+            torch.autograd.graph.get_gradient_edge(model[2].bias).node,
+        ]
+        self.assertIs(nodes[0], torch.autograd.graph.get_gradient_edge(weight).node)
+        calls = []
+        handles = [
+            nodes[0].register_hook(lambda grad_inputs, grad_outputs: calls.append("post")),
+            nodes[1].register_prehook(lambda grad_outputs: calls.append("pre")),
+        ]
+        self.assertEqual(runtime.accumulate_grad_hooks(weight), ["hook"])
+        self.assertEqual(runtime.accumulate_grad_hooks(model[2].bias), ["pre-hook"])
+        self.assertEqual(runtime.accumulate_grad_hooks(model[0].bias), [])
+        # A forward runs no backward: honoured.
+        f = load(_artifact("forward", _forward, _mlp(), x, backend=backend))
+        torch.testing.assert_close(f(model, x), model(x))
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[0\]\.0\.weight has a hook on its AccumulateGrad node .*: precompile cannot keep"
+        ):
+            _artifact("step_hooked", _step, model, x, backend=backend)
+        g = load(_artifact("step", _step, _mlp(), x, backend=backend))
+        self.assertRefused(
+            r"args\[0\]\.0\.weight \(parameter\) has a hook on its AccumulateGrad node .*which was not there at capture",
+            lambda: g(model, x), model, x,
+        )
+        handles[0].remove()
+        self.assertRefused(r"args\[0\]\.2\.bias \(parameter\) has a pre-hook on its AccumulateGrad", lambda: g(model, x), model, x)
+        self.assertEqual(calls, [])
+        handles[1].remove()
+        self.assertStepLikeEager(g, model, x)
+        self.assertStepLikeEager(g, model, x)  # the probes count as no new hook: the fast path again
+        clean_at = next(iter(g._state_cache.values())).hooks_clean_at[0]
+        self.assertEqual(clean_at, runtime.hook_epoch())
+        # Registered between calls on a model already checked clean.
+        handle = nodes[0].register_prehook(lambda grad_outputs: None)
+        self.assertRefused(r"args\[0\]\.0\.weight \(parameter\) has a pre-hook on its AccumulateGrad", lambda: g(model, x), model, x)
+        handle.remove()
+        self.assertStepLikeEager(g, model, x)
+
+    @parametrize("backend", BACKENDS)
+    def test_weights_tied_after_capture_are_refused(self, backend):
+        """Row 8: captured untied, tied before a call: eager sums both uses into one .grad."""
+        x = torch.randn(2, 4)
+        f = load(_artifact("fresh_step", _fresh_step, _mlp(), x, backend=backend))
+        model = _mlp()
+        model[2].weight = model[0].weight
+        self.assertRefused(
+            r"args\[0\]\.2\.weight \(parameter\) is the same tensor as args\[0\]\.0\.weight \(parameter\) "
+            r"\(tied weights\), but they were distinct tensors at capture",
+            lambda: f(model, x), model, x,
+        )
+        model[2].weight = nn.Parameter(model[0].weight.detach().clone())
+        reference = copy.deepcopy(model)
+        torch.testing.assert_close(f(model, x), _fresh_step(reference, x))
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+
+
+instantiate_parametrized_tests(TestHookGuards)
+
+
+if __name__ == "__main__":
+    run_tests()
