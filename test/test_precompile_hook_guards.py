@@ -53,6 +53,37 @@ def _fresh_step(model, x):
     return loss
 
 
+def _scale_and_view(x):
+    x.mul_(2)
+    return x.view(-1)[1:], x.t()
+
+
+def _view(x):
+    return x.view(-1)[2:4], x
+
+
+def _add_in_place(x):
+    return x.add_(1)
+
+
+def _as_bits(x):
+    return x.view(torch.int32)
+
+
+def _sum_rows(x, y):
+    return (x * y).sum(1)
+
+
+class _Accumulator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(2, 3))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total[1], x * 2
+
+
 def _snapshot(model, *tensors):
     """Bit-exact copies of what a call could write: parameters, buffers, .grad, inputs."""
     copies = [t.detach().clone() for t in model.state_dict(keep_vars=True).values()]
@@ -172,6 +203,76 @@ class TestHookGuards(TestCase):
         torch.testing.assert_close(f(model, x), _fresh_step(reference, x))
         for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_outputs_aliasing_inputs_stay_views(self, backend):
+        """Row 9: fn writes an input (or buffer) in place and returns a view of it; the caller writes through it."""
+        example = torch.randn(2, 3)
+        for key, fn in (("scale_and_view", _scale_and_view), ("view", _view), ("add_in_place", _add_in_place)):
+            f = load(_artifact(key, fn, example, backend=backend))
+            x, reference = torch.randn(2, 3), None
+            reference = x.clone()
+            got, want = f(x), fn(reference)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(x, reference)
+            for out, eager_out in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, want)), strict=True):
+                self.assertEqual((out.shape, out.stride(), out.storage_offset()), (eager_out.shape, eager_out.stride(), eager_out.storage_offset()))
+                self.assertEqual(out is x, eager_out is reference, key)  # `return x` is x itself
+                out.fill_(7.0)  # reaches the input, as in eager
+                eager_out.fill_(7.0)
+                torch.testing.assert_close(x, reference)
+        model = _Accumulator()
+        f = load(_artifact("buffer_view", _forward, _Accumulator(), example, backend=backend))
+        reference = copy.deepcopy(model)
+        (row, doubled), (eager_row, eager_doubled) = f(model, example), reference(example)
+        torch.testing.assert_close((row, doubled), (eager_row, eager_doubled))
+        row.fill_(-1.0)
+        eager_row.fill_(-1.0)
+        torch.testing.assert_close(model.total, reference.total)
+        self.assertEqual(model.total[1].tolist(), [-1.0] * 3)
+
+    @parametrize("backend", BACKENDS)
+    def test_views_inductor_cannot_rebuild_are_refused_at_capture(self, backend):
+        """A view with another dtype: inductor would return a copy, so capture refuses; eager keeps the view."""
+        x = torch.randn(2, 3)
+        if backend == "inductor":
+            with self.assertRaisesRegex(
+                PrecompileError, r"fn returns a view of args\[0\] with another dtype: backend='inductor' returns new tensors"
+            ):
+                _artifact("as_bits", _as_bits, x, backend=backend)
+            return
+        f = load(_artifact("as_bits", _as_bits, x, backend=backend))
+        bits = f(x)
+        bits.zero_()
+        self.assertEqual(x.tolist(), [[0.0] * 3] * 2)
+
+    @parametrize("backend", ("inductor",))  # free dims are inductor's
+    def test_marks_sharing_a_shape_id_are_one_unbounded_size(self, backend):
+        """Raw error: a shared shape_id baked the example size as an upper bound (``u0 <= 8``)."""
+        mark_unbacked = torch._dynamo.decorators.mark_unbacked
+        x, y = torch.randn(8, 3), torch.randn(8, 3)
+        mark_unbacked(x, 0, shape_id="batch")
+        mark_unbacked(y, 0, shape_id="batch")
+        f = load(_artifact("shape_id", _sum_rows, x, y, backend=backend))
+        for rows in (1, 8, 16):
+            x, y = torch.randn(rows, 3), torch.randn(rows, 3)
+            torch.testing.assert_close(f(x, y), _sum_rows(x, y))
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\] dim 0 has size 5 but args\[0\] dim 0 has size 16"):
+            f(x, torch.randn(5, 3))
+
+    @needs_mark_bounds
+    @parametrize("backend", ("inductor",))
+    def test_shape_id_bounds_from_two_marks_are_merged(self, backend):
+        mark_unbacked = torch._dynamo.decorators.mark_unbacked
+        x, y = torch.randn(8, 3), torch.randn(8, 3)
+        mark_unbacked(x, 0, shape_id="batch", min=2)
+        mark_unbacked(y, 0, shape_id="batch", max=10)
+        f = load(_artifact("shape_id_bounds", _sum_rows, x, y, backend=backend))
+        x, y = torch.randn(10, 3), torch.randn(10, 3)
+        torch.testing.assert_close(f(x, y), _sum_rows(x, y))
+        for rows in (1, 11):
+            with self.assertRaisesRegex(PrecompileError, rf"args\[0\]: dim 0 has size {rows}, outside the bounds \[2, 10\]"):
+                f(torch.randn(rows, 3), torch.randn(rows, 3))
 
 
 instantiate_parametrized_tests(TestHookGuards)

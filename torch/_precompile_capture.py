@@ -41,6 +41,7 @@ from ._precompile_runtime import (
     LeafSpec,
     ModuleSpec,
     OptimizerSpec,
+    OutputView,
     PrecompileError,
     StateSpec,
     TensorSpec,
@@ -797,6 +798,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     _refuse_hooks((), (), [named_state[i] for i in grads["grad_state"]])
 
     outputs, output_tensors = [], []
+    output_leaves = [leaf for leaf in recorded["out_leaves"] if isinstance(leaf, torch.Tensor)]
     for i, leaf in enumerate(recorded["out_leaves"]):
         if isinstance(leaf, torch.Tensor):
             outputs.append(LeafSpec(graph_output=len(output_tensors)))
@@ -807,6 +809,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
 
     mutated = _mutated_inputs(graph, len(args.lifted) + len(args.tensor_indices))
     _refuse_aliased_examples(args, mutated)
+    output_views = _output_views(graph, example, output_leaves, args) if backend == "inductor" else ()
     free_by_leaf: dict[int, list] = {}
     for leaf, dim, group, low, high in sizes:
         free_by_leaf.setdefault(leaf, []).append((dim, group, low, high))
@@ -860,6 +863,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
         signature=_signature_record(fn, example_inputs),
+        output_views=output_views,
     )
     return _Capture(graph, convention, example)
 
@@ -935,6 +939,63 @@ def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
                     "precompile traces every example tensor separately and cannot reproduce "
                     "that: pass distinct tensors (e.g. .clone()) at capture and at every call"
                 )
+
+
+def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, args: _Arguments) -> tuple:
+    """fn's tensor outputs that are a tensor input (state or user) or a view of one (Note invariant 11).
+
+    Inductor returns fresh buffers, so a write through such an output would not
+    reach the input as in eager: the driver rebuilds them from the runtime input.
+    The graph says which input an output aliases; the example tensors give the
+    view's layout, which must be static.
+    """
+    num_inputs = len(args.lifted) + len(args.tensor_indices)
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))[:num_inputs]
+    returned = graph.graph.output_node().args[0]
+    root, _ = _alias_sets(graph)
+    inputs_by_root = {root(node): index for index, node in enumerate(placeholders)}
+    views = []
+    for k, node in enumerate(returned[: len(outputs)]):
+        index = inputs_by_root.get(root(node)) if isinstance(node, torch.fx.Node) else None
+        if index is None:
+            continue
+        if _through_in_place_ops(node) is placeholders[index]:  # `return x`, `return x.add_(1)`
+            views.append(OutputView(graph_output=k, base=index))
+            continue
+        base, out = example[index], outputs[k]
+        if not compat.is_alias_of(out, base) and not compat.is_fake(out):
+            continue  # an out= op, which the graph's aliasing over-approximates
+        layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
+        if out.dtype != base.dtype or not all(type(size) is int for size in layout):
+            raise PrecompileError(
+                f"fn returns a view of {_input_name(args, index)} with "
+                f"{'another dtype' if out.dtype != base.dtype else 'sizes that depend on a marked dim'}: "
+                "backend='inductor' returns new tensors and cannot rebuild that view, so writes "
+                "through it would not reach the input as in eager. Return a .clone() (or the "
+                "input itself), or use backend='eager'"
+            )
+        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), out.storage_offset() - base.storage_offset()))
+    return tuple(views)
+
+
+def _through_in_place_ops(node: torch.fx.Node) -> torch.fx.Node:
+    """The tensor an in-place or out= op (``x.add_(1)`` returns ``x`` itself) wrote, repeatedly."""
+    while isinstance(node, torch.fx.Node) and isinstance(node.target, torch._ops.OpOverload):
+        schema = node.target._schema
+        written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        returns = schema.returns
+        if len(written) != 1 or len(returns) != 1 or returns[0].alias_info is None or not returns[0].alias_info.is_write:
+            break
+        node = (dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)).get(written[0])
+    return node
+
+
+def _input_name(args: _Arguments, index: int) -> str:
+    """Tensor graph input ``index``: a parameter/buffer, then the user tensors."""
+    if index < len(args.lifted):
+        module_index, fqn = args.lifted[index].names[0]
+        return f"args[{args.module_positions[module_index]}].{fqn} ({args.lifted[index].kind})"
+    return args.input_paths[args.tensor_indices[index - len(args.lifted)]]
 
 
 class _ModuleReads:

@@ -386,6 +386,23 @@ class ConstantSpec(Record):
     data: str  # base64 of the raw little-endian bytes
 
 
+class OutputView(Record):
+    """A tensor output of fn that is a tensor graph input, or a view of one.
+
+    backend='inductor' returns fresh buffers (an input written in place and
+    viewed comes back as a copy): the driver rebuilds these outputs from the
+    runtime input after the graph ran, so writes through them reach it as in eager.
+    """
+
+    graph_output: Count  # which tensor output of fn
+    base: Count  # the tensor graph input it aliases: state, then user tensors
+    # None: the input itself; else the view's sizes, strides and storage offset
+    # (relative to the input's own) at capture, all static.
+    shape: tuple[Count, ...] | None = None
+    stride: tuple[int, ...] = ()
+    offset: int = 0
+
+
 class OptimizerSpec(Record):
     """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
 
@@ -488,6 +505,9 @@ class CallingConvention(Record):
     # Paths (``args[1]['batch']``) of the dict inputs whose key order fn observed
     # (it iterated over them): another order is refused there, mapped by key elsewhere.
     ordered_dicts: tuple[str, ...] = ()
+    # Tensor outputs that alias a tensor graph input (backend='inductor' only;
+    # the eager graph returns the views itself), by increasing graph_output.
+    output_views: tuple[OutputView, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -729,7 +749,7 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
     return decode
 
 
-for _record in (TensorSpec, StateSpec, ModuleSpec, LeafSpec, ConstantSpec, OptimizerSpec, CallingConvention):
+for _record in (TensorSpec, StateSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, OptimizerSpec, CallingConvention):
     _DECODERS[_record] = _record_decoder(_record)
 del _record
 
@@ -856,6 +876,10 @@ def validate_convention(c: "CallingConvention") -> None:
     check_indices("grads_cleared", c.grads_cleared, set(parameters) - set(c.grad_state))
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
     check_indices("mutated", c.mutated, range(num_tensors))
+    check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
+    for index, v in enumerate(c.output_views):
+        if v.base >= num_tensors or (v.shape is not None and len(v.stride) != len(v.shape)):
+            fail(f"output_views[{index}]", v, f"expected a tensor graph input < {num_tensors} and one stride per dim")
     for index, o in enumerate(c.optimizers):
         where = f"optimizers[{index}]"
         if o.position >= c.arity or o.position in positions:
@@ -1414,6 +1438,7 @@ class PrecompiledFunction:
             self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
         )
         self._single_output = self._plain_outputs and self._output_spec.is_leaf()
+        self._output_views = convention.output_views
         self._state_slots, self._alias_slots = self._locate_state()
         # tuple(id(module)) -> _ModuleCache, while those modules live.
         self._state_cache: dict[tuple, _ModuleCache] = {}
@@ -1493,6 +1518,8 @@ class PrecompiledFunction:
                 OptimizerArgument.stepped(optimizer, entries)
             if self._writes_grads:
                 self._write_grads(state, outputs)
+            if self._output_views:
+                outputs = self._alias_outputs(outputs, tensors)
         finally:
             _set_grad_enabled(grad_enabled)
         if self._single_output:
@@ -1870,6 +1897,18 @@ class PrecompiledFunction:
                 param.grad.add_(grad)
         for index in self.convention.grads_cleared:
             state[index].grad = None
+
+    def _alias_outputs(self, outputs: Any, tensors: list) -> list:
+        """Outputs that were graph inputs or views of them at capture, rebuilt from the runtime inputs."""
+        outputs = list(outputs)
+        for view in self._output_views:
+            base = tensors[view.base]
+            outputs[view.graph_output] = (
+                base
+                if view.shape is None
+                else base.as_strided(view.shape, view.stride, base.storage_offset() + view.offset)
+            )
+        return outputs
 
     def _rebuild_outputs(self, outputs: Any) -> Any:
         leaves = [
