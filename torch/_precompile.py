@@ -49,8 +49,11 @@ says who guarantees it and, where it is enforced, which tests (in
    with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
    and the equalities the graph needs between marked dims are checked at
    every call, and a graph that guards on it is refused at capture.
-   Marks sharing a ``shape_id`` are one size with the tightest of their
-   bounds.  A marked input's strides vary with its sizes, so its layout is
+   Marks sharing a ``shape_id`` are one size, unbounded unless a mark
+   bounds it, with the tightest of their bounds (min= on one input, max= on
+   another), checked by the driver (test_precompile_hook_guards.py
+   test_marks_sharing_a_shape_id_are_one_unbounded_size,
+   test_shape_id_bounds_from_two_marks_are_merged).  A marked input's strides vary with its sizes, so its layout is
    pinned as a memory format instead (``contiguous_format``,
    ``channels_last``); the graph's outputs are then dense but may be in
    another memory format than eager's (values are equal).  Input and output
@@ -201,12 +204,25 @@ says who guarantees it and, where it is enforced, which tests (in
      parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
      is REFUSED at capture: its gradient and writes would not reach the module's
      (test_state_passed_again_as_an_input_is_refused).
+     Outputs that are an input (or a buffer) or a view of one: the eager
+     graph returns the views itself; backend='inductor' returns fresh
+     buffers, so the driver rebuilds each from the runtime input after the
+     graph ran (``convention.output_views``: the input itself, or
+     ``as_strided`` with the captured static size/stride/offset), and writes
+     through them reach the input as in eager; a view with another dtype or
+     sizes depending on a marked dim is REFUSED at capture
+     (test_precompile_hook_guards.py test_outputs_aliasing_inputs_stay_views,
+     test_views_inductor_cannot_rebuild_are_refused_at_capture).
    - Lazy conjugate / negative bits (``x.conj()``, ``torch._neg_view``):
      CHECKED; refused by backend='inductor', whose kernels read raw memory,
      honoured by backend='eager' (test_lazy_conj_and_neg_bits).
    Modules
    - Parameters and buffers: LIFTED; names, tying and layouts CHECKED
-     (invariant 1).
+     (invariant 1).  Tying both ways: names tied at capture must be one
+     tensor, and distinct tensors at capture tied since
+     (``m[2].weight = m[0].weight``) are REFUSED naming both, whenever the
+     module cache is rebuilt (test_precompile_hook_guards.py
+     test_weights_tied_after_capture_are_refused).
    - Structure: submodule names and classes CHECKED (a ReLU swapped for a
      Tanh is refused).  Edits that bypass nn.Module's registration hooks are
      still seen: ``del model.fc2``, ``del model.layers[1]``, ``del`` +
@@ -226,9 +242,19 @@ says who guarantees it and, where it is enforced, which tests (in
      refused, an unread one (``Linear.in_features``) cannot matter
      (test_module_classes_and_read_attributes_are_checked).
    - Hooks (module forward/backward hooks and pre-hooks, global module
-     hooks, parameter gradient and post-accumulate hooks): REFUSED at capture
-     and CHECKED at a call, which rescans only when a hook was registered
-     anywhere since the last scan (test_hooks_are_refused).
+     hooks, parameter gradient and post-accumulate hooks; for a step whose
+     backward accumulates a parameter's gradient, Python hooks and pre-hooks
+     on its AccumulateGrad node, as Horovod-style reducers register them,
+     found by ``_precompile_runtime.accumulate_grad_hooks``): REFUSED at
+     capture and CHECKED at a call.  Each module-cache entry (per model
+     instance; rebuilt when a submodule or parameter is swapped in) is
+     scanned when built and again only when a hook was registered anywhere
+     since its last clean scan, so a second instance or a submodule hooked
+     before an earlier clean call is seen (test_hooks_are_refused;
+     test_precompile_hook_guards.py
+     test_hooks_on_another_instance_or_a_swapped_submodule_are_refused,
+     test_accumulate_grad_node_hooks_are_refused).  Not seen: hooks added
+     to an AccumulateGrad node from C++ (DDP's Reducer): unwrap DDP.
    Non-tensor values
    - Python leaves of the inputs: baked and CHECKED by type and, for floats,
      sign: ``-0.0`` is not ``0.0``, ``True`` is not ``1``, ``nan`` equals
