@@ -192,6 +192,21 @@ class TestDriverInternals(TestCase):
         del model[1]
         self.assertEqual(len(runtime._children(model)), 1)
 
+    def test_accumulate_grad_hook_probe(self):
+        # A probe registration shares the node's one dict of Python hooks; probes are not new hooks.
+        param = nn.Parameter(torch.ones(2))
+        node = torch.autograd.graph.get_gradient_edge(param).node
+        self.assertEqual(runtime.accumulate_grad_hooks(param), [])
+        epoch = runtime.hook_epoch()
+        self.assertEqual(runtime.accumulate_grad_hooks(param), [])
+        self.assertEqual(runtime.hook_epoch(), epoch)
+        handles = [node.register_hook(lambda *_: None), node.register_prehook(lambda *_: None)]
+        self.assertEqual(runtime.accumulate_grad_hooks(param), ["pre-hook", "hook"])
+        for handle in handles:
+            handle.remove()
+        self.assertEqual(runtime.accumulate_grad_hooks(param), [])
+        self.assertEqual(runtime.accumulate_grad_hooks(torch.ones(2)), [])  # no gradient, no node
+
     def test_hook_attributes(self):
         model = nn.Linear(2, 2)
         param = model.weight
