@@ -70,6 +70,16 @@ def _as_bits(x):
     return x.view(torch.int32)
 
 
+def _scale_first(a, b):
+    a.mul_(2)
+    return a + b
+
+
+def _scale_last(a, b, c):
+    c.add_(1)
+    return a * b * c
+
+
 def _sum_rows(x, y):
     return (x * y).sum(1)
 
@@ -270,6 +280,24 @@ class TestHookGuards(TestCase):
         for rows in (1, 11):
             with self.assertRaisesRegex(PrecompileError, rf"args\[0\]: dim 0 has size {rows}, outside the bounds \[2, 10\]"):
                 f(torch.randn(rows, 3), torch.randn(rows, 3))
+
+
+    @parametrize("backend", BACKENDS)
+    def test_one_tensor_passed_twice_and_written(self, backend):
+        """fn(x, x) writing x: traced as one tensor, computed as eager; distinct tensors are then refused."""
+        for key, fn, arity in (("scale_first_same", _scale_first, 2), ("scale_last_same", _scale_last, 3)):
+            example = torch.ones(3)
+            f = load(_artifact(key, fn, *[example] * arity, backend=backend))
+            self.assertEqual(example.tolist(), [1.0] * 3)  # capture wrote nothing
+            x = torch.randn(3)
+            reference = x.clone()
+            torch.testing.assert_close(f(*[x] * arity), fn(*[reference] * arity))
+            torch.testing.assert_close(x, reference)
+            others = [torch.randn(3) for _ in range(arity - 1)]
+            self.assertRefused(
+                r"args\[1\] must be the same tensor as args\[0\], as at capture: fn writes one of them in place",
+                lambda: f(x, *others), nn.Module(), x, *others,
+            )
 
 
 instantiate_parametrized_tests(TestHookGuards)

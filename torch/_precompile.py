@@ -200,7 +200,13 @@ says who guarantees it and, where it is enforced, which tests (in
      written user input sharing memory with any parameter/buffer or other
      input, is refused; parameters/buffers among themselves are CHECKED
      whenever the module cache is rebuilt.  Graphs that write no input do not
-     care (test_aliased_inputs_are_refused_when_written).  A module's own
+     care (test_aliased_inputs_are_refused_when_written).  One tensor passed
+     for several arguments and written (``fn(x, x)`` with ``x.mul_(2)``) is
+     LIFTED as one: capture traces it again as one clone (fn runs twice) and
+     every call must pass one tensor there too (CHECKED by identity,
+     ``convention.same_inputs``; test_precompile_hook_guards.py
+     test_one_tensor_passed_twice_and_written); with marked dims it is
+     refused as above.  A module's own
      parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
      is REFUSED at capture: its gradient and writes would not reach the module's
      (test_state_passed_again_as_an_input_is_refused).

@@ -554,13 +554,19 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     return flat_fn
 
 
-def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
-    """Real-mode make_fx on clones: every size is static (Note invariant 3, 8)."""
+def _trace_real(flat_fn: Callable, args: _Arguments, decompositions, same: list = ()) -> tuple:
+    """Real-mode make_fx on clones: every size is static (Note invariant 3, 8).
+
+    ``same``: pairs (i, j) of tensor inputs traced as one clone (make_fx then
+    binds only the last placeholder of each such group).
+    """
     from torch.fx.experimental.proxy_tensor import make_fx
 
     inputs = [_clone_leaf(e.tensor) for e in args.lifted] + [
         _clone_leaf(args.input_leaves[i]) for i in args.tensor_indices
     ] + _trailing_example_inputs(args)
+    for i, j in same:
+        inputs[j] = inputs[i]
     try:
         graph = make_fx(flat_fn, decomposition_table=decompositions, record_stack_traces=True)(*inputs)
     except PrecompileError:
@@ -572,6 +578,14 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions) -> tuple:
         raise _data_dependent_error(error) from None
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    groups: dict[int, set] = {}
+    for i, j in same:
+        groups.setdefault(i, {i}).add(j)
+    for k in (k for group in groups.values() for k in sorted(group)[:-1]):
+        if placeholders[k].users:
+            raise AssertionError("make_fx bound a tensor passed twice to another placeholder than its last")
+        example[k] = _clone_leaf(example[k])  # unused by the graph: lowering sees no aliased inputs
     return graph, example, (), constants
 
 
@@ -786,11 +800,16 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         )
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
+    num_inputs = len(args.lifted) + len(args.tensor_indices)
+    same = []
     with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModuleReads(args) as module_reads:
         if free_dims:
             graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
         else:
             graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
+            same = _written_duplicates(args, _mutated_inputs(graph, num_inputs))
+            if same:  # the same tensor passed twice and written: trace it as one tensor, as eager runs it
+                graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions, same)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
     # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
@@ -807,8 +826,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             _check_value_leaf(f"fn's output leaf {i}", leaf)
             outputs.append(LeafSpec(value=leaf))
 
-    mutated = _mutated_inputs(graph, len(args.lifted) + len(args.tensor_indices))
-    _refuse_aliased_examples(args, mutated)
+    mutated = _mutated_inputs(graph, num_inputs)
+    _refuse_aliased_examples(args, mutated, same)
     output_views = _output_views(graph, example, output_leaves, args) if backend == "inductor" else ()
     free_by_leaf: dict[int, list] = {}
     for leaf, dim, group, low, high in sizes:
@@ -864,6 +883,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         ordered_dicts=recorded["ordered_dicts"],
         signature=_signature_record(fn, example_inputs),
         output_views=output_views,
+        same_inputs=tuple(same),
     )
     return _Capture(graph, convention, example)
 
@@ -920,20 +940,39 @@ def _mutated_inputs(graph: torch.fx.GraphModule, count: int) -> set:
     return mutated
 
 
-def _refuse_aliased_examples(args: _Arguments, mutated: set) -> None:
+def _written_duplicates(args: _Arguments, mutated: set) -> list:
+    """(i, j): user tensor inputs i < j that are one tensor (fn(x, x)), one of them written in place.
+
+    Traced on separate clones, the write would not reach the other argument as
+    in eager; traced as one tensor, every call must pass one tensor there too.
+    """
+    groups: dict[int, list] = {}
+    for j, index in enumerate(args.tensor_indices, start=len(args.lifted)):
+        groups.setdefault(id(args.input_leaves[index]), []).append(j)
+    return sorted(
+        (first, other)
+        for first, *others in groups.values()
+        if not mutated.isdisjoint([first, *others])
+        for other in others
+    )
+
+
+def _refuse_aliased_examples(args: _Arguments, mutated: set, same: list) -> None:
     """Example tensors sharing memory where one is written: the clones traced do not.
 
     Capture traces each example on its own clone, so the graph assumes
     distinct memory; that is only what fn computes when nothing they share is
-    written.  The driver refuses such aliasing at every call (Note invariant 11).
+    written, or when they are one tensor traced as one (``same``).  The driver
+    refuses such aliasing at every call (Note invariant 11).
     """
+    same = runtime.pairs_within_groups(same)
     tensors = [e.tensor for e in args.lifted] + [args.input_leaves[i] for i in args.tensor_indices]
     names = [f"parameter/buffer '{e.names[0][1]}'" for e in args.lifted] + [
         args.input_paths[i] for i in args.tensor_indices
     ]
     for i in sorted(mutated):
         for j in range(len(tensors)):
-            if j != i and compat.is_alias_of(tensors[i], tensors[j]):
+            if j != i and (i, j) not in same and compat.is_alias_of(tensors[i], tensors[j]):
                 raise PrecompileError(
                     f"{names[i]} and {names[j]} share memory and fn writes {names[i]} in place; "
                     "precompile traces every example tensor separately and cannot reproduce "

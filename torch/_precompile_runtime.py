@@ -508,6 +508,9 @@ class CallingConvention(Record):
     # Tensor outputs that alias a tensor graph input (backend='inductor' only;
     # the eager graph returns the views itself), by increasing graph_output.
     output_views: tuple[OutputView, ...] = ()
+    # (i, j): user tensor graph inputs that were one tensor at capture, one of
+    # them written in place (fn(x, x)); traced as one, so every call passes one.
+    same_inputs: tuple[tuple[Count, Count], ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -877,6 +880,9 @@ def validate_convention(c: "CallingConvention") -> None:
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
     check_indices("mutated", c.mutated, range(num_tensors))
     check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
+    for pair in c.same_inputs:
+        if not len(c.state) <= pair[0] < pair[1] < num_tensors:
+            fail("same_inputs", pair, f"expected user tensor inputs i < j in [{len(c.state)}, {num_tensors})")
     for index, v in enumerate(c.output_views):
         if v.base >= num_tensors or (v.shape is not None and len(v.stride) != len(v.shape)):
             fail(f"output_views[{index}]", v, f"expected a tensor graph input < {num_tensors} and one stride per dim")
@@ -1356,6 +1362,14 @@ def find_hook(named_modules: Any, named_tensors: Any, named_accumulated: Any = (
     return None
 
 
+def pairs_within_groups(same_inputs: Any) -> set:
+    """Every (i, j), both orders, of inputs that ``same_inputs`` (pairs (first, other)) make one tensor."""
+    groups: dict[int, set] = {}
+    for first, other in same_inputs:
+        groups.setdefault(first, {first}).add(other)
+    return {(i, j) for group in groups.values() for i in group for j in group if i != j}
+
+
 def _distinct_storages(tensors: list) -> bool:
     """Whether no two of ``tensors`` can share memory: their storages' data pointers differ.
 
@@ -1454,7 +1468,14 @@ class PrecompiledFunction:
         num_state = len(convention.state)
         num_tensors = num_state + len(self._tensor_inputs)
         mutated = frozenset(convention.mutated)
-        pairs = [(i, j) for i in range(num_tensors) for j in range(i + 1, num_tensors) if i in mutated or j in mutated]
+        self._same_inputs = convention.same_inputs
+        one_tensor = pairs_within_groups(self._same_inputs)  # checked by identity instead
+        pairs = [
+            (i, j)
+            for i in range(num_tensors)
+            for j in range(i + 1, num_tensors)
+            if (i in mutated or j in mutated) and (i, j) not in one_tensor
+        ]
         self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
@@ -1500,6 +1521,8 @@ class PrecompiledFunction:
             self._check_values(user_args, leaves)
         if self._input_alias_pairs:
             self._check_aliasing(tensors, self._input_alias_pairs)
+        if self._same_inputs:
+            self._check_same_inputs(tensors)
         created = []  # (optimizer, state entries this call creates): stored once the graph ran
         if self._has_trailing_inputs:
             tensors += self._trailing_inputs(args, leaves, state, created)
@@ -1860,6 +1883,15 @@ class PrecompiledFunction:
                     "would compute something else than eager: pass distinct tensors (e.g. .clone())"
                 )
 
+    def _check_same_inputs(self, tensors: list) -> None:
+        for i, j in self._same_inputs:
+            if tensors[i] is not tensors[j]:
+                raise PrecompileError(
+                    f"{self._tensor_path(j)} must be the same tensor as {self._tensor_path(i)}, as at "
+                    "capture: fn writes one of them in place and was traced with both as one tensor. "
+                    "Pass one tensor for both, or precompile again with distinct example tensors"
+                )
+
     def _build_guard(self, tensors: list):
         specs = [s.tensor for s in self.convention.state] + [
             self.convention.inputs[i].tensor for i in self._tensor_inputs
@@ -1938,6 +1970,7 @@ class PrecompiledFunction:
         self._check_slowly(user_args, leaves, state)
         self._check_values(user_args, leaves)
         self._check_aliasing(tensors, self._input_alias_pairs)
+        self._check_same_inputs(tensors)
         return [*tensors, *self._trailing_inputs(args, leaves, state, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:
