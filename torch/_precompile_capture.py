@@ -579,10 +579,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions, same: list 
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
     placeholders = list(graph.graph.find_nodes(op="placeholder"))
-    groups: dict[int, set] = {}
-    for i, j in same:
-        groups.setdefault(i, {i}).add(j)
-    for k in (k for group in groups.values() for k in sorted(group)[:-1]):
+    for k in (k for group in runtime.same_input_groups(same) for k in group[:-1]):
         if placeholders[k].users:
             raise AssertionError("make_fx bound a tensor passed twice to another placeholder than its last")
         example[k] = _clone_leaf(example[k])  # unused by the graph: lowering sees no aliased inputs

@@ -1362,12 +1362,17 @@ def find_hook(named_modules: Any, named_tensors: Any, named_accumulated: Any = (
     return None
 
 
-def pairs_within_groups(same_inputs: Any) -> set:
-    """Every (i, j), both orders, of inputs that ``same_inputs`` (pairs (first, other)) make one tensor."""
+def same_input_groups(same_inputs: Any) -> list[list[int]]:
+    """The inputs that ``same_inputs`` (pairs (first, other)) make one tensor, group by group, sorted."""
     groups: dict[int, set] = {}
     for first, other in same_inputs:
         groups.setdefault(first, {first}).add(other)
-    return {(i, j) for group in groups.values() for i in group for j in group if i != j}
+    return [sorted(group) for group in groups.values()]
+
+
+def pairs_within_groups(same_inputs: Any) -> set:
+    """Every (i, j), both orders, of inputs that ``same_inputs`` make one tensor."""
+    return {(i, j) for group in same_input_groups(same_inputs) for i in group for j in group if i != j}
 
 
 def _distinct_storages(tensors: list) -> bool:
