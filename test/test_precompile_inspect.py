@@ -382,10 +382,11 @@ class TestReader(InspectTestCase):
         first = next(iter(envelope["artifact"]["kernels"]))
         tampered = {**envelope, "artifact": {**envelope["artifact"], "kernels": {first: b"\x00"}}}
         damaged = format_module._pack_envelope(tampered)
-        older = format_module._pack_envelope({**envelope, "version": V - 1})
+        too_old = format_module.MIN_FORMAT_VERSION - 1  # below what this torch reads
+        older = format_module._pack_envelope({**envelope, "version": too_old})
         for name, pair_cache, field, message in (
             ("other backend", eager_cache, "pair_error", "built for backend 'eager'"),
-            ("other version", older, "version_error", f"format version {V - 1}"),
+            ("other version", older, "version_error", f"format version {too_old}"),
             ("damaged payload", damaged, "cache_error", "payload does not match its recorded sha256"),
             ("not a cache", b"", "cache_error", "not a zip archive"),
         ):
