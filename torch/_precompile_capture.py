@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _precompile_compat as compat, _precompile_runtime as runtime
+from . import _precompile_compat as compat, _precompile_ddp as ddp, _precompile_runtime as runtime
 from ._precompile_format import (
     _driver_source,
     _marker,
@@ -74,6 +74,7 @@ class _Arguments:
     input_paths: list  # "args[1]['x']" per input leaf
     tensor_indices: list  # input leaves that are tensors
     optimizers: list = dataclasses.field(default_factory=list)  # [_LiftedOptimizer]
+    data_parallel: list = dataclasses.field(default_factory=list)  # [ddp.DataParallelArgument]
 
 
 @dataclasses.dataclass
@@ -132,6 +133,15 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         module_index, fqn = entry.names[0]
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
+    # DDP first: the artifact does what DDP's reducer would (a generic check of
+    # gradient-accumulator hooks must skip the DDP arguments' parameters).
+    for position, module in zip(module_positions, modules):
+        ddp.refuse_sharded_wrappers(f"args[{position}]", module)
+    data_parallel = [
+        ddp.data_parallel_argument(index, f"args[{position}]", module, lifted)
+        for index, (position, module) in enumerate(zip(module_positions, modules))
+        if runtime.is_data_parallel(module)
+    ]
     _refuse_hooks(runtime.named_submodules(module_positions, modules), _named_state(module_positions, lifted))
     return _Arguments(
         example_inputs=example_inputs,
@@ -144,6 +154,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         input_paths=input_paths,
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
         optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
+        data_parallel=data_parallel,
     )
 
 
@@ -535,6 +546,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             for index, grad in zip(candidates, incoming_grads):
                 state[index].grad = grad
+            stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with torch.enable_grad(), guard:
                 result = fn(*call_args)
@@ -807,6 +819,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             same = _written_duplicates(args, _mutated_inputs(graph, num_inputs))
             if same:  # the same tensor passed twice and written: trace it as one tensor, as eager runs it
                 graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions, same)
+    ddp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
     # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
@@ -826,6 +839,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     mutated = _mutated_inputs(graph, num_inputs)
     _refuse_aliased_examples(args, mutated, same)
     output_views = _output_views(graph, example, output_leaves, args) if backend == "inductor" else ()
+    data_parallel = {argument.module_index: argument.spec for argument in args.data_parallel}
     free_by_leaf: dict[int, list] = {}
     for leaf, dim, group, low, high in sizes:
         free_by_leaf.setdefault(leaf, []).append((dim, group, low, high))
@@ -847,8 +861,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                     for name, sub in m.named_modules()
                     for attribute, value in module_reads.read_attributes(sub)
                 ),
+                data_parallel=data_parallel.get(index),
             )
-            for position, m in zip(args.module_positions, args.modules)
+            for index, (position, m) in enumerate(zip(args.module_positions, args.modules))
         ),
         state=tuple(
             StateSpec(kind=e.kind, names=tuple(e.names), tensor=_tensor_spec(e.tensor, backend))

@@ -566,3 +566,34 @@ def inductor_extern_kernels() -> Any:
     from torch._inductor.select_algorithm import extern_kernels
 
     return extern_kernels
+
+
+# --- DistributedDataParallel arguments (Note invariant 16) -------------------
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the current backward pass finishes (DDP's python reducer does
+    the same); torch 2.11-2.14 have no public API for it."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def gradient_collectives() -> tuple[Any, Any]:
+    """``(all_reduce_coalesced, wait_tensor)``: the functional collective ops, same in 2.11-2.14.
+
+    ``all_reduce_coalesced(tensors, "sum", group_name)`` sums a bucket over the
+    group in one collective without waiting for it; ``wait_tensor`` waits.  The
+    public ``torch.distributed._functional_collectives.all_reduce_coalesced``
+    calls the same op but waits right away while a tracer is active
+    (``_maybe_wrap_tensor``), which would put each bucket's wait next to its
+    launch; issuing the waits when backward ends lets it run on meanwhile.
+    """
+    ops = torch.ops._c10d_functional
+    return ops.all_reduce_coalesced.default, ops.wait_tensor.default
+
+
+def first_bucket_bytes() -> int:
+    # DDP's smaller first bucket (1 MiB), so the first all-reduce starts early;
+    # torch.distributed's private module constant in 2.11-2.14.
+    import torch.distributed as dist
+
+    return dist._DEFAULT_FIRST_BUCKET_BYTES

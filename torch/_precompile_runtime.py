@@ -178,6 +178,28 @@ def accumulate_grad_hooks(tensor: torch.Tensor) -> list[str]:
     return kinds
 
 
+# DistributedDataParallel (Note invariant 16): its registered Python comm hooks
+# (a list; no public reader in 2.11-2.14), the name of any comm hook, built-in
+# C++ ones included (only its logging data has it), and the process group a
+# group name resolves to (the graph's collectives name their group).
+_DDP_COMM_HOOKS = "_comm_hooks"
+
+
+def _ddp_comm_hook_name(ddp: Any) -> str | None:
+    return ddp._get_ddp_logging_data().get("comm_hook")
+
+
+def _resolve_process_group(group_name: str) -> Any:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
+# Whether DDP broadcasts buffers before forward: the instance attribute
+# ``broadcast_buffers`` in 2.11-2.12, ``forward_sync_buffers`` from 2.13.
+_DDP_BUFFER_SYNC = ("forward_sync_buffers", "broadcast_buffers")
+
+
 # --- end of torch 2.13 internals ---
 
 
@@ -340,6 +362,27 @@ class StateSpec(Record):
     tensor: TensorSpec
 
 
+class DataParallelSpec(Record):
+    """A ``DistributedDataParallel`` module argument (Note invariant 16): what its graph assumes.
+
+    The graph all-reduces gradients over the process group named
+    ``group_name`` of ``world_size`` ranks (no rank is baked: one artifact
+    serves every rank).  Checked at every call: the group, its size, whether
+    gradients are synchronized (``ddp.no_sync()``), find_unused_parameters,
+    static_graph and the comm hook.  Recorded only (values do not depend on
+    them): gradient_as_bucket_view and the bucket cap.
+    """
+
+    world_size: Count
+    group_name: str
+    grad_sync: bool  # ddp.require_backward_grad_sync at capture (False under no_sync())
+    find_unused_parameters: bool
+    static_graph: bool
+    gradient_as_bucket_view: bool
+    bucket_cap_bytes: Count
+    comm_hook: str | None  # None (DDP's own averaging) or "allreduce_hook"
+
+
 class ModuleSpec(Record):
     """The structure a module argument must have at runtime."""
 
@@ -353,6 +396,7 @@ class ModuleSpec(Record):
     classes: tuple[str, ...] = ()  # class_name() of each submodule, same order
     # (submodule name, attribute, value) of each plain attribute fn read (eps, p, ...).
     attributes: tuple[tuple[str, str, PyValue], ...] = ()
+    data_parallel: DataParallelSpec | None = None  # the module is a DistributedDataParallel
 
 
 # LeafSpec.value when the leaf is not a baked value: Ellipsis is no leaf value
@@ -752,7 +796,10 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
     return decode
 
 
-for _record in (TensorSpec, StateSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, OptimizerSpec, CallingConvention):
+for _record in (
+    TensorSpec, StateSpec, DataParallelSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, OptimizerSpec,
+    CallingConvention,
+):
     _DECODERS[_record] = _record_decoder(_record)
 del _record
 
@@ -1277,8 +1324,8 @@ class _ModuleCache(Record):
     watched_vars: list  # vars() of the submodule holding each watched entry
     watched_keys: list  # ... the entry's name
     watched_values: list  # ... the value object checked, held so that its id is not reused
-    children: list  # the watched _modules dicts
-    expected: list  # id() of each watched value (so a changed value of equal == is caught), then len() of each child dict
+    children: list  # the watched _modules dicts (and DDP comm hook lists)
+    expected: list  # id() of each watched value (so a changed value of equal == is caught), then len() of each child container
     # [hook_epoch()] when a scan of these modules last found no hook, [-1] before
     # one: a rebuilt entry (another instance, a swapped submodule) is rescanned.
     hooks_clean_at: list
@@ -1373,6 +1420,92 @@ def same_input_groups(same_inputs: Any) -> list[list[int]]:
 def pairs_within_groups(same_inputs: Any) -> set:
     """Every (i, j), both orders, of inputs that ``same_inputs`` make one tensor."""
     return {(i, j) for group in same_input_groups(same_inputs) for i in group for j in group if i != j}
+
+
+# ---------------------------------------------------------------------------
+# DistributedDataParallel arguments (Note invariant 16)
+# ---------------------------------------------------------------------------
+
+
+def is_data_parallel(module: Any) -> bool:
+    return isinstance(module, torch.nn.parallel.DistributedDataParallel)
+
+
+def data_parallel_comm_hook(ddp: Any) -> str | None:
+    """None for DDP's own averaging, ``"allreduce_hook"`` for torch's built-in hook
+    that computes the same, else a description of the registered hook."""
+    name = _ddp_comm_hook_name(ddp)
+    if name is None:
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    hooks = getattr(ddp, _DDP_COMM_HOOKS)
+    if len(hooks) == 1 and hooks[0][0] is allreduce_hook and hooks[0][1] in (None, ddp.process_group):
+        return "allreduce_hook"
+    return f"{name!r} (registered with register_comm_hook / _register_builtin_comm_hook)"
+
+
+def data_parallel_buffer_sync(ddp: Any) -> tuple[str, bool]:
+    """(attribute, value) of DDP's flag for broadcasting buffers from rank 0 before each forward."""
+    values = vars(ddp)
+    name = next(name for name in _DDP_BUFFER_SYNC if name in values)
+    return name, bool(values[name])
+
+
+_DATA_PARALLEL_FLAGS = ("find_unused_parameters", "static_graph")
+
+
+def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffers: bool) -> list:
+    """Refuse a DDP argument whose settings differ from ``spec``; return the (vars, name)
+    entries whose value objects the module cache watches (a change re-runs this check)."""
+    if not is_data_parallel(ddp):
+        raise PrecompileError(
+            f"{where} is a {type(ddp).__name__}, but was a DistributedDataParallel at capture (the graph "
+            f"all-reduces gradients over {spec.world_size} ranks): pass the DDP-wrapped model, or precompile "
+            "fn with this one"
+        )
+    group = ddp.process_group
+    if group.size() != spec.world_size:
+        raise PrecompileError(
+            f"{where}.process_group has {group.size()} ranks, but the artifact was captured with "
+            f"{spec.world_size} (its graph averages gradients over that many): precompile again for a "
+            f"world size of {group.size()}"
+        )
+    if group.group_name != spec.group_name or _resolve_process_group(spec.group_name) is not group:
+        raise PrecompileError(
+            f"{where}.process_group is {group.group_name!r}, but the graph's collectives run on the process "
+            f"group {spec.group_name!r} (the default group at capture): wrap the model with DDP on the "
+            "default process group"
+        )
+    values = vars(ddp)
+    if values["require_backward_grad_sync"] != spec.grad_sync:
+        raise PrecompileError(
+            f"{where}.require_backward_grad_sync is {values['require_backward_grad_sync']}, but was "
+            f"{spec.grad_sync} at capture: this artifact "
+            + ("all-reduces gradients, and it is called inside ddp.no_sync()" if spec.grad_sync else
+               "was captured inside ddp.no_sync() (it does not all-reduce), and it is called outside it")
+            + ". For gradient accumulation precompile two steps, one under `with ddp.no_sync():` for the "
+            "micro-batches and one without for the last, and call each in the same context"
+        )
+    for name in _DATA_PARALLEL_FLAGS:
+        if values[name] != getattr(spec, name):
+            raise PrecompileError(
+                f"{where}.{name} is {values[name]}, but was {getattr(spec, name)} at capture "
+                "(which parameters may go without a gradient depends on it): construct DDP as at capture"
+            )
+    hook = data_parallel_comm_hook(ddp)
+    if hook != spec.comm_hook:
+        raise PrecompileError(
+            f"{where} has the comm hook {hook}, but {spec.comm_hook or 'none'} at capture (the graph's "
+            "gradient all-reduce is baked): register the same hook, or precompile again"
+        )
+    buffer_sync, syncs = data_parallel_buffer_sync(ddp)
+    if syncs and has_buffers:
+        raise PrecompileError(
+            f"{where}.{buffer_sync} is True: DDP would broadcast the module's buffers from rank 0 before "
+            "every forward, which the artifact does not do; construct DDP with broadcast_buffers=False"
+        )
+    return [(values, name) for name in ("require_backward_grad_sync", "process_group", *_DATA_PARALLEL_FLAGS, buffer_sync)]
 
 
 def _distinct_storages(tensors: list) -> bool:
@@ -1682,14 +1815,17 @@ class PrecompiledFunction:
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
         accessors = [walked[m][0][slot] for m, slot in self._state_slots]
-        submodules = [sub for _, subs, _ in walked for sub in subs]
-        attributes = [entry for _, _, checked in walked for entry in checked]
+        submodules = [sub for _, subs, _, _ in walked for sub in subs]
+        attributes = [entry for _, _, checked, _ in walked for entry in checked]
         flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
-        parents = [sub for sub in submodules if _children(sub)]
+        # Containers whose length is watched: every submodule's _modules that has
+        # children, and a DDP argument's comm hook list.
+        sized = [(vars(sub), _CHILDREN) for sub in submodules if _children(sub)]
+        sized += [entry for _, _, _, lengths in walked for entry in lengths]
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
             + attributes
-            + [(vars(parent), _CHILDREN) for parent in parents]
+            + sized
         )
         watched_values = [values[name] for values, name in watched]
         key = tuple(map(id, modules))
@@ -1703,8 +1839,8 @@ class PrecompiledFunction:
             watched_vars=[values for values, _ in watched],
             watched_keys=[name for _, name in watched],
             watched_values=watched_values,
-            children=watched_values[len(watched) - len(parents) :],  # the parents' entries come last
-            expected=[*map(id, watched_values), *(len(_children(parent)) for parent in parents)],
+            children=watched_values[len(watched) - len(sized) :],  # the sized entries come last
+            expected=[*map(id, watched_values), *map(len, watched_values[len(watched) - len(sized) :])],
             hooks_clean_at=[-1],
         )
         state = list(map(dict.__getitem__, cached.tables, cached.names))
@@ -1715,8 +1851,9 @@ class PrecompiledFunction:
         self._state_cache[key] = cached
         return cached
 
-    def _walk_module(self, index: int, module: Any) -> tuple[list, list, list]:
-        """(owner dict, name) of each parameter and buffer, the submodules, the checked attributes."""
+    def _walk_module(self, index: int, module: Any) -> tuple[list, list, list, list]:
+        """(owner dict, name) of each parameter and buffer, the submodules, the checked attributes,
+        and the (vars, name) of containers whose length is watched."""
         spec = self.convention.modules[index]
         where = f"args[{spec.position}]"
         if not isinstance(module, torch.nn.Module):
@@ -1724,6 +1861,10 @@ class PrecompiledFunction:
                 f"{where}: expected an nn.Module (one was captured at this position), "
                 f"got {type(module).__name__}"
             )
+        checked, sized = [], []
+        if spec.data_parallel is not None:
+            checked += check_data_parallel(where, module, spec.data_parallel, bool(spec.buffers))
+            sized.append((vars(module), _DDP_COMM_HOOKS))  # register_comm_hook appends to it
         named = list(module.named_modules())
         params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
         buffers = [n for n, _ in module.named_buffers(remove_duplicate=False)]
@@ -1758,7 +1899,6 @@ class PrecompiledFunction:
                     "at capture (its forward is baked into the graph): put back a module of that class, "
                     "or precompile again"
                 )
-        checked = []
         for name, attribute, want in spec.attributes:
             values = vars(subs[name])
             got = values.get(attribute, _MISSING)
@@ -1772,7 +1912,7 @@ class PrecompiledFunction:
         accessors = [_owner_dict(module, n, "parameter") for n in params] + [
             _owner_dict(module, n, "buffer") for n in buffers
         ]
-        return accessors, [sub for _, sub in named], checked
+        return accessors, [sub for _, sub in named], checked, sized
 
     def _raise_tied(self, state: list) -> None:
         first = {}

@@ -1,0 +1,254 @@
+"""One rank of test_precompile_distributed.py's DDP job (run with torch.distributed.run).
+
+    python -m torch.distributed.run --nproc-per-node 2 test/_precompile_ddp_worker.py OUT_DIR BACKEND...
+
+Rank 0 precompiles every step (a DDP-wrapped tiny MLP) per backend and
+broadcasts the pairs; every rank loads them and trains 3 iterations with each,
+and the same iterations with eager DDP on an identical model.  Each rank saves
+``OUT_DIR/rank{r}.pt``: per run the grads after every backward and the final
+parameters, artifact and eager; on ranks > 0 the compilers it ran (they run
+with recording stub compilers first on PATH, as examples/distributed_train.py
+does: DDP's constructor imports torch._inductor itself, so sys.modules cannot
+tell); and the PrecompileError messages of the refusal checks.
+"""
+
+import datetime
+import importlib.util
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch_precompile
+
+
+STEPS, SHARD = 3, 4
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "distributed_train.py")
+
+
+def _example():
+    """examples/distributed_train.py, for its recording stub compilers."""
+    spec = importlib.util.spec_from_file_location("distributed_train_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class WithUnused(nn.Module):
+    """An MLP and a layer forward never calls: its parameters get no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def make_model(seed: int = 0, unused: bool = False) -> nn.Module:
+    torch.manual_seed(seed)
+    return WithUnused() if unused else nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def make_data(rank: int, micro: int = 1) -> list:
+    """STEPS x micro (x, y) shards of this rank: different per rank, as in data-parallel training."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    return [
+        [(torch.randn(SHARD, 8, generator=generator), torch.randint(0, 4, (SHARD,), generator=generator))
+         for _ in range(micro)]
+        for _ in range(STEPS)
+    ]
+
+
+def step(model, x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss
+
+
+def step_with_optimizer(model, optimizer, x, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def optimizer_for(name: str, model: nn.Module) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def grads(model: nn.Module) -> list:
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+def params(model: nn.Module) -> list:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# -- the runs: the same loop with an artifact and with eager fn -----------------
+
+
+def run_plain(fn, rank, unused=False, find_unused=False):
+    """zero_grad, fn (forward, backward), SGD step outside fn."""
+    ddp = nn.parallel.DistributedDataParallel(make_model(unused=unused), find_unused_parameters=find_unused)
+    optimizer = optimizer_for("sgd", ddp)
+    seen = []
+    for (x, y), in make_data(rank):
+        optimizer.zero_grad(set_to_none=True)
+        fn(ddp, x, y)
+        seen.append(grads(ddp))
+        optimizer.step()
+    return {"grads": seen, "params": params(ddp)}
+
+
+def run_accumulating(accumulate, fn, rank):
+    """Two micro-batches per iteration: the first under ddp.no_sync(), the last synchronizing."""
+    ddp = nn.parallel.DistributedDataParallel(make_model())
+    optimizer = optimizer_for("sgd", ddp)
+    seen = []
+    for (x0, y0), (x1, y1) in make_data(rank, micro=2):
+        optimizer.zero_grad(set_to_none=True)
+        with ddp.no_sync():
+            accumulate(ddp, x0, y0)
+        seen.append(grads(ddp))  # local: differs per rank
+        fn(ddp, x1, y1)
+        seen.append(grads(ddp))
+        optimizer.step()
+    return {"grads": seen, "params": params(ddp)}
+
+
+def run_with_optimizer(fn, rank, name):
+    ddp = nn.parallel.DistributedDataParallel(make_model())
+    optimizer = optimizer_for(name, ddp)
+    seen = []
+    for (x, y), in make_data(rank):
+        fn(ddp, optimizer, x, y)
+        seen.append(grads(ddp))
+    return {"grads": seen, "params": params(ddp)}
+
+
+def example_ddp(unused: bool = False, **kwargs) -> nn.Module:
+    return nn.parallel.DistributedDataParallel(make_model(unused=unused), **kwargs)
+
+
+def example_models() -> dict:
+    """DDP's constructor is a collective (it broadcasts rank 0's parameters): every rank builds these."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.manual_seed(0)
+    models = {
+        "ddp": example_ddp(),
+        "unused": example_ddp(unused=True, find_unused_parameters=True),
+        "unused_refused": example_ddp(unused=True),
+        "comm_hook": example_ddp(),
+        "buffers": nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))),
+    }
+    models["comm_hook"].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    return models
+
+
+def precompile_all(backend: str, models: dict) -> dict:
+    (x, y), = make_data(0)[0]
+    ddp = models["ddp"]
+    pairs = {"plain": torch_precompile.precompile(step, ddp, x, y, backend=backend)}
+    with ddp.no_sync():
+        pairs["accumulate"] = torch_precompile.precompile(step, ddp, x, y, backend=backend)
+    for name in ("sgd", "adamw"):
+        pairs[name] = torch_precompile.precompile(
+            step_with_optimizer, ddp, optimizer_for(name, ddp), x, y, backend=backend
+        )
+    pairs["unused"] = torch_precompile.precompile(step, models["unused"], x, y, backend=backend)
+    return pairs
+
+
+def run_all(runnables: dict, rank: int) -> dict:
+    return {
+        "plain": run_plain(runnables["plain"], rank),
+        "accumulate": run_accumulating(runnables["accumulate"], runnables["plain"], rank),
+        "sgd": run_with_optimizer(runnables["sgd"], rank, "sgd"),
+        "adamw": run_with_optimizer(runnables["adamw"], rank, "adamw"),
+        "unused": run_plain(runnables["unused"], rank, unused=True, find_unused=True),
+    }
+
+
+# -- refusals -------------------------------------------------------------------
+
+
+def refusal(call) -> str:
+    """The PrecompileError message of call(), or a note that it was not refused."""
+    try:
+        call()
+    except torch_precompile.PrecompileError as error:
+        return str(error)
+    return "NOT REFUSED"
+
+
+def call_refusals(runnable, accumulate) -> dict:
+    """What a call refuses: the model, its .grad and parameters must stay as they were."""
+    (x, y), = make_data(0)[0]
+    out = {}
+    one_rank = dist.new_group([0])  # every rank creates it; only rank 0 uses it
+    ddp = example_ddp()
+    if dist.get_rank() == 0:
+        small = nn.parallel.DistributedDataParallel(make_model(), process_group=one_rank)
+        before = params(small)
+        out["world_size"] = refusal(lambda: runnable(small, x, y))
+        out["world_size_untouched"] = all(p.grad is None for p in small.parameters()) and all(
+            torch.equal(a, b) for a, b in zip(before, params(small))
+        )
+        with ddp.no_sync():
+            out["sync_inside_no_sync"] = refusal(lambda: runnable(ddp, x, y))
+        out["no_sync_outside"] = refusal(lambda: accumulate(ddp, x, y))
+        out["plain_module"] = refusal(lambda: runnable(make_model(), x, y))
+        out["untouched"] = all(p.grad is None for p in ddp.parameters())
+    return out
+
+
+def capture_refusals(backend: str, models: dict) -> dict:
+    """What capture refuses (rank 0 alone; nothing communicates)."""
+    (x, y), = make_data(0)[0]
+    return {
+        name: refusal(lambda: torch_precompile.precompile(step, models[model], x, y, backend=backend))
+        for name, model in (("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("broadcast_buffers", "buffers"))
+    }
+
+
+def main(out_dir: str, backends: list) -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a hang fails the job
+    rank = dist.get_rank()
+    compiler_log = os.path.join(out_dir, f"compiler_calls_rank{rank}.log")
+    if rank > 0:  # any compiler this rank runs is recorded (and fails)
+        open(compiler_log, "w").close()
+        _example().install_stub_compilers(os.path.join(out_dir, f"stub_compilers_rank{rank}"), compiler_log)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(out_dir, f"inductor_cache_rank{rank}")
+    models = example_models()
+    pairs = {}
+    for backend in backends:
+        shipped = [precompile_all(backend, models) if rank == 0 else None]
+        dist.broadcast_object_list(shipped, src=0)
+        pairs[backend] = shipped[0]
+    result = {"artifact": {}, "eager": {}, "refusals": {}}
+    for backend in backends:
+        runnables = {name: torch_precompile.load(*pair) for name, pair in pairs[backend].items()}
+        result["artifact"][backend] = run_all(runnables, rank)
+        result["refusals"][backend] = call_refusals(runnables["plain"], runnables["accumulate"])
+    if rank > 0:
+        with open(compiler_log) as f:
+            result["compiler_calls"] = f.read().splitlines()
+    result["eager"] = run_all({"plain": step, "accumulate": step, "sgd": step_with_optimizer,
+                               "adamw": step_with_optimizer, "unused": step}, rank)
+    if rank == 0:
+        result["capture_refusals"] = capture_refusals(backends[0], models)
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

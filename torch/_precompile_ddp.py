@@ -1,0 +1,228 @@
+"""DistributedDataParallel arguments at capture (Note [precompile programming model], invariant 16).
+
+A DDP-wrapped model is a module argument like any other: its parameters and
+buffers (``module.<name>``) are lifted, and at every call the driver checks the
+DDP object against the ``DataParallelSpec`` recorded here
+(``runtime.check_data_parallel``).  What DDP does around the model is traced
+instead of run:
+
+- its forward is the wrapped module's; it records whether this forward
+  synchronizes gradients (grad mode and ``require_backward_grad_sync``, which
+  ``ddp.no_sync()`` clears), as DDP decides at forward;
+- its reducer: a post-accumulate-grad hook on each traced parameter collects
+  the gradients in the order backward produces them (the order DDP rebuilds
+  its buckets to after the first iteration), into buckets of DDP's sizes.
+  Each full bucket is scaled by 1/world size (DDP divides before summing)
+  and all-reduced with one functional collective, launched there and waited
+  on when backward ends, so the all-reduce of early buckets overlaps the rest
+  of backward; then each parameter's ``.grad`` is the average, as DDP's
+  reducer leaves it, before anything after ``backward()`` (an optimizer step)
+  reads it.
+
+DDP's own forward, reducer and hooks never run, neither at capture nor at a
+call: the artifact does the all-reduce.  Capture runs no collective either:
+rank 0 precompiles alone.  The trace calls stand-in ops that compute nothing
+(``_stand_in_ops``) and ``use_collectives`` turns them into the functional
+collectives afterwards, so the graph communicates when it runs.
+"""
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from . import _precompile_compat as compat, _precompile_runtime as runtime
+from ._precompile_runtime import DataParallelSpec, PrecompileError
+
+
+@dataclasses.dataclass
+class DataParallelArgument:
+    module_index: int  # into the module arguments
+    where: str  # "args[i]"
+    ddp: Any
+    spec: DataParallelSpec
+    parameters: list  # (fqn, lifted index) of each parameter DDP reduces, in parameter order
+
+
+def refuse_sharded_wrappers(where: str, module: torch.nn.Module) -> None:
+    """FSDP (FullyShardedDataParallel, fully_shard) anywhere, and DDP below the top."""
+    for path, sub in module.named_modules():
+        name = f"{where}.{path}" if path else where
+        if any(k.__module__.startswith("torch.distributed.fsdp") for k in type(sub).__mro__):
+            raise PrecompileError(
+                f"{name} is a {type(sub).__name__} (FSDP): sharded parameters are not supported; wrap the "
+                "model in torch.nn.parallel.DistributedDataParallel instead, or precompile the unwrapped model"
+            )
+        if path and runtime.is_data_parallel(sub):
+            raise PrecompileError(
+                f"{name} is a DistributedDataParallel inside another module: pass the DDP-wrapped model "
+                "itself as fn's argument"
+            )
+
+
+def data_parallel_argument(module_index: int, where: str, ddp: Any, lifted: list) -> DataParallelArgument:
+    """Record a DDP argument's settings; refuse what the artifact cannot reproduce."""
+    import torch.distributed as dist
+
+    if ddp.process_group is not dist.group.WORLD:
+        raise PrecompileError(
+            f"{where}.process_group is not the default process group: the artifact all-reduces over "
+            "the default group only; construct DDP without process_group / device_mesh"
+        )
+    if ddp.mixed_precision is not None:
+        raise PrecompileError(
+            f"{where} uses DDP's mixed_precision, which is not supported: use torch.autocast inside fn instead"
+        )
+    hook = runtime.data_parallel_comm_hook(ddp)
+    if hook not in (None, "allreduce_hook"):
+        raise PrecompileError(
+            f"{where} has the comm hook {hook}, which the artifact cannot run: only DDP's default averaging "
+            "and torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook are supported; "
+            "remove the hook (construct DDP again)"
+        )
+    values = vars(ddp)
+    spec = DataParallelSpec(
+        world_size=ddp.process_group.size(),
+        group_name=ddp.process_group.group_name,
+        grad_sync=bool(values["require_backward_grad_sync"]),
+        find_unused_parameters=bool(values["find_unused_parameters"]),
+        static_graph=bool(values["static_graph"]),
+        gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view),
+        bucket_cap_bytes=int(ddp.bucket_bytes_cap),
+        comm_hook=hook,
+    )
+    has_buffers = any(e.kind == "buffer" and e.names[0][0] == module_index for e in lifted)
+    runtime.check_data_parallel(where, ddp, spec, has_buffers)  # what a call would refuse
+    ignored = {f"module.{name}" for name in ddp.parameters_to_ignore}
+    parameters = [
+        (fqn, index)
+        for index, entry in enumerate(lifted)
+        if entry.kind == "parameter" and entry.tensor.requires_grad
+        for m, fqn in entry.names[:1]
+        if m == module_index and fqn not in ignored
+    ]
+    return DataParallelArgument(module_index, where, ddp, spec, parameters)
+
+
+class _TracedDataParallel:
+    """One DDP argument while fn is traced: its forward and its gradient reduction."""
+
+    def __init__(self, argument: DataParallelArgument, leaves: list):
+        self.argument = argument
+        self.leaves = leaves  # the traced parameters DDP reduces
+        spec = argument.spec
+        # allreduce_hook divides the bucket; DDP's reducer multiplies by 1/world size.
+        self.scale = (lambda g: g / spec.world_size) if spec.comm_hook else (lambda g: g * (1.0 / spec.world_size))
+        self.first_cap = min(compat.first_bucket_bytes(), spec.bucket_cap_bytes)
+        self.sync = False  # the last forward asked for a gradient all-reduce, not yet done
+        self.ready, self.bucket, self.bucket_bytes, self.launched = [], [], 0, []
+        self.error = None
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        ddp = self.argument.ddp
+        self.sync = torch.is_grad_enabled() and vars(ddp)["require_backward_grad_sync"]
+        return ddp.module(*inputs, **kwargs)
+
+    def on_gradient(self, param: torch.Tensor) -> None:
+        if not self.sync:  # no_sync(): gradients accumulate locally
+            return
+        if not self.ready:
+            compat.queue_backward_callback(self.finish)
+        self.ready.append(param)
+        self.bucket.append(param)
+        self.bucket_bytes += param.numel() * param.element_size()
+        if self.bucket_bytes >= (self.argument.spec.bucket_cap_bytes if self.launched else self.first_cap):
+            self.launch()
+
+    def launch(self) -> None:
+        if self.bucket:
+            all_reduce, _ = _stand_in_ops()
+            grads = [self.scale(p.grad) for p in self.bucket]
+            self.launched.append((self.bucket, all_reduce(grads, self.argument.spec.group_name)))
+            self.bucket, self.bucket_bytes = [], 0
+
+    def finish(self) -> None:
+        """End of backward: launch the last bucket, wait for all, write the averages to .grad."""
+        self.launch()
+        _, wait = _stand_in_ops()
+        for params, reduced in self.launched:
+            for param, grad in zip(params, reduced):
+                param.grad = wait(grad)
+        ready = {id(p) for p in self.ready}
+        unused = [fqn for (fqn, _), leaf in zip(self.argument.parameters, self.leaves) if id(leaf) not in ready]
+        spec = self.argument.spec
+        if unused and not (spec.find_unused_parameters or spec.static_graph) and self.error is None:
+            self.error = PrecompileError(
+                f"{self.argument.where}: backward produced no gradient for {', '.join(unused[:5])}; eager DDP "
+                "fails on the next iteration (its reducer waits for them): construct DDP with "
+                "find_unused_parameters=True, or leave those parameters out of the model"
+            )
+        self.sync, self.ready, self.launched = False, [], []
+
+
+@functools.cache
+def _stand_in_ops() -> tuple[Any, Any]:
+    """``(all_reduce(tensors, group_name), wait(tensor))`` for the trace: they return copies.
+
+    The graph needs the functional collectives, but capture must not run one
+    (it would wait for ranks that are not there), and make_fx runs every op
+    it records.  These ops trace as nodes of their own that ``use_collectives``
+    retargets: ``_c10d_functional.all_reduce_coalesced(tensors, "sum",
+    group_name)`` and ``wait_tensor``.
+    """
+    namespace = torch.ops.precompile_ddp
+    if not hasattr(namespace, "all_reduce"):  # registered once per process (another copy of this module)
+
+        @torch.library.custom_op("precompile_ddp::all_reduce", mutates_args=())
+        def all_reduce(tensors: list[torch.Tensor], group_name: str) -> list[torch.Tensor]:
+            return [t.clone() for t in tensors]
+
+        @torch.library.custom_op("precompile_ddp::wait", mutates_args=())
+        def wait(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.clone()
+
+        all_reduce.register_fake(lambda tensors, group_name: [torch.empty_like(t) for t in tensors])
+        wait.register_fake(lambda tensor: torch.empty_like(tensor))
+    return namespace.all_reduce.default, namespace.wait.default
+
+
+def use_collectives(graph: torch.fx.GraphModule) -> None:
+    """Retarget the trace's stand-in ops to the functional collectives they stand for."""
+    stand_in_all_reduce, stand_in_wait = _stand_in_ops()
+    all_reduce, wait = compat.gradient_collectives()
+    changed = False
+    for node in graph.graph.nodes:
+        if node.target is stand_in_all_reduce:
+            tensors, group_name = node.args
+            node.target, node.args = all_reduce, (tensors, "sum", group_name)
+            changed = True
+        elif node.target is stand_in_wait:
+            node.target = wait
+            changed = True
+    if changed:
+        graph.recompile()
+
+
+@contextlib.contextmanager
+def traced_data_parallel(arguments: list, state: tuple):
+    """While fn runs: each DDP's forward is its module's, and backward averages its gradients."""
+    traced, handles = [], []
+    try:
+        for argument in arguments:
+            leaves = [state[index] for _, index in argument.parameters]
+            reducer = _TracedDataParallel(argument, leaves)
+            traced.append(reducer)
+            # An instance attribute, bypassing nn.Module.__setattr__ (no submodule registered).
+            object.__setattr__(argument.ddp, "forward", reducer.forward)
+            handles += [leaf.register_post_accumulate_grad_hook(reducer.on_gradient) for leaf in leaves]
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for argument in arguments:
+            vars(argument.ddp).pop("forward", None)
+    for reducer in traced:
+        if reducer.error is not None:
+            raise reducer.error
