@@ -2,36 +2,36 @@
 
     torchrun --nproc-per-node 2 examples/distributed_train.py OUT_DIR [--steps 3]
 
-Rank 0 precompiles the whole training step (forward + backward, backend
-"inductor") once; the ``(python_code, cache)`` pair travels to every rank with
-``torch.distributed.broadcast_object_list``; every rank loads it and trains on
-its shard of each global batch.  Only rank 0 pays the compile: the cache holds
-the compiled kernels, so ``precompile.load`` on the other ranks compiles
-nothing.  To prove it, ranks > 0 run with recording stub compilers (``g++``,
-``gcc``, ``c++``, ``cc``, ``clang``, ``clang++`` that append to a log and fail)
-first on ``PATH`` and ``CXX``, and with an empty ``TORCHINDUCTOR_CACHE_DIR`` of
-their own.  Each rank writes ``OUT_DIR/rank{r}.pt`` (final parameters, losses,
-and, on ranks > 0, the compiler invocations the stubs recorded).
+The model is wrapped in ``DistributedDataParallel`` as usual, and the whole
+iteration -- forward, backward, DDP's gradient all-reduce and the optimizer
+step -- is precompiled on rank 0 (backend "inductor") into one artifact.  The
+``(python_code, cache)`` pair travels to every rank with
+``torch.distributed.broadcast_object_list``; every rank loads it, and each
+training iteration is one call.  The artifact holds no weights and bakes no
+rank, so one pair serves every rank.
 
-Why not DistributedDataParallel
--------------------------------
-DDP averages gradients from autograd hooks: its reducer registers a hook on
-every parameter's gradient accumulator and starts a bucketed all-reduce when
-autograd produces that parameter's gradient.  A precompiled training step does
-not go through autograd at all: the backward is part of the compiled graph,
-which runs under ``no_grad`` and hands back the gradients as plain outputs that
-the runnable adds onto ``param.grad`` (see Note [precompile programming model],
-invariant 4, in ``torch/_precompile.py``).  No autograd hook fires, so a DDP
-wrapper would never see a gradient and would silently train each rank on its
-own shard (and DDP's forward would not even be called: the precompiled step
-takes the plain module).  Do the reduction yourself after each precompiled
-step, before ``optimizer.step()``:
+What DDP does is part of the graph: after ``loss.backward()`` inside the step
+every rank's ``.grad`` holds the average over the ranks, as DDP's reducer
+leaves it, computed with bucketed functional collectives (DDP's bucket sizes,
+in the order backward produces the gradients) that overlap the rest of
+backward; then ``optimizer.step()`` reads them.  DDP's own reducer never runs
+for a precompiled call.  At every call the artifact checks the DDP object: the
+same world size and default process group, ``find_unused_parameters``,
+``static_graph`` and comm hook as at capture, and whether gradients are
+synchronized: for gradient accumulation precompile a second step under
+``with ddp.no_sync():`` and call it inside ``no_sync()``.  Refused with a
+PrecompileError naming the fix: FSDP / ``fully_shard``, comm hooks other than
+``default_hooks.allreduce_hook``, ``broadcast_buffers=True`` on a model with
+buffers (use ``broadcast_buffers=False``), parameters that get no gradient
+without ``find_unused_parameters=True``.
 
-* all-reduce every ``param.grad`` and divide by the world size (what
-  ``allreduce_gradients`` below does, with all gradients flattened into one
-  bucket so there is a single collective per step, as DDP's buckets do), or
-* for big models, several buckets of a few MB each, launched with
-  ``async_op=True`` and waited on before ``optimizer.step()``.
+Only rank 0 pays the compile: the cache holds the compiled kernels, so
+``precompile.load`` on the other ranks compiles nothing.  To prove it, ranks > 0
+run with recording stub compilers (``g++``, ``gcc``, ``c++``, ``cc``, ``clang``,
+``clang++`` that append to a log and fail) first on ``PATH`` and ``CXX``, and
+with an empty ``TORCHINDUCTOR_CACHE_DIR`` of their own.  Each rank writes
+``OUT_DIR/rank{r}.pt`` (final parameters, losses, and, on ranks > 0, the
+compiler invocations the stubs recorded).
 
 With a mean loss and equal shard sizes, the averaged shard gradients equal
 the full-batch gradient, so the result matches single-process training on the
@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import torch_precompile
+from torch.nn.parallel import DistributedDataParallel
 
 
 STUB_COMPILERS = ("g++", "gcc", "c++", "cc", "clang", "clang++")
@@ -72,24 +73,15 @@ def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """What gets precompiled: forward, mean loss, backward."""
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """What gets precompiled: one whole iteration (with a DDP model, backward all-reduces the gradients)."""
+    optimizer.zero_grad()
     loss = F.mse_loss(model(x), y)
     loss.backward()
+    optimizer.step()
     return loss
-
-
-def allreduce_gradients(parameters: list, world_size: int) -> None:
-    """Average ``.grad`` over all ranks with one all-reduce (one flat bucket)."""
-    # Which parameters get a gradient is fixed at capture: the same on every rank.
-    grads = [p.grad for p in parameters if p.grad is not None]
-    bucket = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(bucket)
-    bucket /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(bucket[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 def install_stub_compilers(directory: str, log_file: str) -> None:
@@ -124,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         install_stub_compilers(os.path.join(args.out_dir, f"stub_compilers_rank{rank}"), compiler_log)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor_rank{rank}_", dir=args.out_dir)
 
-    model = make_model()  # same seed on every rank: the same initial parameters
+    # Same seed on every rank, and DDP broadcasts rank 0's parameters anyway.
+    model = DistributedDataParallel(make_model())
     optimizer = make_optimizer(model)
     xs, ys = make_data(args.steps, args.global_batch)
     shard = args.global_batch // world_size
@@ -133,21 +126,17 @@ def main(argv: list[str] | None = None) -> None:
     # 1. Compile once, on rank 0, against this rank's shard shapes.
     artifact = [None]
     if rank == 0:
-        artifact[0] = torch_precompile.precompile(train_step, model, xs[0, mine], ys[0, mine], backend="inductor")
+        artifact[0] = torch_precompile.precompile(
+            train_step, model, optimizer, xs[0, mine], ys[0, mine], backend="inductor"
+        )
     # 2. Ship the (python_code, cache) pair to every rank.
     dist.broadcast_object_list(artifact, src=0)
     python_code, cache = artifact[0]
     # 3. Load everywhere (rank 0 too): the cached kernels, no compiler.
     step = torch_precompile.load(python_code, cache)
 
-    # 4. Data-parallel training: local step, average gradients, update.
-    losses = []
-    for i in range(args.steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = step(model, xs[i, mine], ys[i, mine])
-        allreduce_gradients(list(model.parameters()), world_size)
-        optimizer.step()
-        losses.append(loss.item())
+    # 4. Data-parallel training: one call per iteration.
+    losses = [step(model, optimizer, xs[i, mine], ys[i, mine]).item() for i in range(args.steps)]
 
     compiler_calls = []
     if rank > 0:
@@ -155,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
             compiler_calls = f.read().splitlines()
     torch.save(
         {
-            "parameters": {name: p.detach().clone() for name, p in model.named_parameters()},
+            "parameters": {name: p.detach().clone() for name, p in model.module.named_parameters()},
             "losses": losses,
             "compiler_calls": compiler_calls,
         },

@@ -95,7 +95,11 @@ def params(model: nn.Module) -> list:
 
 
 def run_plain(fn, rank, unused=False, find_unused=False):
-    """zero_grad, fn (forward, backward), SGD step outside fn."""
+    """zero_grad, fn (forward, backward), SGD step outside fn; then one eager DDP step.
+
+    The last step checks that the artifact left DDP's reducer as it was (not
+    expecting a backward, its hooks never run): eager DDP still works.
+    """
     ddp = nn.parallel.DistributedDataParallel(make_model(unused=unused), find_unused_parameters=find_unused)
     optimizer = optimizer_for("sgd", ddp)
     seen = []
@@ -104,6 +108,9 @@ def run_plain(fn, rank, unused=False, find_unused=False):
         fn(ddp, x, y)
         seen.append(grads(ddp))
         optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    step(ddp, x, y)
+    seen.append(grads(ddp))
     return {"grads": seen, "params": params(ddp)}
 
 
@@ -150,6 +157,10 @@ def example_models() -> dict:
         "buffers": nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))),
     }
     models["comm_hook"].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    from torch.distributed.fsdp import fully_shard, FullyShardedDataParallel
+
+    models["fsdp"] = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
+    models["fully_shard"] = fully_shard(make_model())
     return models
 
 
@@ -215,7 +226,10 @@ def capture_refusals(backend: str, models: dict) -> dict:
     (x, y), = make_data(0)[0]
     return {
         name: refusal(lambda: torch_precompile.precompile(step, models[model], x, y, backend=backend))
-        for name, model in (("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("broadcast_buffers", "buffers"))
+        for name, model in (
+            ("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("broadcast_buffers", "buffers"),
+            ("fsdp", "fsdp"), ("fully_shard", "fully_shard"),
+        )
     }
 
 

@@ -1,10 +1,13 @@
 # Owner(s): ["module: dynamo"]
-"""Compile once, run everywhere: examples/distributed_train.py on 2 ranks.
+"""Data-parallel training with a DDP-wrapped model on 2 ranks (gloo on loopback).
 
-One short job (tiny MLP, 3 steps, gloo on loopback) runs once for the class:
-rank 0 precompiles the training step, every rank loads the broadcast pair and
-trains data-parallel.  The tests check its results against a single-process
-eager run on the full batch, and that rank 1 never ran a compiler.
+TestDataParallel: one job (test/_precompile_ddp_worker.py, tiny MLPs, 3
+iterations, both backends) runs once for the class: rank 0 precompiles each
+step, every rank loads the broadcast pairs and trains with them and with eager
+DDP; the tests compare the two per rank and check the refusals.
+TestDistributedTrain: examples/distributed_train.py, checked against a
+single-process eager run on the full batch.  Both check that rank 1 never ran a
+compiler.
 """
 
 import importlib.util
@@ -18,12 +21,15 @@ import unittest
 
 import torch
 import torch.distributed as dist
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize, run_tests, TestCase
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_train.py")
+WORKER = os.path.join(REPO, "test", "_precompile_ddp_worker.py")
 STEPS, GLOBAL_BATCH, WORLD_SIZE = 3, 8, 2
+BACKENDS = ("eager", "inductor")
+RUNS = ("plain", "accumulate", "sgd", "adamw", "unused")  # see _precompile_ddp_worker.run_all
 
 
 def _example_module():
@@ -39,29 +45,157 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "needs torch.distributed with gloo")
-@unittest.skipUnless(shutil.which(os.environ.get("CXX", "g++")), "rank 0 needs a C++ compiler for inductor")
+def _run_job(script_and_args: list) -> None:
+    """torch.distributed.run with WORLD_SIZE processes on loopback; raises with the output when it fails."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(WORLD_SIZE),
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()),
+        *script_and_args,
+    ]  # fmt: skip
+    job = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if job.returncode != 0:
+        raise AssertionError(
+            f"distributed job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}"
+        )
+
+
+needs_gloo = unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "needs torch.distributed with gloo")
+needs_compiler = unittest.skipUnless(shutil.which(os.environ.get("CXX", "g++")), "rank 0 needs a C++ compiler for inductor")
+
+
+@needs_gloo
+@needs_compiler
+class TestDataParallel(TestCase):
+    """A DistributedDataParallel model argument (Note [precompile programming model], invariant 16)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._tmp = tempfile.TemporaryDirectory()
+        try:
+            _run_job([WORKER, cls._tmp.name, *BACKENDS])
+            cls.ranks = [torch.load(os.path.join(cls._tmp.name, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+        except BaseException:
+            cls._tmp.cleanup()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+        super().tearDownClass()
+
+    def assert_same_grads(self, got: list, want: list, msg: str) -> None:
+        self.assertEqual(len(got), len(want), msg)
+        for i, (g, w) in enumerate(zip(got, want)):
+            self.assertEqual(g is None, w is None, f"{msg}, parameter {i}: .grad None or not")
+            if w is not None:
+                torch.testing.assert_close(g, w, msg=f"{msg}, parameter {i}")
+
+    @parametrize("backend", BACKENDS)
+    def test_grads_and_parameters_equal_eager_ddps(self, backend):
+        # Each run: 3 iterations on rank-specific data; grads after every
+        # backward (accumulate: after the no_sync micro-batch too), then the
+        # parameters, with the artifact and with eager DDP.
+        for rank, result in enumerate(self.ranks):
+            for run in RUNS:
+                got, want = result["artifact"][backend][run], result["eager"][run]
+                where = f"rank {rank}, run {run}"
+                self.assertEqual(len(got["grads"]), len(want["grads"]))
+                for i, (g, w) in enumerate(zip(got["grads"], want["grads"])):
+                    self.assert_same_grads(g, w, f"{where}, backward {i}")
+                self.assert_same_grads(got["params"], want["params"], f"{where}, final parameters")
+
+    @parametrize("backend", BACKENDS)
+    def test_gradients_are_averaged_over_ranks(self, backend):
+        first, second = (result["artifact"][backend] for result in self.ranks)
+        for i, (a, b) in enumerate(zip(first["plain"]["grads"], second["plain"]["grads"])):
+            self.assert_same_grads(a, b, f"iteration {i}: ranks differ")
+        # The negative control: the shards differ, so local gradients (the
+        # no_sync micro-batch, before the synchronizing one) differ by rank.
+        local_first, local_second = first["accumulate"]["grads"][0], second["accumulate"]["grads"][0]
+        self.assertFalse(torch.allclose(local_first[0], local_second[0]))
+
+    @parametrize("backend", BACKENDS)
+    def test_unused_parameters_get_no_gradient(self, backend):
+        # find_unused_parameters=True: WithUnused.unused (its last two
+        # parameters) gets no .grad on any rank, like eager DDP.
+        for result in self.ranks:
+            for grads in result["artifact"][backend]["unused"]["grads"]:
+                self.assertEqual([g is None for g in grads[-2:]], [True, True])
+                self.assertTrue(all(g is not None for g in grads[:-2]))
+
+    def test_loading_on_other_ranks_compiles_nothing(self):
+        for rank, result in enumerate(self.ranks[1:], start=1):
+            self.assertEqual(result["compiler_calls"], [], f"rank {rank} invoked a compiler")
+
+    @parametrize("backend", BACKENDS)
+    def test_other_world_size_is_refused(self, backend):
+        refusals = self.ranks[0]["refusals"][backend]
+        self.assertRegex(
+            refusals["world_size"],
+            r"^args\[0\]\.process_group has 1 ranks, but the artifact was captured with 2 .*precompile again for a "
+            r"world size of 1$",
+        )
+        self.assertTrue(refusals["world_size_untouched"], "a refused call changed .grad or the parameters")
+
+    @parametrize("backend", BACKENDS)
+    def test_no_sync_must_match_capture(self, backend):
+        refusals = self.ranks[0]["refusals"][backend]
+        self.assertRegex(
+            refusals["sync_inside_no_sync"],
+            r"^args\[0\]\.require_backward_grad_sync is False, but was True at capture: this artifact all-reduces "
+            r"gradients, and it is called inside ddp\.no_sync\(\)\. For gradient accumulation precompile two steps",
+        )
+        self.assertRegex(
+            refusals["no_sync_outside"],
+            r"^args\[0\]\.require_backward_grad_sync is True, but was False at capture: this artifact was captured "
+            r"inside ddp\.no_sync\(\)",
+        )
+        self.assertTrue(refusals["untouched"], "a refused call wrote .grad")
+
+    @parametrize("backend", BACKENDS)
+    def test_plain_module_for_ddp_is_refused(self, backend):
+        self.assertRegex(
+            self.ranks[0]["refusals"][backend]["plain_module"],
+            r"^args\[0\] is a Sequential, but was a DistributedDataParallel at capture \(the graph all-reduces "
+            r"gradients over 2 ranks\)",
+        )
+
+    def test_capture_refuses_what_it_cannot_reproduce(self):
+        refusals = self.ranks[0]["capture_refusals"]
+        self.assertRegex(
+            refusals["unused"],
+            r"^args\[0\]: backward produced no gradient for module\.unused\.weight, module\.unused\.bias; .*"
+            r"find_unused_parameters=True",
+        )
+        self.assertRegex(
+            refusals["comm_hook"], r"^args\[0\] has the comm hook 'fp16_compress_hook' .*which the artifact cannot run"
+        )
+        self.assertRegex(
+            refusals["broadcast_buffers"],
+            r"^args\[0\]\.(forward_sync|broadcast)_buffers is True: .*construct DDP with broadcast_buffers=False$",
+        )
+        self.assertRegex(refusals["fsdp"], r"^args\[0\] is a FullyShardedDataParallel \(FSDP\)")
+        self.assertRegex(refusals["fully_shard"], r"^args\[0\] is a FSDPSequential \(FSDP\)")
+
+
+@needs_gloo
+@needs_compiler
 class TestDistributedTrain(TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         cls._tmp = tempfile.TemporaryDirectory()
         out = os.path.join(cls._tmp.name, "out")
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        command = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nproc-per-node", str(WORLD_SIZE),
-            "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()),
-            EXAMPLE, out, "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
-        ]  # fmt: skip
-        job = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-        if job.returncode != 0:
+        try:
+            _run_job([EXAMPLE, out, "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH)])
+            cls.ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+        except BaseException:
             cls._tmp.cleanup()
-            raise AssertionError(
-                f"distributed job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}"
-            )
-        cls.ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+            raise
 
     @classmethod
     def tearDownClass(cls):
@@ -81,10 +215,8 @@ class TestDistributedTrain(TestCase):
         optimizer = example.make_optimizer(model)
         xs, ys = example.make_data(STEPS, GLOBAL_BATCH)
         losses = []
-        for i in range(STEPS):
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(example.train_step(model, xs[i], ys[i]).item())
-            optimizer.step()
+        for i in range(STEPS):  # one process, the full batch, no DDP
+            losses.append(example.train_step(model, optimizer, xs[i], ys[i]).item())
         trained = self.ranks[0]["parameters"]
         self.assertEqual(trained.keys(), dict(model.named_parameters()).keys())
         for name, p in model.named_parameters():
@@ -117,6 +249,9 @@ class TestStubCompilers(TestCase):
             self.assertIn("InvalidCxxCompiler", result.stderr)
             with open(log) as f:
                 self.assertEqual(f.read().splitlines(), ["c++ --version"])
+
+
+instantiate_parametrized_tests(TestDataParallel)
 
 
 if __name__ == "__main__":
