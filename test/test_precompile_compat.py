@@ -57,6 +57,9 @@ PRIVATE_NAMES = {
     "_set_grad_enabled", "_is_any_autocast_enabled", "_disabled_torch_function_impl",
     "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "_torchinductor_pyobject_tensor_data_ptr",
     "CppPythonBindingsCodeCache",
+    # DistributedDataParallel arguments
+    "_execution_engine", "_c10d_functional", "_DEFAULT_FIRST_BUCKET_BYTES",
+    "_comm_hooks", "_get_ddp_logging_data", "_resolve_process_group",
 }
 COMPAT = REPO / "torch" / "_precompile_compat.py"
 DRIVER = REPO / "torch" / "_precompile_runtime.py"
@@ -261,6 +264,31 @@ class TestDriverInternals(TestCase):
             handle.remove()
         self.assertFalse(compat.optimizer_has_step_hooks(optimizer))
 
+    @unittest.skipUnless(torch.distributed.is_available() and torch.distributed.is_gloo_available(), "needs gloo")
+    def test_data_parallel_internals(self):
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            ddp = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))
+            group = ddp.process_group
+            self.assertIs(runtime._resolve_process_group(group.group_name), group)
+            self.assertEqual(getattr(ddp, runtime._DDP_COMM_HOOKS), [])
+            self.assertIsNone(runtime._ddp_comm_hook_name(ddp))
+            self.assertEqual(runtime.data_parallel_comm_hook(ddp), None)
+            name, value = runtime.data_parallel_buffer_sync(ddp)  # one of the two names is an instance attribute
+            self.assertIn(name, runtime._DDP_BUFFER_SYNC)
+            self.assertIs(value, True)
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+            self.assertEqual(getattr(ddp, runtime._DDP_COMM_HOOKS), [(default_hooks.allreduce_hook, None)])
+            self.assertEqual(runtime.data_parallel_comm_hook(ddp), "allreduce_hook")
+            builtin = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))
+            builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+            self.assertIn("FP16_COMPRESS", runtime.data_parallel_comm_hook(builtin))
+        finally:
+            dist.destroy_process_group()
+
     def test_kernel_data_pointer_handshake(self):
         # Inductor's kernels read the accessor's address from this variable, as
         # its own loader sets it (load_kernel_library mirrors it).
@@ -308,6 +336,18 @@ class TestCaptureInternals(TestCase):
         self.assertIsNone(compat.current_autograd_node())
         Probe.apply(torch.ones(2, requires_grad=True)).sum().backward()
         self.assertIsNotNone(seen[0])
+
+    def test_data_parallel_collectives_and_callback(self):
+        all_reduce, wait = compat.gradient_collectives()
+        self.assertEqual(all_reduce.name(), "_c10d_functional::all_reduce_coalesced")
+        self.assertEqual([a.name for a in all_reduce._schema.arguments], ["inputs", "reduce_op", "group_name"])
+        self.assertEqual(wait.name(), "_c10d_functional::wait_tensor")
+        self.assertEqual(compat.first_bucket_bytes(), 1024 * 1024)
+        ran = []
+        x = torch.ones(2, requires_grad=True)
+        x.register_post_accumulate_grad_hook(lambda p: compat.queue_backward_callback(lambda: ran.append(p.grad.sum().item())))
+        (x * 3).sum().backward()
+        self.assertEqual(ran, [6.0])  # after backward, with the gradient accumulated
 
     def test_register_log_alias(self):
         from torch._logging._internal import log_registry
