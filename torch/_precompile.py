@@ -260,7 +260,22 @@ says who guarantees it and, where it is enforced, which tests (in
      test_precompile_hook_guards.py
      test_hooks_on_another_instance_or_a_swapped_submodule_are_refused,
      test_accumulate_grad_node_hooks_are_refused).  Not seen: hooks added
-     to an AccumulateGrad node from C++ (DDP's Reducer): unwrap DDP.
+     to an AccumulateGrad node from C++, as DDP's Reducer adds them; for a
+     DDP argument the graph does the Reducer's averaging (next bullet).
+   - A DistributedDataParallel argument (invariant 16): its gradient
+     averaging is part of the graph; its world size, default process group,
+     ``no_sync()`` state, find_unused_parameters, static_graph and comm hook
+     CHECKED at every call (test_precompile_distributed.py TestDataParallel
+     test_other_world_size_is_refused, test_no_sync_must_match_capture,
+     test_plain_module_for_ddp_is_refused); FSDP / fully_shard, other comm
+     hooks, mixed_precision, a non-default process group, buffers with
+     broadcast_buffers=True and parameters without a gradient unless
+     find_unused_parameters=True REFUSED at capture
+     (test_capture_refuses_what_it_cannot_reproduce).  Caller's
+     responsibility: a built-in C++ comm hook registered with
+     ``_register_builtin_comm_hook`` after the first call (the driver sees
+     ``register_comm_hook`` at every call, the private one only when the
+     DDP object is first checked).
    Non-tensor values
    - Python leaves of the inputs: baked and CHECKED by type and, for floats,
      sign: ``-0.0`` is not ``0.0``, ``True`` is not ``1``, ``nan`` equals
@@ -362,6 +377,29 @@ says who guarantees it and, where it is enforced, which tests (in
    differ, and free dims.  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values,
    state keys, shapes, dtypes and layout (test_precompile_optimizer.py).
+16. Data parallel.  A ``torch.nn.parallel.DistributedDataParallel`` argument
+   is a module argument (its state lifted as ``module.<name>``) whose
+   ``DataParallelSpec`` is recorded and checked at every call
+   (``_precompile_runtime.check_data_parallel``).  The trace runs the wrapped
+   module's forward, not DDP's, and does what DDP's reducer does
+   (``torch/_precompile_ddp.py``): after ``backward()`` each parameter's
+   ``.grad`` is the average over the ranks of its accumulated local gradient
+   (scaled by 1/world size, then summed), so an optimizer step inside fn
+   reads it.  The all-reduce is in the graph as functional collectives
+   (``_c10d_functional.all_reduce_coalesced`` on the default group, one per
+   bucket of DDP's sizes in the order backward produces gradients, waited on
+   when backward ends) on both backends.  No rank is baked: one artifact
+   serves every rank, and capture runs no collective (rank 0 compiles
+   alone).  DDP's forward, reducer and hooks never run for a call, so its
+   reducer is never left expecting a backward.  ``no_sync()`` is decided at
+   DDP's forward, as in DDP: an artifact captured inside it does not
+   all-reduce, and each artifact is refused in the other context (precompile
+   one step for each).  find_unused_parameters=True: parameters backward does
+   not reach keep their ``.grad`` and are not reduced, like eager DDP.
+   gradient_as_bucket_view and the bucket cap are recorded; values do not
+   depend on them (the ``.grad`` tensors are not bucket views).  Tested on 2
+   gloo ranks against eager DDP, per rank, on both backends
+   (test_precompile_distributed.py TestDataParallel).
 """
 
 if __name__ == "__main__":
