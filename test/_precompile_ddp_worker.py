@@ -259,6 +259,9 @@ def main(out_dir: str, backends: list) -> None:
                                "adamw": step_with_optimizer, "unused": step}, rank)
     if rank == 0:
         result["capture_refusals"] = capture_refusals(backends[0], models)
+        from torch_precompile._precompile_inspect import describe
+
+        result["inspected_modules"] = {name: describe(*pair)["modules"] for name, pair in pairs[backends[0]].items()}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -164,6 +164,18 @@ class TestDataParallel(TestCase):
             r"gradients over 2 ranks\)",
         )
 
+    def test_inspector_shows_the_data_parallel_settings(self):
+        inspected = self.ranks[0]["inspected_modules"]
+        (plain,) = inspected["plain"]
+        self.assertEqual(
+            plain["data_parallel"],
+            {"world_size": 2, "group_name": "0", "grad_sync": True, "find_unused_parameters": False,
+             "static_graph": False, "gradient_as_bucket_view": False, "bucket_cap_bytes": 25 * 1024 * 1024,
+             "comm_hook": None},
+        )
+        self.assertFalse(inspected["accumulate"][0]["data_parallel"]["grad_sync"])
+        self.assertTrue(inspected["unused"][0]["data_parallel"]["find_unused_parameters"])
+
     def test_capture_refuses_what_it_cannot_reproduce(self):
         refusals = self.ranks[0]["capture_refusals"]
         self.assertRegex(

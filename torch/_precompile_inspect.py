@@ -117,6 +117,7 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         "arity": convention.arity,
         "modules": [
             {"position": m.position, "parameters": len(m.parameters), "buffers": len(m.buffers)}
+            | ({} if m.data_parallel is None else {"data_parallel": dict(zip(m.data_parallel._fields, m.data_parallel))})
             for m in convention.modules
         ],
         "parameters": _state_report(convention, "parameter"),
@@ -312,6 +313,10 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
     row("calling convention", report["call"])
     for module in report["modules"]:
         row("module", f"args[{module['position']}]: {module['parameters']} parameters, {module['buffers']} buffers")
+        ddp = module.get("data_parallel")
+        if ddp:
+            reduces = "averages gradients over" if ddp["grad_sync"] else "inside no_sync(), no all-reduce; for"
+            row("", f"DistributedDataParallel: {reduces} {ddp['world_size']} ranks (process group {ddp['group_name']!r})")
     for kind in ("parameters", "buffers"):
         summary = report[kind]
         row(

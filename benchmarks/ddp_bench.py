@@ -1,0 +1,185 @@
+"""Data-parallel training step on 2 ranks (issue 26): a DDP-wrapped model, gloo on loopback.
+
+Per workload (the MLP 3x256 and HF GPT-2 4x256 training steps of
+``_common.WORKLOADS``: forward, MSE loss, backward, grads set to None before
+each step), every rank runs, on its own DistributedDataParallel copy of the
+same model (``broadcast_buffers=False``):
+
+  eager DDP        train_step(ddp, x, y) as written (DDP's reducer all-reduces)
+  torch.compile    torch.compile(train_step)(ddp, x, y) (Dynamo's DDPOptimizer)
+  precompile       precompile(train_step, ddp, x, y, backend="inductor") on rank 0,
+                   broadcast, loaded on every rank (all-reduce in the graph)
+
+Step time: single-threaded ranks, methods interleaved, median over repeats of
+the per-step time of a block of steps (the ranks synchronize in every step's
+all-reduce).  Warm start per rank: ``load()`` + the first call of the DDP
+artifact, next to the same for the single-process artifact of the unwrapped
+model (``precompile(train_step, model, x, y)``) in the same process, before
+anything else compiles there.
+
+Usage: python benchmarks/ddp_bench.py [--workloads mlp_train,gpt2_train] [--repeats 7] [--steps 10]
+Goals (issue 26): step time <= eager DDP's and <= torch.compile DDP's; warm
+start per rank within 2x of the single-process warm start.  Writes
+results/ddp_bench.md (and .json).
+"""
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (imports no torch)
+
+
+METHODS = ("eager", "compile", "precompile")
+WORLD_SIZE = 2
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _steps(fn, ddp, inputs, count: int) -> float:
+    """Seconds per step over ``count`` steps, .grad set to None before each."""
+    start = time.perf_counter()
+    for _ in range(count):
+        for p in ddp.parameters():
+            p.grad = None
+        fn(ddp, *inputs)
+    return (time.perf_counter() - start) / count
+
+
+def child(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch_precompile
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = {}
+    for name in args.workloads.split(","):
+        workload = _common.WORKLOADS[name]
+        model, inputs = workload.build()  # same seed: the same weights and data on every rank
+        ddps = {m: DistributedDataParallel(copy.deepcopy(model), broadcast_buffers=False) for m in METHODS}
+        result = results[name] = {}
+        # Rank 0 builds both artifacts; every rank loads them before anything else compiles there.
+        pairs = [None]
+        if rank == 0:
+            start = time.perf_counter()
+            ddp_pair = torch_precompile.precompile(_common.train_step, ddps["precompile"], *inputs, backend="inductor")
+            result["precompile_build_s"] = time.perf_counter() - start
+            plain_pair = torch_precompile.precompile(_common.train_step, copy.deepcopy(model), *inputs, backend="inductor")
+            pairs[0] = (ddp_pair, plain_pair)
+        dist.broadcast_object_list(pairs, src=0)
+        ddp_pair, plain_pair = pairs[0]
+        plain_model = copy.deepcopy(model)
+        runnables = {}
+        result["warm_start_single_s"] = _timed(
+            lambda: torch_precompile.load(*plain_pair)(plain_model, *inputs)
+        )
+        dist.barrier()
+
+        def warm_start():
+            runnables["precompile"] = torch_precompile.load(*ddp_pair)
+            runnables["precompile"](ddps["precompile"], *inputs)
+
+        result["warm_start_ddp_s"] = _timed(warm_start)
+        runnables["eager"] = _common.train_step
+        runnables["compile"] = torch.compile(_common.train_step)
+        result["compile_first_call_s"] = _timed(lambda: runnables["compile"](ddps["compile"], *inputs))
+        for method in METHODS:  # warm-up
+            _steps(runnables[method], ddps[method], inputs, 2)
+        samples = {method: [] for method in METHODS}
+        for _ in range(args.repeats):
+            for method in METHODS:
+                dist.barrier()
+                samples[method].append(_steps(runnables[method], ddps[method], inputs, args.steps))
+        result["step_s"] = {method: _common.median(values) for method, values in samples.items()}
+        # Same start, same data: every method's parameters (SGD-free steps leave them) and grads agree.
+        result["grads_match"] = all(
+            torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+            for a, b in zip(ddps["eager"].parameters(), ddps["precompile"].parameters())
+            if a.grad is not None
+        )
+    with open(os.path.join(args.child, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def render(ranks: list, workloads: list) -> str:
+    out = []
+    for name in workloads:
+        label = _common.WORKLOADS[name].label
+        per_rank = [r[name] for r in ranks]
+        rows = []
+        for method, title in (("eager", "eager DDP"), ("compile", "torch.compile DDP"), ("precompile", "precompile DDP")):
+            times = [r["step_s"][method] for r in per_rank]
+            rows.append(
+                [title, *map(_common.fmt_time, times),
+                 _common.fmt_ratio(per_rank[0]["step_s"]["eager"], per_rank[0]["step_s"][method])]
+            )
+        out.append(f"## {label}, 2 ranks\n")
+        out.append(_common.markdown_table(
+            ["method", *(f"step, rank {r}" for r in range(len(ranks))), "speed-up vs eager DDP (rank 0)"], rows
+        ))
+        starts = [
+            [f"rank {r}", _common.fmt_time(x["warm_start_ddp_s"]), _common.fmt_time(x["warm_start_single_s"]),
+             _common.fmt_ratio(x["warm_start_ddp_s"], x["warm_start_single_s"])]
+            for r, x in enumerate(per_rank)
+        ]
+        out.append("\nWarm start (load() + first call, in the rank's process):\n")
+        out.append(_common.markdown_table(["rank", "DDP artifact", "single-process artifact", "ratio"], starts))
+        first = per_rank[0]
+        out.append(
+            f"\nBuild on rank 0: precompile {_common.fmt_time(first['precompile_build_s'])}; torch.compile's "
+            f"first call {_common.fmt_time(first['compile_first_call_s'])}.  Grads of the last step equal eager "
+            f"DDP's on every rank: {all(x['grads_match'] for x in per_rank)}.\n"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="mlp_train,gpt2_train")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    mach, load_before, start = _common.machine(), _common.load_average(), time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD_SIZE),
+            "--master-addr", "127.0.0.1", "--master-port", "29581", os.path.abspath(__file__),
+            "--child", out, "--workloads", args.workloads, "--repeats", str(args.repeats), "--steps", str(args.steps),
+        ]  # fmt: skip
+        subprocess.run(command, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORLD_SIZE)]
+    workloads = args.workloads.split(",")
+    header = _common.report_header(
+        "Data-parallel training step, 2 ranks (benchmarks/ddp_bench.py)", sys.argv, mach, load_before,
+        _common.load_average(), time.perf_counter() - start,
+    )
+    note = (
+        f"- {WORLD_SIZE} ranks on this one host (gloo over loopback), each single-threaded; the host has "
+        f"{mach['nproc']} cores, shared with other jobs, so the ranks also compete for them\n\n"
+    )
+    text = header + note + render(ranks, workloads)
+    print(text)
+    _common.write_report("ddp_bench.md", text, {"ranks": ranks, "_header": header + note})
+
+
+if __name__ == "__main__":
+    main()
