@@ -236,6 +236,7 @@ def capture_refusals(backend: str, models: dict) -> dict:
 def main(out_dir: str, backends: list) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a hang fails the job
     rank = dist.get_rank()
+    os.makedirs(out_dir, exist_ok=True)
     compiler_log = os.path.join(out_dir, f"compiler_calls_rank{rank}.log")
     if rank > 0:  # any compiler this rank runs is recorded (and fails)
         open(compiler_log, "w").close()

@@ -268,8 +268,8 @@ says who guarantees it and, where it is enforced, which tests (in
      CHECKED at every call (test_precompile_distributed.py TestDataParallel
      test_other_world_size_is_refused, test_no_sync_must_match_capture,
      test_plain_module_for_ddp_is_refused); FSDP / fully_shard, other comm
-     hooks, mixed_precision, a non-default process group, buffers with
-     broadcast_buffers=True and parameters without a gradient unless
+     hooks, mixed_precision, a non-default process group, buffers DDP
+     broadcasts before forward, and parameters without a gradient unless
      find_unused_parameters=True REFUSED at capture
      (test_capture_refuses_what_it_cannot_reproduce).  Caller's
      responsibility: a built-in C++ comm hook registered with

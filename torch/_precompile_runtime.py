@@ -1503,7 +1503,7 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
     if syncs and has_buffers:
         raise PrecompileError(
             f"{where}.{buffer_sync} is True: DDP would broadcast the module's buffers from rank 0 before "
-            "every forward, which the artifact does not do; construct DDP with broadcast_buffers=False"
+            f"every forward, which the artifact does not do; construct DDP with {buffer_sync}=False"
         )
     return [(values, name) for name in ("require_backward_grad_sync", "process_group", *_DATA_PARALLEL_FLAGS, buffer_sync)]
 
