@@ -13,10 +13,10 @@ same model:
 Step time: single-threaded ranks, methods interleaved, median over repeats of
 the per-step time of a block of steps (the ranks synchronize in every step's
 all-reduce).  Warm start per rank: ``load()`` + the first call of the DDP
-artifact (the first load in the rank's process: it pays the one-time costs),
-next to the same for the single-process artifact of the unwrapped model
-(``precompile(train_step, model, x, y)``) right after, before anything else
-compiles there.
+artifact, the first load in the rank's process (after a barrier), next to the
+single-process warm start: ``load()`` + the first call of the artifact of the
+unwrapped model (``precompile(train_step, model, x, y)``) in fresh processes
+(median of ``--starts``), both from after ``import torch``.
 
 Usage: python benchmarks/ddp_bench.py [--workloads mlp_train,gpt2_train] [--repeats 7] [--steps 10]
 Goals (issue 26): step time <= eager DDP's and <= torch.compile DDP's; warm
@@ -28,6 +28,7 @@ import argparse
 import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -82,16 +83,16 @@ def child(args) -> None:
             pairs[0] = (ddp_pair, plain_pair)
         dist.broadcast_object_list(pairs, src=0)
         ddp_pair, plain_pair = pairs[0]
+        if rank == 0:  # for the single-process starts
+            with open(os.path.join(args.child, f"{name}.pair"), "wb") as f:
+                pickle.dump(plain_pair, f)
         runnables = {}
-
-        def warm_start():
-            runnables["precompile"] = torch_precompile.load(*ddp_pair)
-            runnables["precompile"](ddps["precompile"], *inputs)
-
-        # The DDP artifact first: it pays the process's one-time costs of a first load.
-        result["warm_start_ddp_s"] = _timed(warm_start)
-        plain_model = copy.deepcopy(model)
-        result["warm_start_single_s"] = _timed(lambda: torch_precompile.load(*plain_pair)(plain_model, *inputs))
+        dist.barrier()
+        start = time.perf_counter()
+        runnables["precompile"] = torch_precompile.load(*ddp_pair)
+        loaded = time.perf_counter()
+        runnables["precompile"](ddps["precompile"], *inputs)
+        result["warm_start"] = {"load_s": loaded - start, "first_call_s": time.perf_counter() - loaded}
         runnables["eager"] = _common.train_step
         runnables["compile"] = torch.compile(_common.train_step)
         result["compile_first_call_s"] = _timed(lambda: runnables["compile"](ddps["compile"], *inputs))
@@ -115,7 +116,32 @@ def child(args) -> None:
     dist.destroy_process_group()
 
 
-def render(ranks: list, workloads: list) -> str:
+def single_start(args) -> None:
+    """A fresh process: load() + the first call of the single-process artifact (after import torch)."""
+    import torch
+    import torch_precompile
+
+    torch.set_num_threads(1)
+    model, inputs = _common.WORKLOADS[args.workloads].build()
+    with open(args.single_start, "rb") as f:
+        pair = pickle.load(f)
+    start = time.perf_counter()
+    runnable = torch_precompile.load(*pair)
+    loaded = time.perf_counter()
+    runnable(model, *inputs)
+    print(json.dumps({"load_s": loaded - start, "first_call_s": time.perf_counter() - loaded}))
+
+
+def single_starts(pair_file: str, workload: str, count: int) -> dict:
+    runs = []
+    for _ in range(count):
+        command = [sys.executable, os.path.abspath(__file__), "--single-start", pair_file, "--workloads", workload]
+        out = subprocess.run(command, check=True, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {key: _common.median([run[key] for run in runs]) for key in ("load_s", "first_call_s")}
+
+
+def render(ranks: list, singles: dict, workloads: list) -> str:
     out = []
     for name in workloads:
         label = _common.WORKLOADS[name].label
@@ -131,13 +157,18 @@ def render(ranks: list, workloads: list) -> str:
         out.append(_common.markdown_table(
             ["method", *(f"step, rank {r}" for r in range(len(ranks))), "speed-up vs eager DDP (rank 0)"], rows
         ))
+        single = singles[name]
+        single_total = single["load_s"] + single["first_call_s"]
         starts = [
-            [f"rank {r}", _common.fmt_time(x["warm_start_ddp_s"]), _common.fmt_time(x["warm_start_single_s"]),
-             _common.fmt_ratio(x["warm_start_ddp_s"], x["warm_start_single_s"])]
+            [f"rank {r}", _common.fmt_time(x["warm_start"]["load_s"]), _common.fmt_time(x["warm_start"]["first_call_s"]),
+             _common.fmt_time(sum(x["warm_start"].values())),
+             _common.fmt_ratio(sum(x["warm_start"].values()), single_total)]
             for r, x in enumerate(per_rank)
         ]
-        out.append("\nWarm start (load() + first call, in the rank's process):\n")
-        out.append(_common.markdown_table(["rank", "DDP artifact", "single-process artifact", "ratio"], starts))
+        starts.append(["single process (fresh, no DDP)", _common.fmt_time(single["load_s"]),
+                       _common.fmt_time(single["first_call_s"]), _common.fmt_time(single_total), "1.00x"])
+        out.append("\nWarm start, from after `import torch` (the rank's first load, after a barrier):\n")
+        out.append(_common.markdown_table(["", "load()", "first call", "total", "vs single process"], starts))
         first = per_rank[0]
         out.append(
             f"\nBuild on rank 0: precompile {_common.fmt_time(first['precompile_build_s'])}; torch.compile's "
@@ -152,10 +183,15 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp_train,gpt2_train")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    parser.add_argument("--starts", type=int, default=5, help="fresh processes for the single-process start")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--single-start", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.single_start:
+        single_start(args)
         return
     mach, load_before, start = _common.machine(), _common.load_average(), time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
@@ -166,7 +202,8 @@ def main() -> None:
         ]  # fmt: skip
         subprocess.run(command, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORLD_SIZE)]
-    workloads = args.workloads.split(",")
+        workloads = args.workloads.split(",")
+        singles = {name: single_starts(os.path.join(out, f"{name}.pair"), name, args.starts) for name in workloads}
     header = _common.report_header(
         "Data-parallel training step, 2 ranks (benchmarks/ddp_bench.py)", sys.argv, mach, load_before,
         _common.load_average(), time.perf_counter() - start,
@@ -175,9 +212,9 @@ def main() -> None:
         f"- {WORLD_SIZE} ranks on this one host (gloo over loopback), each single-threaded; the host has "
         f"{mach['nproc']} cores, shared with other jobs, so the ranks also compete for them\n\n"
     )
-    text = header + note + render(ranks, workloads)
+    text = header + note + render(ranks, singles, workloads)
     print(text)
-    _common.write_report("ddp_bench.md", text, {"ranks": ranks, "_header": header + note})
+    _common.write_report("ddp_bench.md", text, {"ranks": ranks, "single_process_start": singles, "_header": header + note})
 
 
 if __name__ == "__main__":

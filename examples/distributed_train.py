@@ -21,10 +21,11 @@ same world size and default process group, ``find_unused_parameters``,
 synchronized: for gradient accumulation precompile a second step under
 ``with ddp.no_sync():`` and call it inside ``no_sync()``.  Refused with a
 PrecompileError naming the fix: FSDP / ``fully_shard``, comm hooks other than
-``default_hooks.allreduce_hook``, buffers DDP would broadcast before every
-forward (use ``broadcast_buffers=False``; from torch 2.13
-``forward_sync_buffers=False``), parameters that get no gradient without
-``find_unused_parameters=True``.
+``default_hooks.allreduce_hook``, a step captured inside ``no_sync()`` for a
+model with buffers DDP broadcasts (use ``broadcast_buffers=False``; from
+torch 2.13 ``forward_sync_buffers=False``), parameters that get no gradient
+without ``find_unused_parameters=True``.  Buffers are broadcast from rank 0
+before the forward, in the graph, where DDP would.
 
 Only rank 0 pays the compile: the cache holds the compiled kernels, so
 ``precompile.load`` on the other ranks compiles nothing.  To prove it, ranks > 0

@@ -48,9 +48,13 @@ class WithUnused(nn.Module):
         return self.mlp(x)
 
 
-def make_model(seed: int = 0, unused: bool = False) -> nn.Module:
-    torch.manual_seed(seed)
-    return WithUnused() if unused else nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+def make_model(kind: str = "mlp") -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "unused":
+        return WithUnused()
+    if kind == "batchnorm":  # buffers: DDP broadcasts them from rank 0 before each forward
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 4))
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
 
 
 def make_data(rank: int, micro: int = 1) -> list:
@@ -88,19 +92,20 @@ def grads(model: nn.Module) -> list:
 
 
 def params(model: nn.Module) -> list:
-    return [p.detach().clone() for p in model.parameters()]
+    """Parameters, then buffers."""
+    return [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
 
 
 # -- the runs: the same loop with an artifact and with eager fn -----------------
 
 
-def run_plain(fn, rank, unused=False, find_unused=False):
+def run_plain(fn, rank, kind="mlp", find_unused=False):
     """zero_grad, fn (forward, backward), SGD step outside fn; then one eager DDP step.
 
     The last step checks that the artifact left DDP's reducer as it was (not
     expecting a backward, its hooks never run): eager DDP still works.
     """
-    ddp = nn.parallel.DistributedDataParallel(make_model(unused=unused), find_unused_parameters=find_unused)
+    ddp = nn.parallel.DistributedDataParallel(make_model(kind), find_unused_parameters=find_unused)
     optimizer = optimizer_for("sgd", ddp)
     seen = []
     for (x, y), in make_data(rank):
@@ -140,8 +145,8 @@ def run_with_optimizer(fn, rank, name):
     return {"grads": seen, "params": params(ddp)}
 
 
-def example_ddp(unused: bool = False, **kwargs) -> nn.Module:
-    return nn.parallel.DistributedDataParallel(make_model(unused=unused), **kwargs)
+def example_ddp(kind: str = "mlp", **kwargs) -> nn.Module:
+    return nn.parallel.DistributedDataParallel(make_model(kind), **kwargs)
 
 
 def example_models() -> dict:
@@ -151,10 +156,10 @@ def example_models() -> dict:
     torch.manual_seed(0)
     models = {
         "ddp": example_ddp(),
-        "unused": example_ddp(unused=True, find_unused_parameters=True),
-        "unused_refused": example_ddp(unused=True),
+        "unused": example_ddp("unused", find_unused_parameters=True),
+        "unused_refused": example_ddp("unused"),
+        "batchnorm": example_ddp("batchnorm"),
         "comm_hook": example_ddp(),
-        "buffers": nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))),
     }
     models["comm_hook"].register_comm_hook(None, default_hooks.fp16_compress_hook)
     from torch.distributed.fsdp import fully_shard, FullyShardedDataParallel
@@ -175,6 +180,7 @@ def precompile_all(backend: str, models: dict) -> dict:
             step_with_optimizer, ddp, optimizer_for(name, ddp), x, y, backend=backend
         )
     pairs["unused"] = torch_precompile.precompile(step, models["unused"], x, y, backend=backend)
+    pairs["batchnorm"] = torch_precompile.precompile(step, models["batchnorm"], x, y, backend=backend)
     return pairs
 
 
@@ -184,7 +190,8 @@ def run_all(runnables: dict, rank: int) -> dict:
         "accumulate": run_accumulating(runnables["accumulate"], runnables["plain"], rank),
         "sgd": run_with_optimizer(runnables["sgd"], rank, "sgd"),
         "adamw": run_with_optimizer(runnables["adamw"], rank, "adamw"),
-        "unused": run_plain(runnables["unused"], rank, unused=True, find_unused=True),
+        "unused": run_plain(runnables["unused"], rank, "unused", find_unused=True),
+        "batchnorm": run_plain(runnables["batchnorm"], rank, "batchnorm"),
     }
 
 
@@ -200,12 +207,13 @@ def refusal(call) -> str:
     return "NOT REFUSED"
 
 
-def call_refusals(runnable, accumulate) -> dict:
+def call_refusals(runnables: dict) -> dict:
     """What a call refuses: the model, its .grad and parameters must stay as they were."""
     (x, y), = make_data(0)[0]
+    runnable, accumulate = runnables["plain"], runnables["accumulate"]
     out = {}
     one_rank = dist.new_group([0])  # every rank creates it; only rank 0 uses it
-    ddp = example_ddp()
+    ddp, batchnorm = example_ddp(), example_ddp("batchnorm")
     if dist.get_rank() == 0:
         small = nn.parallel.DistributedDataParallel(make_model(), process_group=one_rank)
         before = params(small)
@@ -218,19 +226,30 @@ def call_refusals(runnable, accumulate) -> dict:
         out["no_sync_outside"] = refusal(lambda: accumulate(ddp, x, y))
         out["plain_module"] = refusal(lambda: runnable(make_model(), x, y))
         out["untouched"] = all(p.grad is None for p in ddp.parameters())
+        # As after an eager forward inside no_sync(): DDP would not broadcast the buffers next.
+        batchnorm.require_forward_param_sync = False
+        before = params(batchnorm)
+        out["no_buffer_broadcast"] = refusal(lambda: runnables["batchnorm"](batchnorm, x, y))
+        out["batchnorm_untouched"] = all(p.grad is None for p in batchnorm.parameters()) and all(
+            torch.equal(a, b) for a, b in zip(before, params(batchnorm))
+        )
     return out
 
 
 def capture_refusals(backend: str, models: dict) -> dict:
     """What capture refuses (rank 0 alone; nothing communicates)."""
     (x, y), = make_data(0)[0]
-    return {
+    out = {
         name: refusal(lambda: torch_precompile.precompile(step, models[model], x, y, backend=backend))
         for name, model in (
-            ("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("broadcast_buffers", "buffers"),
-            ("fsdp", "fsdp"), ("fully_shard", "fully_shard"),
+            ("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("fsdp", "fsdp"), ("fully_shard", "fully_shard"),
         )
     }
+    with models["batchnorm"].no_sync():
+        out["buffers_in_no_sync"] = refusal(
+            lambda: torch_precompile.precompile(step, models["batchnorm"], x, y, backend=backend)
+        )
+    return out
 
 
 def main(out_dir: str, backends: list) -> None:
@@ -252,12 +271,12 @@ def main(out_dir: str, backends: list) -> None:
     for backend in backends:
         runnables = {name: torch_precompile.load(*pair) for name, pair in pairs[backend].items()}
         result["artifact"][backend] = run_all(runnables, rank)
-        result["refusals"][backend] = call_refusals(runnables["plain"], runnables["accumulate"])
+        result["refusals"][backend] = call_refusals(runnables)
     if rank > 0:
         with open(compiler_log) as f:
             result["compiler_calls"] = f.read().splitlines()
     result["eager"] = run_all({"plain": step, "accumulate": step, "sgd": step_with_optimizer,
-                               "adamw": step_with_optimizer, "unused": step}, rank)
+                               "adamw": step_with_optimizer, "unused": step, "batchnorm": step}, rank)
     if rank == 0:
         result["capture_refusals"] = capture_refusals(backends[0], models)
         from torch_precompile._precompile_inspect import describe

@@ -29,7 +29,7 @@ EXAMPLE = os.path.join(REPO, "examples", "distributed_train.py")
 WORKER = os.path.join(REPO, "test", "_precompile_ddp_worker.py")
 STEPS, GLOBAL_BATCH, WORLD_SIZE = 3, 8, 2
 BACKENDS = ("eager", "inductor")
-RUNS = ("plain", "accumulate", "sgd", "adamw", "unused")  # see _precompile_ddp_worker.run_all
+RUNS = ("plain", "accumulate", "sgd", "adamw", "unused", "batchnorm")  # see _precompile_ddp_worker.run_all
 
 
 def _example_module():
@@ -171,6 +171,22 @@ class TestDataParallel(_JobResults):
         self.assertTrue(refusals["untouched"], "a refused call wrote .grad")
 
     @parametrize("backend", BACKENDS)
+    def test_buffers_are_broadcast_where_ddp_would(self, backend):
+        # The batchnorm run's state (parameters, then the running statistics)
+        # equals eager DDP's on every rank (test_grads_and_parameters_equal_eager_ddps):
+        # without the broadcast from rank 0 before each forward, rank 1's
+        # statistics would follow its own data only.
+        first, second = (result["artifact"][backend]["batchnorm"]["params"] for result in self.ranks)
+        self.assertFalse(torch.equal(first[-3], second[-3]), "the negative control: rank-local running means")
+        refusals = self.ranks[0]["refusals"][backend]
+        self.assertRegex(
+            refusals["no_buffer_broadcast"],
+            r"^args\[0\]\.require_forward_param_sync is False \(DDP's previous forward ran without gradient sync, "
+            r".*but the graph broadcasts them",
+        )
+        self.assertTrue(refusals["batchnorm_untouched"], "a refused call changed .grad, parameters or buffers")
+
+    @parametrize("backend", BACKENDS)
     def test_plain_module_for_ddp_is_refused(self, backend):
         self.assertRegex(
             self.ranks[0]["refusals"][backend]["plain_module"],
@@ -185,9 +201,10 @@ class TestDataParallel(_JobResults):
             plain["data_parallel"],
             {"world_size": 2, "group_name": "0", "grad_sync": True, "find_unused_parameters": False,
              "static_graph": False, "gradient_as_bucket_view": False, "bucket_cap_bytes": 25 * 1024 * 1024,
-             "comm_hook": None},
+             "comm_hook": None, "broadcast_buffers": False},
         )
         self.assertFalse(inspected["accumulate"][0]["data_parallel"]["grad_sync"])
+        self.assertTrue(inspected["batchnorm"][0]["data_parallel"]["broadcast_buffers"])
         self.assertTrue(inspected["unused"][0]["data_parallel"]["find_unused_parameters"])
 
     def test_capture_refuses_what_it_cannot_reproduce(self):
@@ -201,8 +218,9 @@ class TestDataParallel(_JobResults):
             refusals["comm_hook"], r"^args\[0\] has the comm hook 'fp16_compress_hook' .*which the artifact cannot run"
         )
         self.assertRegex(
-            refusals["broadcast_buffers"],
-            r"^args\[0\]\.(forward_sync|broadcast)_buffers is True: .*construct DDP with \1_buffers=False$",
+            refusals["buffers_in_no_sync"],
+            r"^args\[0\]: DDP broadcasts this model's buffers before a forward only when the previous forward "
+            r"synchronized gradients, which a step captured inside no_sync\(\) .*broadcast_buffers=False",
         )
         self.assertRegex(refusals["fsdp"], r"^args\[0\] is a FullyShardedDataParallel \(FSDP\)")
         self.assertRegex(refusals["fully_shard"], r"^args\[0\] is a FSDPSequential \(FSDP\)")

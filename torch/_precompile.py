@@ -263,14 +263,17 @@ says who guarantees it and, where it is enforced, which tests (in
      to an AccumulateGrad node from C++, as DDP's Reducer adds them; for a
      DDP argument the graph does the Reducer's averaging (next bullet).
    - A DistributedDataParallel argument (invariant 16): its gradient
-     averaging is part of the graph; its world size, default process group,
-     ``no_sync()`` state, find_unused_parameters, static_graph and comm hook
-     CHECKED at every call (test_precompile_distributed.py TestDataParallel
+     averaging and buffer broadcast are part of the graph; its world size,
+     default process group, ``no_sync()`` state, find_unused_parameters,
+     static_graph, comm hook and buffer broadcast (the flag and
+     ``require_forward_param_sync``) CHECKED at every call
+     (test_precompile_distributed.py TestDataParallel
      test_other_world_size_is_refused, test_no_sync_must_match_capture,
+     test_buffers_are_broadcast_where_ddp_would,
      test_plain_module_for_ddp_is_refused); FSDP / fully_shard, other comm
-     hooks, mixed_precision, a non-default process group, buffers DDP
-     broadcasts before forward, and parameters without a gradient unless
-     find_unused_parameters=True REFUSED at capture
+     hooks, mixed_precision, a non-default process group, broadcast buffers
+     with a step captured inside no_sync(), and parameters without a
+     gradient unless find_unused_parameters=True REFUSED at capture
      (test_capture_refuses_what_it_cannot_reproduce).  Caller's
      responsibility: a built-in C++ comm hook registered with
      ``_register_builtin_comm_hook`` after the first call (the driver sees
@@ -385,7 +388,10 @@ says who guarantees it and, where it is enforced, which tests (in
    (``torch/_precompile_ddp.py``): after ``backward()`` each parameter's
    ``.grad`` is the average over the ranks of its accumulated local gradient
    (scaled by 1/world size, then summed), so an optimizer step inside fn
-   reads it.  The all-reduce is in the graph as functional collectives
+   reads it.  Where DDP broadcasts the buffers from rank 0 before forward
+   (``broadcast_buffers``, and the previous forward synchronized), so does
+   the graph; a step captured inside ``no_sync()`` with such buffers is
+   refused.  The collectives are in the graph as functional collectives
    (``_c10d_functional.all_reduce_coalesced`` on the default group, one per
    bucket of DDP's sizes in the order backward produces gradients, waited on
    when backward ends) on both backends.  No rank is baked: one artifact

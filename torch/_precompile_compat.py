@@ -577,18 +577,19 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
-def gradient_collectives() -> tuple[Any, Any]:
-    """``(all_reduce_coalesced, wait_tensor)``: the functional collective ops, same in 2.11-2.14.
+def data_parallel_collectives() -> tuple[Any, Any, Any]:
+    """``(all_reduce_coalesced, broadcast, wait_tensor)``: functional collective ops, same in 2.11-2.14.
 
     ``all_reduce_coalesced(tensors, "sum", group_name)`` sums a bucket over the
-    group in one collective without waiting for it; ``wait_tensor`` waits.  The
+    group in one collective without waiting for it, ``broadcast(tensor, src,
+    group_name)`` sends rank ``src``'s tensor to all; ``wait_tensor`` waits.  The
     public ``torch.distributed._functional_collectives.all_reduce_coalesced``
     calls the same op but waits right away while a tracer is active
     (``_maybe_wrap_tensor``), which would put each bucket's wait next to its
     launch; issuing the waits when backward ends lets it run on meanwhile.
     """
     ops = torch.ops._c10d_functional
-    return ops.all_reduce_coalesced.default, ops.wait_tensor.default
+    return ops.all_reduce_coalesced.default, ops.broadcast.default, ops.wait_tensor.default
 
 
 def first_bucket_bytes() -> int:

@@ -6,7 +6,9 @@ DDP object against the ``DataParallelSpec`` recorded here
 (``runtime.check_data_parallel``).  What DDP does around the model is traced
 instead of run:
 
-- its forward is the wrapped module's; it records whether this forward
+- its forward is the wrapped module's, after broadcasting the module's
+  buffers from rank 0 where DDP would (``broadcast_buffers``, only while the
+  previous forward synchronized gradients); it records whether this forward
   synchronizes gradients (grad mode and ``require_backward_grad_sync``, which
   ``ddp.no_sync()`` clears), as DDP decides at forward;
 - its reducer: a post-accumulate-grad hook on each traced parameter collects
@@ -44,6 +46,7 @@ class DataParallelArgument:
     ddp: Any
     spec: DataParallelSpec
     parameters: list  # (fqn, lifted index) of each parameter DDP reduces, in parameter order
+    buffers: list  # lifted index of each buffer the graph broadcasts before forward
 
 
 def refuse_sharded_wrappers(where: str, module: torch.nn.Module) -> None:
@@ -83,6 +86,15 @@ def data_parallel_argument(module_index: int, where: str, ddp: Any, lifted: list
             "remove the hook (construct DDP again)"
         )
     values = vars(ddp)
+    has_buffers = any(e.kind == "buffer" and e.names[0][0] == module_index for e in lifted)
+    broadcast_buffers = has_buffers and runtime.data_parallel_buffer_sync(ddp)[1]
+    if broadcast_buffers and not (values["require_backward_grad_sync"] and values["require_forward_param_sync"]):
+        raise PrecompileError(
+            f"{where}: DDP broadcasts this model's buffers before a forward only when the previous forward "
+            "synchronized gradients, which a step captured inside no_sync() (or after one) cannot reproduce; "
+            "construct DDP with broadcast_buffers=False (from torch 2.13 forward_sync_buffers=False) for "
+            "gradient accumulation with buffers"
+        )
     spec = DataParallelSpec(
         world_size=ddp.process_group.size(),
         group_name=ddp.process_group.group_name,
@@ -92,37 +104,46 @@ def data_parallel_argument(module_index: int, where: str, ddp: Any, lifted: list
         gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view),
         bucket_cap_bytes=int(ddp.bucket_bytes_cap),
         comm_hook=hook,
+        broadcast_buffers=broadcast_buffers,
     )
-    has_buffers = any(e.kind == "buffer" and e.names[0][0] == module_index for e in lifted)
     runtime.check_data_parallel(where, ddp, spec, has_buffers)  # what a call would refuse
     ignored = {f"module.{name}" for name in ddp.parameters_to_ignore}
+    owned = [(index, entry) for index, entry in enumerate(lifted) if entry.names[0][0] == module_index]
     parameters = [
-        (fqn, index)
-        for index, entry in enumerate(lifted)
-        if entry.kind == "parameter" and entry.tensor.requires_grad
-        for m, fqn in entry.names[:1]
-        if m == module_index and fqn not in ignored
+        (entry.names[0][1], index)
+        for index, entry in owned
+        if entry.kind == "parameter" and entry.tensor.requires_grad and entry.names[0][1] not in ignored
     ]
-    return DataParallelArgument(module_index, where, ddp, spec, parameters)
+    buffers = [
+        index for index, entry in owned if broadcast_buffers and entry.kind == "buffer" and entry.names[0][1] not in ignored
+    ]
+    return DataParallelArgument(module_index, where, ddp, spec, parameters, buffers)
 
 
 class _TracedDataParallel:
     """One DDP argument while fn is traced: its forward and its gradient reduction."""
 
-    def __init__(self, argument: DataParallelArgument, leaves: list):
+    def __init__(self, argument: DataParallelArgument, leaves: list, buffers: list):
         self.argument = argument
         self.leaves = leaves  # the traced parameters DDP reduces
+        self.buffers = buffers  # the traced buffers broadcast before forward
         spec = argument.spec
         # allreduce_hook divides the bucket; DDP's reducer multiplies by 1/world size.
         self.scale = (lambda g: g / spec.world_size) if spec.comm_hook else (lambda g: g * (1.0 / spec.world_size))
         self.first_cap = min(compat.first_bucket_bytes(), spec.bucket_cap_bytes)
         self.sync = False  # the last forward asked for a gradient all-reduce, not yet done
+        self.forward_param_sync = True  # DDP's require_forward_param_sync (True at capture, checked at calls)
         self.ready, self.bucket, self.bucket_bytes, self.launched = [], [], 0, []
         self.error = None
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         ddp = self.argument.ddp
+        if self.forward_param_sync:
+            _, broadcast, wait = _stand_in_ops()
+            for buffer in self.buffers:  # in place: the artifact writes the module's buffers
+                buffer.copy_(wait(broadcast(buffer, 0, self.argument.spec.group_name)))
         self.sync = torch.is_grad_enabled() and vars(ddp)["require_backward_grad_sync"]
+        self.forward_param_sync = self.sync  # as DDP's _post_forward sets it
         return ddp.module(*inputs, **kwargs)
 
     def on_gradient(self, param: torch.Tensor) -> None:
@@ -138,7 +159,7 @@ class _TracedDataParallel:
 
     def launch(self) -> None:
         if self.bucket:
-            all_reduce, _ = _stand_in_ops()
+            all_reduce, _, _ = _stand_in_ops()
             grads = [self.scale(p.grad) for p in self.bucket]
             self.launched.append((self.bucket, all_reduce(grads, self.argument.spec.group_name)))
             self.bucket, self.bucket_bytes = [], 0
@@ -146,7 +167,7 @@ class _TracedDataParallel:
     def finish(self) -> None:
         """End of backward: launch the last bucket, wait for all, write the averages to .grad."""
         self.launch()
-        _, wait = _stand_in_ops()
+        _, _, wait = _stand_in_ops()
         for params, reduced in self.launched:
             for param, grad in zip(params, reduced):
                 param.grad = wait(grad)
@@ -163,14 +184,15 @@ class _TracedDataParallel:
 
 
 @functools.cache
-def _stand_in_ops() -> tuple[Any, Any]:
-    """``(all_reduce(tensors, group_name), wait(tensor))`` for the trace: they return copies.
+def _stand_in_ops() -> tuple[Any, Any, Any]:
+    """``(all_reduce(tensors, group_name), broadcast(tensor, src, group_name), wait(tensor))``
+    for the trace: they return copies.
 
     The graph needs the functional collectives, but capture must not run one
     (it would wait for ranks that are not there), and make_fx runs every op
     it records.  These ops trace as nodes of their own that ``use_collectives``
     retargets: ``_c10d_functional.all_reduce_coalesced(tensors, "sum",
-    group_name)`` and ``wait_tensor``.
+    group_name)``, ``broadcast`` and ``wait_tensor``.
     """
     namespace = torch.ops.precompile_ddp
     if not hasattr(namespace, "all_reduce"):  # registered once per process (another copy of this module)
@@ -179,27 +201,33 @@ def _stand_in_ops() -> tuple[Any, Any]:
         def all_reduce(tensors: list[torch.Tensor], group_name: str) -> list[torch.Tensor]:
             return [t.clone() for t in tensors]
 
+        @torch.library.custom_op("precompile_ddp::broadcast", mutates_args=())
+        def broadcast(tensor: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+            return tensor.clone()
+
         @torch.library.custom_op("precompile_ddp::wait", mutates_args=())
         def wait(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.clone()
 
         all_reduce.register_fake(lambda tensors, group_name: [torch.empty_like(t) for t in tensors])
+        broadcast.register_fake(lambda tensor, src, group_name: torch.empty_like(tensor))
         wait.register_fake(lambda tensor: torch.empty_like(tensor))
-    return namespace.all_reduce.default, namespace.wait.default
+    return namespace.all_reduce.default, namespace.broadcast.default, namespace.wait.default
 
 
 def use_collectives(graph: torch.fx.GraphModule) -> None:
     """Retarget the trace's stand-in ops to the functional collectives they stand for."""
-    stand_in_all_reduce, stand_in_wait = _stand_in_ops()
-    all_reduce, wait = compat.gradient_collectives()
+    stand_in_all_reduce, stand_in_broadcast, stand_in_wait = _stand_in_ops()
+    all_reduce, broadcast, wait = compat.data_parallel_collectives()
+    retarget = {stand_in_broadcast: broadcast, stand_in_wait: wait}  # same arguments
     changed = False
     for node in graph.graph.nodes:
         if node.target is stand_in_all_reduce:
             tensors, group_name = node.args
             node.target, node.args = all_reduce, (tensors, "sum", group_name)
             changed = True
-        elif node.target is stand_in_wait:
-            node.target = wait
+        elif node.target in retarget:
+            node.target = retarget[node.target]
             changed = True
     if changed:
         graph.recompile()
@@ -212,7 +240,7 @@ def traced_data_parallel(arguments: list, state: tuple):
     try:
         for argument in arguments:
             leaves = [state[index] for _, index in argument.parameters]
-            reducer = _TracedDataParallel(argument, leaves)
+            reducer = _TracedDataParallel(argument, leaves, [state[index] for index in argument.buffers])
             traced.append(reducer)
             # An instance attribute, bypassing nn.Module.__setattr__ (no submodule registered).
             object.__setattr__(argument.ddp, "forward", reducer.forward)
@@ -226,3 +254,10 @@ def traced_data_parallel(arguments: list, state: tuple):
     for reducer in traced:
         if reducer.error is not None:
             raise reducer.error
+        if reducer.buffers and not reducer.forward_param_sync:
+            raise PrecompileError(
+                f"{reducer.argument.where}: fn's last DDP forward does not synchronize gradients (no_sync() or "
+                "no_grad(), e.g. an evaluation step), after which DDP skips its next buffer broadcast; the "
+                "artifact cannot reproduce that: evaluate through the wrapped module (ddp.module(x)), or "
+                "construct DDP with broadcast_buffers=False (from torch 2.13 forward_sync_buffers=False)"
+            )

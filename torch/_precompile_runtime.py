@@ -369,8 +369,9 @@ class DataParallelSpec(Record):
     ``group_name`` of ``world_size`` ranks (no rank is baked: one artifact
     serves every rank).  Checked at every call: the group, its size, whether
     gradients are synchronized (``ddp.no_sync()``), find_unused_parameters,
-    static_graph and the comm hook.  Recorded only (values do not depend on
-    them): gradient_as_bucket_view and the bucket cap.
+    static_graph, the comm hook and whether DDP would broadcast the buffers
+    before this forward.  Recorded only (values do not depend on them):
+    gradient_as_bucket_view and the bucket cap.
     """
 
     world_size: Count
@@ -381,6 +382,10 @@ class DataParallelSpec(Record):
     gradient_as_bucket_view: bool
     bucket_cap_bytes: Count
     comm_hook: str | None  # None (DDP's own averaging) or "allreduce_hook"
+    # The graph first broadcasts the module's buffers from rank 0, as DDP's forward
+    # does while broadcast_buffers (forward_sync_buffers) is on and the previous
+    # forward synchronized gradients (require_forward_param_sync).
+    broadcast_buffers: bool = False
 
 
 class ModuleSpec(Record):
@@ -1500,12 +1505,21 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
             "gradient all-reduce is baked): register the same hook, or precompile again"
         )
     buffer_sync, syncs = data_parallel_buffer_sync(ddp)
-    if syncs and has_buffers:
+    if has_buffers and syncs != spec.broadcast_buffers:
         raise PrecompileError(
-            f"{where}.{buffer_sync} is True: DDP would broadcast the module's buffers from rank 0 before "
-            f"every forward, which the artifact does not do; construct DDP with {buffer_sync}=False"
+            f"{where}.{buffer_sync} is {syncs}, but was {spec.broadcast_buffers} at capture: the graph "
+            + ("broadcasts" if spec.broadcast_buffers else "does not broadcast")
+            + f" the module's buffers from rank 0 before the forward: construct DDP with {buffer_sync}="
+            f"{spec.broadcast_buffers} as at capture, or precompile again"
         )
-    return [(values, name) for name in ("require_backward_grad_sync", "process_group", *_DATA_PARALLEL_FLAGS, buffer_sync)]
+    if spec.broadcast_buffers and not values["require_forward_param_sync"]:
+        raise PrecompileError(
+            f"{where}.require_forward_param_sync is False (DDP's previous forward ran without gradient sync, "
+            "e.g. inside no_sync(), so DDP would not broadcast the buffers now), but the graph broadcasts "
+            f"them: call it after a synchronizing step, or construct DDP with {buffer_sync}=False"
+        )
+    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", *_DATA_PARALLEL_FLAGS)
+    return [(values, name) for name in (*watched, buffer_sync)]
 
 
 def _distinct_storages(tensors: list) -> bool:
