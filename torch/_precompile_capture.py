@@ -17,6 +17,7 @@ import operator
 import os
 import pprint
 import re
+import sys
 import threading
 import traceback
 from typing import Any, Callable
@@ -414,6 +415,7 @@ class _CaptureGuard(TorchDispatchMode):
         # any other optimizer's writes to the caller's tensors are still refused below.
         self.optimizer_arguments = optimizer_arguments
         self.ran_autograd = False
+        self.random_draws = _RandomDraws()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -422,8 +424,12 @@ class _CaptureGuard(TorchDispatchMode):
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
         self._refuse_untracked_writes(func, args, kwargs)
+        if torch.Tag.dynamic_output_shape in func.tags and _sized_by_values(func, args, kwargs):
+            raise _data_dependent_size_error(func)
         if not self.ran_autograd and compat.current_autograd_node() is not None:
             self.ran_autograd = True
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            return self.random_draws.draw(func, args, kwargs)
         return func(*args, **kwargs)
 
     def _refuse_untracked_writes(self, func, args: tuple, kwargs: dict) -> None:
@@ -445,6 +451,170 @@ class _CaptureGuard(TorchDispatchMode):
                 "reference precompile does not trace: the artifact would not repeat the write. "
                 "Update state through fn's module arguments (or its inputs), or do it outside fn"
             )
+
+
+def _sized_by_values(func, args: tuple, kwargs: dict) -> bool:
+    """Whether an op tagged dynamic_output_shape really sizes its output by tensor values here."""
+    aten = torch.ops.aten
+    if func is aten.index.Tensor:  # only boolean masks select a value-dependent count
+        return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if func is aten.repeat_interleave.Tensor:  # the size is given when output_size is
+        return kwargs.get("output_size") is None
+    return True
+
+
+def _data_dependent_size_error(func) -> PrecompileError:
+    return PrecompileError(
+        f"fn makes a tensor whose size depends on tensor values ({func}: nonzero, torch.where(cond) "
+        f"with one argument, boolean-mask indexing x[mask], masked_select, unique)"
+        f"{_user_line(traceback.extract_stack())}: the artifact would bake the example's size. Keep "
+        "sizes fixed: mask instead of selecting (torch.where(mask, x, 0), x * mask), or select "
+        "outside fn"
+    )
+
+
+class _Draw(collections.namedtuple("_Draw", "signature copy after")):
+    """A random op of the trace: what it drew with, a traced copy of its numbers (None when
+    it cannot be replayed), the generator state it left."""
+
+
+class _RandomDraws:
+    """The global generators along fn's trace (Note invariant 11, "RNG").
+
+    The graph's random ops draw one after another from the caller's global
+    generator, so the trace must have too: each draw starts where the previous
+    one left the generator, and fn leaves it where its last draw did.  A draw
+    that starts again from an earlier draw's state repeats that draw's numbers
+    -- torch.utils.checkpoint's recomputation restores the forward's RNG state
+    -- and is replayed: the graph reuses the earlier numbers.  Anything else
+    that moves a generator between draws (torch.manual_seed, set_rng_state,
+    fork_rng, a torch.Generator) is refused, at the next draw or when fn returns.
+    """
+
+    def __init__(self):
+        self.generators = _global_generators()  # device -> its default generator
+        self.expected = {device: _state_of(g) for device, g in self.generators.items()}
+        self.draws: dict = {}  # (device, state before) -> _Draw; states are bytes
+        self.copies: list = []  # the copies' graph nodes (dropped when nothing replays them)
+
+    def draw(self, func, args: tuple, kwargs: dict):
+        if kwargs.get("generator") is not None:
+            raise PrecompileError(
+                f"fn draws random numbers ({func}) from its own torch.Generator"
+                f"{_user_line(traceback.extract_stack())}: the artifact cannot carry a generator's "
+                "state. Draw from the global generator (seed it with torch.manual_seed outside fn)"
+            )
+        device = _draw_device(args, kwargs)
+        generator = self.generators.get(device)
+        if generator is None:  # a device whose generator was not initialized at fn's start
+            return func(*args, **kwargs)
+        before = _state_of(generator)
+        signature = _draw_signature(func, args, kwargs)
+        if before == self.expected[device]:
+            out = func(*args, **kwargs)
+            if compat.is_fake(out if isinstance(out, torch.Tensor) else args[0]):
+                _advance(generator, device)  # fake draws leave it: give each draw its own state
+            self.expected[device] = after = _state_of(generator)
+            self.draws[device, before] = _Draw(signature, self._copy(func, args, out), after)
+            return out
+        earlier = self.draws.get((device, before))
+        if earlier is None:
+            raise PrecompileError(
+                f"fn draws random numbers ({func}){_user_line(traceback.extract_stack())} after the "
+                f"{device} RNG was reseeded or restored (torch.manual_seed, set_rng_state, fork_rng) "
+                "inside fn: the artifact draws from one continuing global generator. Seed outside "
+                "fn, before calling it"
+            )
+        if earlier.signature != signature or earlier.copy is None:
+            raise PrecompileError(
+                f"fn draws random numbers ({func}){_user_line(traceback.extract_stack())} from an "
+                "earlier RNG state again (torch.utils.checkpoint recomputing a region) with another "
+                "op or shape, or an op whose numbers depend on tensor values: the artifact cannot "
+                "repeat them. Keep random ops out of the recomputed region, or pass "
+                "preserve_rng_state=False (eager then draws new numbers too)"
+            )
+        _set_state(generator, earlier.after)
+        if _written_arguments(func):  # a fill: write the earlier numbers into its target
+            return torch.ops.aten.copy_.default(args[0], earlier.copy)
+        return torch.ops.aten.clone.default(earlier.copy)
+
+    def finish(self) -> None:
+        """Refuse fn leaving a generator elsewhere than its last draw did."""
+        for device, generator in self.generators.items():
+            if _state_of(generator) != self.expected[device]:
+                raise PrecompileError(
+                    f"fn leaves the {device} RNG where its random ops would not: it reseeds or "
+                    "restores the generator (torch.manual_seed, set_rng_state, fork_rng) and the "
+                    "artifact's graph cannot repeat that. Seed outside fn, before calling it"
+                )
+
+    def _copy(self, func, args: tuple, out: Any) -> torch.Tensor | None:
+        """A traced copy of the numbers drawn, if they depend only on the op and its sizes."""
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+        written = _written_arguments(func)
+        tensors = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+        if written == ((0, "self"),) and len(tensors) == 1:  # bernoulli_(p), uniform_, normal_ ...
+            drawn = args[0]
+        elif not written and (not tensors or func._schema.name.endswith("_like")):
+            drawn = out  # rand, randn_like, randperm ...
+        else:
+            return None
+        copy = torch.ops.aten.clone.default(drawn)
+        self.copies.append(get_proxy_slot(copy, get_proxy_mode().tracer).proxy.node)
+        return copy
+
+
+def _global_generators() -> dict:
+    generators = {"cpu": torch.default_generator}
+    if torch.cuda.is_initialized():
+        generators.update({f"cuda:{i}": g for i, g in enumerate(torch.cuda.default_generators)})
+    return generators
+
+
+def _draw_device(args: tuple, kwargs: dict) -> str:
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, (torch.Tensor, torch.device)):
+            device = leaf.device if isinstance(leaf, torch.Tensor) else leaf
+            break
+    else:
+        device = torch.get_default_device()
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
+def _draw_signature(func, args: tuple, kwargs: dict) -> tuple:
+    """What a draw's numbers depend on besides the generator: the op, sizes, strides, arguments."""
+    def describe(leaf):
+        if isinstance(leaf, torch.Tensor):  # str(): symbolic sizes compare without guarding
+            return (str(tuple(leaf.shape)), str(leaf.stride()), leaf.dtype, leaf.device)
+        return repr(leaf)
+
+    return (func, tuple(map(describe, pytree.tree_leaves((args, kwargs)))))
+
+
+def _state_of(generator: torch.Generator) -> bytes:
+    with compat.without_dispatch_modes():  # get_state() and numpy() run ops the trace would record
+        return generator.get_state().numpy().tobytes()
+
+
+def _set_state(generator: torch.Generator, state: bytes) -> None:
+    with compat.without_dispatch_modes():
+        generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+def _advance(generator: torch.Generator, device: str) -> None:
+    with compat.without_dispatch_modes():
+        torch.empty(1, device=device).uniform_(generator=generator)
+
+
+def _drop_unused_copies(graph: torch.fx.GraphModule, copies: list) -> None:
+    """The random numbers no recomputation replayed need no copy."""
+    for node in copies:
+        if not node.users:
+            graph.graph.erase_node(node)
+    graph.recompile()
 
 
 @functools.lru_cache(maxsize=None)
@@ -548,13 +718,15 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
-            with torch.enable_grad(), guard:
+            with torch.enable_grad(), guard, _StateReads.of_fn(recorded.setdefault("mode_reads", {})):
                 result = fn(*call_args)
+            guard.random_draws.finish()
             _check_state_not_rebound(args.modules, mappings)
         out_leaves, out_spec = pytree.tree_flatten(result)  # an input dict returned: order observed
         out_spec = _without_probes(out_spec)
         _check_recordable_structure("fn's output", out_spec, rebuilt=True)
         recorded["ran_autograd"] = guard.ran_autograd
+        recorded["random_copies"] = guard.random_draws.copies
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
@@ -566,7 +738,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     return flat_fn
 
 
-def _trace_real(flat_fn: Callable, args: _Arguments, decompositions, same: list = ()) -> tuple:
+def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositions, same: list = ()) -> tuple:
     """Real-mode make_fx on clones: every size is static (Note invariant 3, 8).
 
     ``same``: pairs (i, j) of tensor inputs traced as one clone (make_fx then
@@ -587,7 +759,8 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions, same: list 
         # make_fx's "value out of a tracing tensor with aten._local_scalar_dense"
         if "_local_scalar_dense" not in str(error):
             raise
-        raise _data_dependent_error(error) from None
+        raise _data_dependent_error(traceback.extract_tb(error.__traceback__)) from None
+    _drop_unused_copies(graph, recorded["random_copies"])
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
     placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -598,7 +771,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, decompositions, same: list 
     return graph, example, (), constants
 
 
-def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decompositions) -> tuple:
+def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, recorded: dict, decompositions) -> tuple:
     """Symbolic make_fx with marked dims as unbacked symints (design.md section 2).
 
     A data-dependent guard ``Eq(a, b)`` between two marked dims whose example
@@ -612,10 +785,10 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decomp
     for _ in range(len(free_dims) + 1):
         attempt = _SymbolicAttempt(args, free_dims, groups)
         try:
-            return attempt.trace(flat_fn, decompositions)
+            return attempt.trace(flat_fn, recorded, decompositions)
         except GuardOnDataDependentSymNode as error:
             if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
-                raise _data_dependent_error(error) from None
+                raise _data_dependent_error(traceback.extract_tb(error.__traceback__)) from None
             merged = attempt.mergeable(error.cond)
             if merged is None:
                 raise attempt.guard_error(error) from None
@@ -624,11 +797,11 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, decomp
     raise AssertionError("unreachable: each retry merges two shape groups")
 
 
-def _data_dependent_error(error: Exception) -> PrecompileError:
+def _data_dependent_error(frames: list, how: str = "(`if tensor:`, .item(), bool(), .tolist())") -> PrecompileError:
     """fn turned a traced tensor into a Python value: control flow on tensor data."""
     return PrecompileError(
-        f"fn uses the value of a tensor as a Python value{_user_line(traceback.extract_tb(error.__traceback__))} "
-        "(`if tensor:`, .item(), bool(), .tolist()): the artifact would bake the example's "
+        f"fn uses the value of a tensor as a Python value{_user_line(frames)} "
+        f"{how}: the artifact would bake the example's "
         "outcome. Write the branch with torch.where(cond, a, b), or compute the value outside fn "
         "and pass it as a Python input (baked and checked at every call)"
     )
@@ -661,13 +834,14 @@ class _SymbolicAttempt:
         self.trailing = [fakify(t, f"grad{i}") for i, t in enumerate(_trailing_example_inputs(args))]
         compat.forget_pending_unbacked_symbols(self.shape_env)
 
-    def trace(self, flat_fn: Callable, decompositions) -> tuple:
+    def trace(self, flat_fn: Callable, recorded: dict, decompositions) -> tuple:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
         graph = make_fx(
             flat_fn, decomposition_table=decompositions, tracing_mode="symbolic", record_stack_traces=True
         )(*self.inputs, *self.sizes, *self.trailing)
+        _drop_unused_copies(graph, recorded["random_copies"])
         self.refuse_specialization()
         insert_deferred_runtime_asserts(graph, self.shape_env, "torch.compiler.precompile")
         graph.recompile()
@@ -807,18 +981,31 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "an optimizer argument together with mark_unbacked dims is not supported yet: "
             "remove the marks (sizes are then specialized) or keep opt.step() outside fn"
         )
+    if compat.saved_tensors_hooks_active():
+        raise PrecompileError(
+            "precompile() is called inside torch.autograd.graph.saved_tensors_hooks: the trace "
+            "would bake the hooks' pack/unpack into the graph, which every call would then run. "
+            "Call precompile() outside them; to pack saved tensors at every call, enter the "
+            "hooks inside fn"
+        )
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     same = []
-    with _without_mkldnn(), _seen_as_export(), _caller_grads_kept(args), _ModuleReads(args) as module_reads:
+    with (
+        _without_mkldnn(),
+        _seen_as_export(),
+        _caller_grads_kept(args),
+        _ModuleReads(args) as module_reads,
+        _StateReads(),
+    ):
         if free_dims:
-            graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, decompositions)
+            graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, recorded, decompositions)
         else:
-            graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions)
+            graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions)
             same = _written_duplicates(args, _mutated_inputs(graph, num_inputs))
             if same:  # the same tensor passed twice and written: trace it as one tensor, as eager runs it
-                graph, example, sizes, constants = _trace_real(flat_fn, args, decompositions, same)
+                graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions, same)
     ddp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
@@ -884,6 +1071,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         # every requires_grad part of the contract; a pure forward computes the
         # same values either way.
         needs_grad=recorded["ran_autograd"],
+        grad_mode_read=recorded["mode_reads"].get("is_grad_enabled", ""),
+        inference_mode_read=recorded["mode_reads"].get("is_inference_mode_enabled", ""),
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
         autocast=runtime.autocast_state(),
@@ -1047,6 +1236,101 @@ def _input_name(args: _Arguments, index: int) -> str:
         module_index, fqn = args.lifted[index].names[0]
         return f"args[{args.module_positions[module_index]}].{fqn} ({args.lifted[index].kind})"
     return args.input_paths[args.tensor_indices[index - len(args.lifted)]]
+class _StateReads:
+    """What fn reads through Python, beyond its modules, while it is traced.
+
+    - Grad and inference mode (``torch.is_grad_enabled()`` & co.): a query
+      answered as the trace runs (grad on, inference off) is noted with fn's
+      line, and the driver requires that mode at every call (Note invariant 11).
+      Queries by torch's context managers and optimizers, which only save a mode
+      to restore it, and by the tracer do not count; neither do answers fn's
+      own ``no_grad()`` gave, which no caller changes.
+    - Tensor values turned into Python (``.tolist()``, ``.numpy()``, DLPack):
+      refused for a traced tensor, in forward and in backward (invariant 12).
+      ``.item()``, ``int()``, ``bool()`` & co. go through
+      ``aten._local_scalar_dense``, which make_fx refuses (or, in a symbolic
+      trace, makes an unbacked value).
+
+    The wrappers are process-global for the trace; other threads' calls pass
+    through (the reads are this thread's).
+    """
+
+    _tracing = threading.local()  # .reads: {query name: where} while this thread runs fn
+    _VALUE_READS = ("tolist", "numpy", "__dlpack__")
+    # Code whose mode queries shape no graph: context managers and optimizers
+    # save a mode to restore it; the tracer and fake tensors key caches on it.
+    _NOT_FN_QUERIES = tuple(
+        os.path.abspath(sys.modules[cls.__module__].__file__) for cls in (torch.no_grad, torch.optim.Optimizer)
+    ) + tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), d, "") for d in ("fx", "_subclasses"))
+
+    def __init__(self):
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "_StateReads":
+        self._stack.enter_context(compat.wrapped_mode_queries(self._noting))
+        for name in self._VALUE_READS:
+            self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    @classmethod
+    @contextlib.contextmanager
+    def of_fn(cls, reads: dict):
+        """Around fn's call in the trace: its mode queries go to ``reads``."""
+        cls._tracing.reads = reads
+        try:
+            yield
+        finally:
+            cls._tracing.reads = None
+
+    @classmethod
+    def _noting(cls, name: str, query: Callable) -> Callable:
+        traced_answer = name == "is_grad_enabled"
+
+        def noted_query() -> bool:
+            answer = query()
+            reads = getattr(cls._tracing, "reads", None)
+            if reads is not None and answer is traced_answer and name not in reads:
+                if not os.path.abspath(sys._getframe(1).f_code.co_filename).startswith(cls._NOT_FN_QUERIES):
+                    reads[name] = _user_line(traceback.extract_stack()) or " (in torch)"
+            return answer
+
+        return noted_query
+
+    @classmethod
+    def _refusing(cls, name: str, read: Callable) -> Callable:
+        def refused_read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if getattr(cls._tracing, "reads", None) is not None and _traced_value(tensor):
+                raise _data_dependent_error(traceback.extract_stack(), f"with .{name}()")
+            return read(tensor, *args, **kwargs)
+
+        return refused_read
+
+
+@contextlib.contextmanager
+def _patched(owner: type, name: str, value: Any):
+    missing = object()
+    original = vars(owner).get(name, missing)  # inherited (TensorBase's) when missing
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if original is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+
+
+def _traced_value(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values come from the trace's inputs (not a make_fx constant)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, has_proxy_slot
+
+    mode = get_proxy_mode()
+    if mode is None or not has_proxy_slot(tensor, mode.tracer):
+        return False
+    return get_proxy_slot(tensor, mode.tracer).constant is None
 
 
 class _ModuleReads:
@@ -1703,6 +1987,9 @@ _INDUCTOR_CONFIG = {
     "size_asserts": True,
     "fallback_random": True,
     "freezing": False,
+    # Round where eager rounds: a bf16 round trip (saved_tensors_hooks packing,
+    # autocast) is otherwise fused away and a training step's gradients differ.
+    "emulate_precision_casts": True,
 }
 
 

@@ -87,6 +87,46 @@ current_autograd_node = torch._C._current_autograd_node
 disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 
 
+def saved_tensors_hooks_active() -> bool:
+    """Whether a ``torch.autograd.graph.saved_tensors_hooks`` context is active on this thread."""
+    # torch 2.11-2.14 can enter the hooks publicly but not read them; the
+    # private reader's flag (2.5+) would ignore Dynamo's compiled autograd.
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+# The mode queries fn can branch on.  torch re-exports the torch._C builtins
+# and code looks them up on either module when it calls them, so capture wraps
+# both attributes while fn is traced (2.11-2.14: no hook says who asked).
+MODE_QUERIES = {
+    "is_grad_enabled": (torch, torch._C),
+    "is_inference_mode_enabled": (torch, torch._C),
+}
+
+
+@contextlib.contextmanager
+def wrapped_mode_queries(wrap: Callable[[str, Callable], Callable]):
+    """Inside, each of MODE_QUERIES is ``wrap(name, original)``; restored on exit."""
+    originals = {name: getattr(modules[0], name) for name, modules in MODE_QUERIES.items()}
+    try:
+        for name, modules in MODE_QUERIES.items():
+            wrapper = wrap(name, originals[name])
+            for module in modules:
+                setattr(module, name, wrapper)
+        yield
+    finally:
+        for name, modules in MODE_QUERIES.items():
+            for module in modules:
+                setattr(module, name, originals[name])
+
+
+def without_dispatch_modes() -> contextlib.AbstractContextManager:
+    """Run real ops inside a TorchDispatchMode handler: the modes below it are off inside."""
+    # No public API as of 2.13: torch.utils._python_dispatch's own helper.
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
 # ---------------------------------------------------------------------------
 # Logging
 # ---------------------------------------------------------------------------

@@ -54,6 +54,10 @@ _is_alias_of = torch._C._is_alias_of
 # context-manager class) and torch.is_autocast_enabled(device) (one per device).
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+# The innermost torch.autograd.graph.saved_tensors_hooks(pack, unpack) pair, or
+# None; its argument says whether to ignore Dynamo's compiled autograd (a flag
+# since 2.5).  Read per call of an artifact that runs autograd; private in 2.13.
+_saved_tensors_hooks = functools.partial(torch._C._autograd._top_saved_tensors_default_hooks, False)
 # __torch_function__ of Parameter & co. (traced through dispatch); private in 2.13.
 _disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 
@@ -560,6 +564,12 @@ class CallingConvention(Record):
     # (i, j): user tensor graph inputs that were one tensor at capture, one of
     # them written in place (fn(x, x)); traced as one, so every call passes one.
     same_inputs: tuple[tuple[Count, Count], ...] = ()
+    # Where fn read torch.is_grad_enabled() / is_inference_mode_enabled() and
+    # got the captured answer (grad on, inference off), as " at file:line
+    # (code)"; empty when it never did.  The graph follows that answer, so the
+    # caller's mode must give it too.
+    grad_mode_read: str = ""
+    inference_mode_read: str = ""
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -1301,6 +1311,7 @@ _STRUCTURE = _structure_counter()
 # _set_grad_enabled, _is_any_autocast_enabled in the internals section).
 _is_grad_enabled = torch.is_grad_enabled
 _is_anomaly_enabled = torch.is_anomaly_enabled
+_is_inference_mode_enabled = torch.is_inference_mode_enabled
 _get_default_dtype = torch.get_default_dtype
 
 
@@ -1611,6 +1622,9 @@ class PrecompiledFunction:
         self._guard = None  # TensorGuards armed by the last fully checked call
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
+        # Grad mode must be on for an artifact that runs autograd or whose fn read it.
+        self._needs_grad_mode = convention.needs_grad or bool(convention.grad_mode_read)
+        self._inference_mode_read = bool(convention.inference_mode_read)
         self._default_dtype = _dtype(convention.default_dtype)
         self._any_autocast = bool(convention.autocast)
         # Memory shared with a tensor the graph writes changes what it computes.
@@ -1656,7 +1670,9 @@ class PrecompiledFunction:
             self._any_autocast  # captured under autocast: compared in full at every call
             or _is_any_autocast_enabled()
             or _get_default_dtype() is not self._default_dtype
-            or (self._needs_grad and (not grad_enabled or _is_anomaly_enabled()))
+            or (self._needs_grad_mode and not grad_enabled)
+            or (self._needs_grad and (_is_anomaly_enabled() or _saved_tensors_hooks() is not None))
+            or (self._inference_mode_read and _is_inference_mode_enabled())
         ):
             self._check_global_state(grad_enabled)
         modules = self._pick_modules(args)
@@ -1779,19 +1795,43 @@ class PrecompiledFunction:
 
     def _check_global_state(self, grad_enabled: bool) -> None:
         """Grad mode, autocast and default dtype as captured, or a PrecompileError."""
+        where = "torch.inference_mode()" if _is_inference_mode_enabled() else "torch.no_grad()"
         if self._needs_grad and not grad_enabled:
-            where = "torch.inference_mode()" if torch.is_inference_mode_enabled() else "torch.no_grad()"
             raise PrecompileError(
                 f"called under {where}, but this artifact runs autograd (fn calls backward() or "
                 "torch.autograd.grad) and was captured with grad mode enabled; whether fn would "
                 "enable grad itself is not recorded: call it with grad mode enabled, outside "
                 "no_grad() / inference_mode()"
             )
+        read = self.convention.grad_mode_read
+        if read and not grad_enabled:
+            raise PrecompileError(
+                f"called under {where}, but fn reads torch.is_grad_enabled(){read} and was "
+                "captured with grad mode enabled: the graph follows that branch. Call it with grad "
+                "mode enabled, or pass the mode to fn as a Python argument (baked and checked)"
+            )
+        read = self.convention.inference_mode_read
+        if read and _is_inference_mode_enabled():
+            raise PrecompileError(
+                f"called under torch.inference_mode(), but fn reads "
+                f"torch.is_inference_mode_enabled(){read} and was captured outside it: the graph "
+                "follows that branch. Call it outside inference_mode() (no_grad() is fine), or pass "
+                "the mode to fn as a Python argument (baked and checked)"
+            )
         if self._needs_grad and _is_anomaly_enabled():
             raise PrecompileError(
                 "called with autograd anomaly detection enabled, but this artifact's backward is "
                 "compiled and cannot check for anomalies: disable torch.autograd.detect_anomaly / "
                 "set_detect_anomaly, or call fn eagerly to debug"
+            )
+        hooks = _saved_tensors_hooks() if self._needs_grad else None
+        if hooks is not None:
+            raise PrecompileError(
+                f"called inside torch.autograd.graph.saved_tensors_hooks (pack hook "
+                f"{getattr(hooks[0], '__qualname__', hooks[0])!s}), but this artifact runs autograd in "
+                "its compiled graph, which saves no tensors through them: eager would pack and "
+                "unpack them. Call it outside the hooks, or enter them inside fn and precompile again "
+                "(the trace then records what they do)"
             )
         captured, now = self.convention.autocast, autocast_state()
         if now != captured:

@@ -1,0 +1,492 @@
+# Owner(s): ["module: dynamo"]
+"""Global state and tensor values fn reads while traced (issue 27 rows 2-5, 10, 11).
+
+Each row ends in eager's result with eager's side effects, or in a
+``PrecompileError`` before any state changes, on both backends: grad and
+inference mode fn queries, reseeding the RNG inside fn, activation
+checkpointing around dropout (honoured: the recomputation reuses the
+forward's numbers), ``saved_tensors_hooks`` around a call, tensor values
+turned into Python (forward and a custom Function's backward; Mixtral and
+Qwen2-MoE training steps) and value-dependent sizes (boolean masks,
+``nonzero``, DeBERTa-v2's loss).  See Note [precompile programming model],
+invariants 11 and 12.  Artifacts are compiled once per process.
+"""
+
+import logging
+import re
+
+import numpy as np
+import transformers
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as checkpoint
+from torch._dynamo.decorators import mark_unbacked
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+import torch_precompile
+from torch_precompile import PrecompileError
+
+
+precompile = torch_precompile.precompile
+BACKENDS = ("eager", "inductor")
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
+HERE = r"test_precompile_global_guards\.py:\d+"
+
+_RUNNABLES: dict = {}
+
+
+def _runnable(fn, make_inputs, backend, key=None):
+    """Capture and load each (fn or key, backend) once per test process."""
+    key = (key or fn, backend)
+    if key not in _RUNNABLES:
+        _RUNNABLES[key] = precompile.load(*precompile(fn, *make_inputs(), backend=backend))
+    return _RUNNABLES[key]
+
+
+def _snapshot(*objects):
+    """Bit-exact copies of what a call could write: tensors, module state and .grad, the global RNG."""
+    copies = [torch.get_rng_state()]
+    for obj in objects:
+        tensors = dict(obj.state_dict(keep_vars=True)) if isinstance(obj, nn.Module) else {"input": obj}
+        for name, t in tensors.items():
+            copies += [t.detach().clone(), None if t.grad is None else t.grad.clone()]
+    return copies
+
+
+def _linear():
+    torch.manual_seed(0)
+    return nn.Linear(4, 4)
+
+
+def _x():
+    return torch.randn(3, 4)
+
+
+def _step(model, x):
+    loss = model(x).pow(2).sum()
+    loss.backward()
+    return loss
+
+
+# Row 2: grad / inference mode queried by fn
+
+
+def _forward(model, x):
+    return model(x)
+
+
+def _grad_branch(model, x):
+    return model(x) * (2.0 if torch.is_grad_enabled() else 3.0)
+
+
+def _grad_branch_c(model, x):
+    return model(x) * (2.0 if torch._C.is_grad_enabled() else 3.0)
+
+
+def _inference_branch(model, x):
+    return model(x) * (3.0 if torch.is_inference_mode_enabled() else 2.0)
+
+
+def _own_no_grad_query(model, x):
+    with torch.no_grad():  # answers False whatever the caller's mode
+        scale = 2.0 if torch.is_grad_enabled() else 3.0
+    return model(x) * scale
+
+
+# Row 3: the RNG reseeded or restored inside fn
+
+
+def _seeds_then_draws(x):
+    torch.manual_seed(0)
+    return F.dropout(x, 0.5)
+
+
+def _forks_around_a_draw(x):
+    with torch.random.fork_rng():
+        return F.dropout(x, 0.5)
+
+
+def _restores_after_a_draw(x):
+    state = torch.get_rng_state()
+    y = F.dropout(x, 0.5)
+    torch.set_rng_state(state)
+    return y
+
+
+def _seeds_last(x):
+    y = F.dropout(x, 0.5)
+    torch.manual_seed(0)
+    return y
+
+
+def _own_generator(x):
+    generator = torch.Generator().manual_seed(0)
+    return x + torch.randn(x.shape, generator=generator)
+
+
+def _reads_rng_state_and_draws(x):
+    with torch.random.fork_rng():  # restores the state it saw: no draw inside
+        torch.get_rng_state()
+    return F.dropout(x, 0.5) + torch.rand_like(x)
+
+
+# Row 4: activation checkpointing around random ops
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool, dropout: bool = True, activation=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner, self.outer = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.reentrant, self.dropout = reentrant, dropout
+        self.activation = activation
+
+    def region(self, h):
+        h = self.outer(h)
+        if self.activation is not None:
+            h = self.activation(h)
+        return F.dropout(h, 0.5, training=True) if self.dropout else torch.tanh(h)
+
+    def forward(self, x):
+        h = self.inner(x)  # the checkpointed input requires grad (reentrant needs one)
+        return checkpoint.checkpoint(self.region, h, use_reentrant=self.reentrant)
+
+
+def _ckpt_nonreentrant():
+    return _Checkpointed(False)
+
+
+def _ckpt_reentrant():
+    return _Checkpointed(True)
+
+
+def _ckpt_without_randomness():
+    return _Checkpointed(False, dropout=False)
+
+
+def _ckpt_rrelu():
+    return _Checkpointed(True, dropout=False, activation=lambda h: F.rrelu(h, training=True))
+
+
+# Row 5: saved-tensor hooks
+
+
+def _to_bf16(t):
+    return t.to(torch.bfloat16)
+
+
+def _from_bf16(t):
+    return t.to(torch.float32)
+
+
+def _step_packing_in_bf16(model, x):
+    with torch.autograd.graph.saved_tensors_hooks(_to_bf16, _from_bf16):
+        loss = model(x).pow(2).sum()
+    loss.backward()
+    return loss
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
+
+
+# Row 10: tensor values turned into Python
+
+
+class _ScaleByOffsets(torch.autograd.Function):
+    """transformers' CPU grouped-mm fallback: backward reads ctx.offs.tolist()."""
+
+    @staticmethod
+    def forward(ctx, x, offs):
+        ctx.offs = offs
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        first = ctx.offs.tolist()[0]
+        return grad * first, None
+
+
+def _backward_tolist(model, x, offs):
+    loss = _ScaleByOffsets.apply(model(x), offs).sum()
+    loss.backward()
+    return loss
+
+
+def _iterates_rows(model, x):
+    return torch.stack([row * i for i, row in enumerate(model(x))])
+
+
+def _moe_step(model, ids):
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss
+
+
+def _mixtral(experts):
+    config = transformers.MixtralConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=16,
+    )
+    config._experts_implementation = experts
+    return transformers.MixtralForCausalLM(config)
+
+
+def _qwen2_moe(experts):
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=16,
+    )
+    config._experts_implementation = experts
+    return transformers.Qwen2MoeForCausalLM(config)
+
+
+# Row 11: sizes that depend on tensor values
+
+
+def _masked_sum(model, x, keep):
+    return model(x)[keep].sum()
+
+
+def _nonzero_rows(model, x):
+    y = model(x)
+    return y[(y[:, 0] > 0).nonzero()[:, 0]].sum()
+
+
+def _labelled_rows(logits, labels):
+    """DeBERTa-v2's sequence-classification loss."""
+    label_index = (labels >= 0).nonzero()
+    labeled = torch.gather(logits, 0, label_index.expand(label_index.size(0), logits.size(1)))
+    return F.cross_entropy(labeled, torch.gather(labels, 0, label_index.view(-1)))
+
+
+def _deberta_step(model, ids, labels):
+    loss = model(input_ids=ids, labels=labels).loss
+    loss.backward()
+    return loss
+
+
+def _masked_where(model, x, keep):
+    return torch.where(keep[:, None], model(x), 0).sum()
+
+
+class TestGlobalGuards(TestCase):
+    def assertRefused(self, regex, call, *touched):
+        """``call()`` raises a PrecompileError matching ``regex`` and writes nothing (nor draws)."""
+        before = _snapshot(*touched)
+        with self.assertRaisesRegex(PrecompileError, regex):
+            call()
+        for old, new in zip(before, _snapshot(*touched), strict=True):
+            self.assertTrue(old is new if old is None or new is None else old.equal(new), "a refused call wrote")
+
+    def assertCaptureRefused(self, regex, fn, *inputs, backend):
+        self.assertRefused(regex, lambda: precompile(fn, *inputs, backend=backend), *inputs)
+
+    def assertSameStep(self, f, fn, make_model, *inputs):
+        """f and fn from the same seed: same result, .grad and RNG afterwards."""
+        model, ref = make_model(), make_model()
+        torch.manual_seed(5)
+        out = f(model, *inputs)
+        state = torch.get_rng_state()
+        torch.manual_seed(5)
+        expected = fn(ref, *inputs)
+        torch.testing.assert_close(out, expected)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        self.assertTrue(torch.equal(state, torch.get_rng_state()), "the global RNG differs from eager's")
+
+    @parametrize("backend", BACKENDS)
+    def test_grad_mode_read_by_fn_is_checked(self, backend):
+        """Row 2: a forward that queried grad mode runs only in the mode it was traced in."""
+        model, x = _linear(), _x()
+        for fn in (_grad_branch, _grad_branch_c):
+            f = _runnable(fn, lambda: (_linear(), _x()), backend)
+            self.assertRegex(f.convention.grad_mode_read, rf"^ at .*{HERE} \(return model\(x\) \* ")
+            torch.testing.assert_close(f(model, x), fn(model, x))
+            for context, where in ((torch.no_grad, r"torch\.no_grad\(\)"), (torch.inference_mode, r"torch\.inference_mode\(\)")):
+                with context():
+                    self.assertRefused(
+                        rf"^called under {where}, but fn reads torch\.is_grad_enabled\(\) at .*{HERE} \(return "
+                        r"model\(x\).*captured with grad mode enabled: the graph follows that branch",
+                        lambda: f(model, x), model, x,
+                    )
+        f = _runnable(_inference_branch, lambda: (_linear(), _x()), backend)
+        self.assertEqual(f.convention.grad_mode_read, "")
+        with torch.no_grad():  # not the mode fn read
+            torch.testing.assert_close(f(model, x), _inference_branch(model, x))
+        with torch.inference_mode():
+            self.assertRefused(
+                rf"^called under torch\.inference_mode\(\), but fn reads torch\.is_inference_mode_enabled\(\) at .*{HERE}",
+                lambda: f(model, x), model, x,
+            )
+        # Answers that no caller changes (fn's own no_grad) and forwards that never ask: honoured.
+        for fn in (_own_no_grad_query, _forward):
+            f = _runnable(fn, lambda: (_linear(), _x()), backend)
+            self.assertEqual((f.convention.grad_mode_read, f.convention.inference_mode_read), ("", ""))
+            with torch.no_grad():
+                torch.testing.assert_close(f(model, x), fn(model, x))
+
+    @parametrize("backend", BACKENDS)
+    def test_reseeding_the_rng_inside_fn_is_refused_at_capture(self, backend):
+        """Row 3: the graph draws from one continuing global generator; fn moving it is refused."""
+        x = _x()
+        drawn_after = r"^fn draws random numbers \(aten\.bernoulli_\.float\) at .*{} \(return F\.dropout\(x, 0\.5\)\) after the cpu RNG was reseeded or restored"
+        self.assertCaptureRefused(drawn_after.format(HERE), _seeds_then_draws, x, backend=backend)
+        left = r"^fn leaves the cpu RNG where its random ops would not: it reseeds or restores the generator"
+        for fn in (_forks_around_a_draw, _restores_after_a_draw, _seeds_last):
+            self.assertCaptureRefused(left, fn, x, backend=backend)
+        self.assertCaptureRefused(
+            rf"^fn draws random numbers \(aten\.randn\.generator\) from its own torch\.Generator at .*{HERE}",
+            _own_generator, x, backend=backend,
+        )
+        # Reading the state, or forking without drawing, changes nothing: honoured like eager.
+        f = _runnable(_reads_rng_state_and_draws, lambda: (_x(),), backend)
+        torch.manual_seed(3)
+        out = f(x)
+        state = torch.get_rng_state()
+        torch.manual_seed(3)
+        torch.testing.assert_close(out, _reads_rng_state_and_draws(x))
+        self.assertTrue(torch.equal(state, torch.get_rng_state()))
+
+    @parametrize("backend", BACKENDS)
+    def test_checkpointed_dropout_replays_the_forward_mask(self, backend):
+        """Row 4: the recomputation reuses the forward's random numbers, as eager's does."""
+        x = _x()
+        for make_model in (_ckpt_nonreentrant, _ckpt_reentrant, _ckpt_without_randomness):
+            f = _runnable(_step, lambda: (make_model(), _x()), backend, key=make_model)
+            self.assertSameStep(f, _step, make_model, x)
+        # A recomputed op whose numbers depend on tensor values cannot be replayed.
+        self.assertCaptureRefused(
+            r"^fn draws random numbers \(aten\.rrelu_with_noise\.default\) at .* from an earlier RNG state "
+            r"again \(torch\.utils\.checkpoint recomputing a region\)",
+            _step, _ckpt_rrelu(), x, backend=backend,
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_saved_tensors_hooks(self, backend):
+        """Row 5: hooks around a training step are refused; hooks inside fn are traced."""
+        x = _x()
+        f = _runnable(_step, lambda: (_mlp(), _x()), backend)
+        model = _mlp()
+        with torch.autograd.graph.saved_tensors_hooks(_to_bf16, _from_bf16):
+            self.assertRefused(
+                r"^called inside torch\.autograd\.graph\.saved_tensors_hooks \(pack hook _to_bf16\), but this "
+                r"artifact runs autograd in its compiled graph",
+                lambda: f(model, x), model, x,
+            )
+            # A forward computes the same values with or without them: honoured.
+            g = _runnable(_grad_branch, lambda: (_linear(), _x()), backend)
+            torch.testing.assert_close(g(_linear(), x), _grad_branch(_linear(), x))
+            self.assertCaptureRefused(
+                r"^precompile\(\) is called inside torch\.autograd\.graph\.saved_tensors_hooks", _step, _mlp(), x,
+                backend=backend,
+            )
+        h = _runnable(_step_packing_in_bf16, lambda: (_mlp(), _x()), backend)
+        self.assertSameStep(h, _step_packing_in_bf16, _mlp, x)
+        plain, packed = _mlp(), _mlp()
+        _step(plain, x)
+        _step_packing_in_bf16(packed, x)
+        self.assertFalse(torch.equal(plain[0].weight.grad, packed[0].weight.grad))  # the hooks matter
+
+    @parametrize("backend", BACKENDS)
+    def test_tensor_values_turned_into_python_are_refused(self, backend):
+        """Row 10: every conversion of a traced tensor to Python, forward and backward."""
+        x = _x()
+        conversions = {
+            ".tolist()": lambda t: t.tolist()[0][0],
+            ".numpy()": lambda t: t.detach().numpy()[0, 0],
+            "np.asarray": lambda t: np.asarray(t.detach())[0, 0],
+            "DLPack": lambda t: np.from_dlpack(t.detach())[0, 0],
+            ".item()": lambda t: t[0, 0].item(),
+            "float()": lambda t: float(t[0, 0]),
+            "int()": lambda t: int(t[0, 0]),
+            "bool()": lambda t: bool(t[0, 0] > 0),
+            "__index__": lambda t: [1.0, 2.0][(t[0, 0] > 0).long()],
+        }
+        for name, convert in conversions.items():
+            def fn(model, x):
+                y = model(x)
+                return y * convert(y)
+
+            how = r"with \.(tolist|numpy|__dlpack__)\(\)" if name in (".tolist()", ".numpy()", "np.asarray", "DLPack") else r"\(`if tensor:`"
+            with self.subTest(name):
+                model = _linear()
+                self.assertCaptureRefused(rf"^fn uses the value of a tensor as a Python value at .*{HERE}.* {how}", fn, model, x, backend=backend)
+        model = _linear()
+        self.assertCaptureRefused(
+            rf"^fn uses the value of a tensor as a Python value at .*{HERE} \(first = ctx\.offs\.tolist\(\)\[0\]\) with \.tolist\(\)",
+            _backward_tolist, model, x, torch.tensor([2.0, 1.0]), backend=backend,
+        )
+        # Iterating gives tensors: traced, nothing baked.
+        f = _runnable(_iterates_rows, lambda: (_linear(), _x()), backend)
+        other = torch.randn(3, 4)
+        torch.testing.assert_close(f(model, other), _iterates_rows(model, other))
+
+    @parametrize("backend", BACKENDS)
+    def test_moe_training_steps_are_refused(self, backend):
+        """Row 10: Mixtral / Qwen2-MoE route tokens through Python values: refused, never wrong."""
+        ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+        refusals = {
+            "eager": r"^fn uses the value of a tensor as a Python value at .*modeling_{}\.py:\d+ \(expert_mask = torch\.nn\.functional\.one_hot",
+            "grouped_mm": r"^fn uses the value of a tensor as a Python value at .*integrations/moe\.py:\d+ \(for i, end in enumerate\(ctx\.offs\.tolist\(\)\):\) with \.tolist\(\)",
+        }
+        for make_model, name in ((_mixtral, "mixtral"), (_qwen2_moe, "qwen2_moe")):
+            for experts, regex in refusals.items():
+                with self.subTest(name, experts=experts):
+                    torch.manual_seed(0)
+                    self.assertCaptureRefused(regex.format(name), _moe_step, make_model(experts), ids, backend=backend)
+
+    @parametrize("backend", BACKENDS)
+    def test_value_dependent_sizes_are_refused(self, backend):
+        """Row 11: boolean masks and nonzero give sizes the artifact would bake."""
+        model, x = _linear(), _x()
+        keep = torch.tensor([True, False, True])
+        suffix = r": the artifact would bake the example's size\. Keep sizes fixed: mask instead of selecting \(torch\.where"
+        for fn, inputs, op, line in (
+            (_masked_sum, (model, x, keep), "aten.index.Tensor", r"return model\(x\)\[keep\]\.sum\(\)"),
+            (_nonzero_rows, (model, x), "aten.nonzero.default", r"return y\[\(y\[:, 0\] > 0\)\.nonzero"),
+            (_labelled_rows, (torch.randn(2, 3), torch.tensor([0, -1])), "aten.nonzero.default", r"label_index = \(labels >= 0\)"),
+        ):
+            self.assertCaptureRefused(
+                rf"^fn makes a tensor whose size depends on tensor values \({re.escape(op)}: .* at .*{HERE} \({line}.*{suffix}",
+                fn, *inputs, backend=backend,
+            )
+        config = transformers.DebertaV2Config(
+            vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=16, num_labels=3,
+        )
+        torch.manual_seed(0)
+        self.assertCaptureRefused(
+            r"^fn makes a tensor whose size depends on tensor values \(aten\.nonzero\.default: .* at .*modeling_deberta_v2\.py:\d+ \(label_index = ",
+            _deberta_step, transformers.DebertaV2ForSequenceClassification(config),
+            torch.randint(0, 100, (2, 8)), torch.tensor([0, 2]), backend=backend,
+        )
+        # The fixed-size way the message suggests works, for any mask.
+        f = _runnable(_masked_where, lambda: (_linear(), _x(), keep), backend)
+        other = torch.tensor([False, True, True])
+        torch.testing.assert_close(f(model, x, other), _masked_where(model, x, other))
+
+    def test_value_dependent_sizes_are_refused_in_symbolic_traces(self):
+        """Row 11 with a mark_unbacked dim (inductor's symbolic trace)."""
+        model, x = _linear(), torch.randn(3, 4)
+        mark_unbacked(x, 0)
+        self.assertCaptureRefused(
+            rf"^fn makes a tensor whose size depends on tensor values \(aten\.nonzero\.default: .* at .*{HERE}",
+            _nonzero_rows, model, x, backend="inductor",
+        )
+
+
+instantiate_parametrized_tests(TestGlobalGuards)
+
+
+if __name__ == "__main__":
+    run_tests()
