@@ -47,7 +47,7 @@ PRIVATE_NAMES = {
     "replacements", "deferred_runtime_asserts", "pending_fresh_unbacked_symbols",
     "StatelessSymbolicContext", "DimDynamic", "LocalSource", "FakeTensorMode",
     "is_fake", "has_effects", "is_non_overlapping_and_dense_or_false", "is_traceable_wrapper_subclass",
-    "compile_fx", "compile_fx_inner", "_set_mkldnn_enabled", "_get_mkldnn_enabled",
+    "compile_fx", "compile_fx_inner", "_set_mkldnn_enabled", "_get_mkldnn_enabled", "_disable_current_modes",
     *compat.MARK_ATTRIBUTES,
     # both
     "_is_alias_of", "_current_autograd_node", "TensorGuards",
@@ -55,6 +55,7 @@ PRIVATE_NAMES = {
     "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
     "_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_post_accumulate_grad_hooks",
     "_set_grad_enabled", "_is_any_autocast_enabled", "_disabled_torch_function_impl",
+    "_top_saved_tensors_default_hooks",
     "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "_torchinductor_pyobject_tensor_data_ptr",
     "CppPythonBindingsCodeCache",
     # DistributedDataParallel arguments
@@ -178,6 +179,14 @@ class TestDriverInternals(TestCase):
         self.assertFalse(runtime._is_any_autocast_enabled())
         with torch.autocast("cpu"):
             self.assertTrue(runtime._is_any_autocast_enabled())
+
+    def test_saved_tensors_hooks_reader(self):
+        for active in (runtime._saved_tensors_hooks, compat.saved_tensors_hooks_active):
+            self.assertFalse(active())
+        pack, unpack = (lambda t: t), (lambda t: t)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            self.assertEqual(runtime._saved_tensors_hooks(), (pack, unpack))
+            self.assertTrue(compat.saved_tensors_hooks_active())
 
     def test_disabled_torch_function_impl_is_parameters(self):
         self.assertIs(nn.Parameter.__torch_function__, runtime._disabled_torch_function_impl)
@@ -350,6 +359,37 @@ class TestCaptureInternals(TestCase):
         x.register_post_accumulate_grad_hook(lambda p: compat.queue_backward_callback(lambda: ran.append(p.grad.sum().item())))
         (x * 3).sum().backward()
         self.assertEqual(ran, [6.0])  # after backward, with the gradient accumulated
+
+    def test_mode_queries_are_wrapped_on_both_modules_and_restored(self):
+        originals = {name: getattr(torch, name) for name in compat.MODE_QUERIES}
+        for name, modules in compat.MODE_QUERIES.items():
+            self.assertTrue(all(getattr(module, name) is originals[name] for module in modules))
+        asked = []
+
+        def wrap(name, query):
+            return lambda: asked.append(name) or query()
+
+        with compat.wrapped_mode_queries(wrap):
+            with torch.no_grad():  # torch's own context managers look it up on torch
+                self.assertFalse(torch._C.is_grad_enabled())
+            self.assertFalse(torch.is_inference_mode_enabled())
+        self.assertEqual(set(asked), set(compat.MODE_QUERIES))
+        for name, modules in compat.MODE_QUERIES.items():
+            self.assertTrue(all(getattr(module, name) is originals[name] for module in modules))
+
+    def test_without_dispatch_modes_runs_real_ops_inside_a_mode(self):
+        seen = []
+
+        class Mode(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(func)
+                with compat.without_dispatch_modes():
+                    torch.ones(1).add_(1)  # not seen
+                return func(*args, **(kwargs or {}))
+
+        with Mode():
+            torch.zeros(1)
+        self.assertEqual(seen, [torch.ops.aten.zeros.default])
 
     def test_register_log_alias(self):
         from torch._logging._internal import log_registry

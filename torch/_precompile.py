@@ -287,16 +287,37 @@ says who guarantees it and, where it is enforced, which tests (in
      pytree contexts included; a dict's key order only where fn observed
      it, keyword arguments bound by fn's signature, defaulted parameters
      REFUSED when passed (invariant 3; test_precompile_structures.py).
-   Global state
+   Global state (test_precompile_global_guards.py)
    - Grad mode: an artifact that runs autograd is REFUSED under
-     ``no_grad()`` and ``inference_mode()`` (whether fn would enable grad
-     itself is not recorded); a forward is honoured there.  Anomaly
-     detection: REFUSED for an artifact that runs autograd, whose compiled
-     backward cannot check (test_global_state).
+     ``no_grad()`` and ``inference_mode()`` (test_global_state).  fn reading
+     it (``torch.is_grad_enabled()``, ``torch.is_inference_mode_enabled()``,
+     on ``torch`` or ``torch._C``, wrapped while fn is traced) is recorded
+     with fn's line when the answer is the caller's (grad on, inference off;
+     not fn's own ``no_grad()``'s) and CHECKED: another mode is refused.  A
+     forward that never asked is honoured in any mode
+     (test_grad_mode_read_by_fn_is_checked).  Anomaly detection: REFUSED
+     for an artifact that runs autograd, whose compiled backward cannot check.
+   - Saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``):
+     around a call of an artifact that runs autograd, and around
+     ``precompile()``, REFUSED (the graph saves nothing through them); entered
+     inside fn, traced into the graph, and Inductor emulates eager's
+     precision casts so a bf16 packing rounds as eager does
+     (test_saved_tensors_hooks).
    - Autocast (per device type: enabled and dtype) and
      ``torch.get_default_dtype()``: CHECKED (test_global_state).
    - RNG: the graph draws from the global generator like eager; capture
-     leaves it as it was (invariant 8).
+     leaves it as it was (invariant 8).  The trace follows the CPU (and
+     initialized CUDA) generators draw by draw: fn reseeding or restoring
+     them (``manual_seed``, ``set_rng_state``, ``fork_rng`` around draws) or
+     drawing from its own ``torch.Generator`` is REFUSED at capture, at the
+     next draw (naming its line) or when fn returns
+     (test_reseeding_the_rng_inside_fn_is_refused_at_capture).  A draw that
+     restarts from an earlier draw's state repeats its numbers and is
+     replayed from a copy: ``torch.utils.checkpoint`` (reentrant or not)
+     around dropout is honoured, grads and RNG as eager's; a replayed op
+     whose numbers depend on tensor values (``rrelu``, symbolic traces'
+     ``native_dropout``) is REFUSED
+     (test_checkpointed_dropout_replays_the_forward_mask).
    Gradients and writes
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
@@ -318,12 +339,21 @@ says who guarantees it and, where it is enforced, which tests (in
    and ``TensorGuards`` (which compares types, requires_grad and dispatch
    keys, so the conj/neg bits) is only armed by a call the slow path accepted.
 12. Data-dependent Python.  Python that needs a traced tensor's value
-   (``if x.sum() > 0:``, ``.item()``, ``bool(mask.all())``) would bake the
-   example's outcome: refused at capture, naming fn's file:line and code and
-   suggesting ``torch.where`` or a Python input.  With marked dims (a
-   symbolic trace) ``.item()`` becomes an unbacked value computed at every
-   call, and a branch on it is refused the same way
-   (test_precompile_capture_soundness.py test_data_dependent_python_*).
+   (``if x.sum() > 0:``, ``.item()``, ``int()``, ``float()``, ``bool()``,
+   ``__index__``, ``.tolist()``, ``.numpy()``, ``np.asarray``, DLPack)
+   would bake the example's outcome: refused at capture, in forward and in
+   backward (a custom Function's ``ctx.offs.tolist()``, as transformers' MoE
+   fallback does: Mixtral and Qwen2-MoE training steps are refused), naming
+   fn's file:line and code and suggesting ``torch.where`` or a Python input;
+   iterating over a tensor gives traced tensors and is honoured.  With
+   marked dims (a symbolic trace) ``.item()`` becomes an unbacked value
+   computed at every call, and a branch on it is refused the same way.  Ops
+   whose output size depends on values (``nonzero``, ``x[mask]``,
+   ``masked_select``, ``unique``; DeBERTa-v2's loss) are refused at capture
+   on both backends, suggesting masking instead
+   (test_precompile_capture_soundness.py test_data_dependent_python_*;
+   test_precompile_global_guards.py test_tensor_values_turned_into_python_are_refused,
+   test_moe_training_steps_are_refused, test_value_dependent_sizes_are_refused).
 13. The incoming gradient.  fn is traced with each parameter's ``.grad`` set
    to its own graph input (the caller's ``.grad``, zeros when None), so
    what fn does with it is in the graph, and each parameter's ``.grad`` is

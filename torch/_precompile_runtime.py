@@ -1794,7 +1794,7 @@ class PrecompiledFunction:
         cached.hooks_clean_at[0] = epoch
 
     def _check_global_state(self, grad_enabled: bool) -> None:
-        """Grad mode, autocast and default dtype as captured, or a PrecompileError."""
+        """Grad mode (and the modes fn read), saved-tensor hooks, autocast and default dtype as captured, or a PrecompileError."""
         where = "torch.inference_mode()" if _is_inference_mode_enabled() else "torch.no_grad()"
         if self._needs_grad and not grad_enabled:
             raise PrecompileError(
