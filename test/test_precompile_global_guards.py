@@ -221,6 +221,11 @@ def _backward_tolist(model, x, offs):
     return loss
 
 
+def _scales_by_first_sum(model, x):
+    y = model(x)
+    return y * y.sum(0).tolist()[0]
+
+
 def _iterates_rows(model, x):
     return torch.stack([row * i for i, row in enumerate(model(x))])
 
@@ -475,14 +480,20 @@ class TestGlobalGuards(TestCase):
         other = torch.tensor([False, True, True])
         torch.testing.assert_close(f(model, x, other), _masked_where(model, x, other))
 
-    def test_value_dependent_sizes_are_refused_in_symbolic_traces(self):
-        """Row 11 with a mark_unbacked dim (inductor's symbolic trace)."""
+    def test_symbolic_traces(self):
+        """Rows 10 and 11 with a mark_unbacked dim (inductor's symbolic trace): .tolist() is
+        .item() per element, an unbacked value computed at every call; value-dependent sizes
+        are refused."""
         model, x = _linear(), torch.randn(3, 4)
         mark_unbacked(x, 0)
         self.assertCaptureRefused(
             rf"^fn makes a tensor whose size depends on tensor values \(aten\.nonzero\.default: .* at .*{HERE}",
             _nonzero_rows, model, x, backend="inductor",
         )
+        f = precompile.load(*precompile(_scales_by_first_sum, model, x, backend="inductor"))
+        for rows in (3, 6):
+            other = torch.randn(rows, 4)
+            torch.testing.assert_close(f(model, other), _scales_by_first_sum(model, other))
 
 
 instantiate_parametrized_tests(TestGlobalGuards)

@@ -346,14 +346,16 @@ says who guarantees it and, where it is enforced, which tests (in
    fallback does: Mixtral and Qwen2-MoE training steps are refused), naming
    fn's file:line and code and suggesting ``torch.where`` or a Python input;
    iterating over a tensor gives traced tensors and is honoured.  With
-   marked dims (a symbolic trace) ``.item()`` becomes an unbacked value
-   computed at every call, and a branch on it is refused the same way.  Ops
+   marked dims (a symbolic trace) ``.item()`` (and ``.tolist()``, element by
+   element) becomes an unbacked value computed at every call, and a branch on
+   it is refused the same way.  Ops
    whose output size depends on values (``nonzero``, ``x[mask]``,
    ``masked_select``, ``unique``; DeBERTa-v2's loss) are refused at capture
    on both backends, suggesting masking instead
    (test_precompile_capture_soundness.py test_data_dependent_python_*;
    test_precompile_global_guards.py test_tensor_values_turned_into_python_are_refused,
-   test_moe_training_steps_are_refused, test_value_dependent_sizes_are_refused).
+   test_moe_training_steps_are_refused, test_value_dependent_sizes_are_refused,
+   test_symbolic_traces).
 13. The incoming gradient.  fn is traced with each parameter's ``.grad`` set
    to its own graph input (the caller's ``.grad``, zeros when None), so
    what fn does with it is in the graph, and each parameter's ``.grad`` is
