@@ -344,11 +344,23 @@ class TestGlobalGuards(TestCase):
     def test_reseeding_the_rng_inside_fn_is_refused_at_capture(self, backend):
         """Row 3: the graph draws from one continuing global generator; fn moving it is refused."""
         x = _x()
-        drawn_after = r"^fn draws random numbers \(aten\.bernoulli_\.float\) at .*{} \(return F\.dropout\(x, 0\.5\)\) after the cpu RNG was reseeded or restored"
-        self.assertCaptureRefused(drawn_after.format(HERE), _seeds_then_draws, x, backend=backend)
-        left = r"^fn leaves the cpu RNG where its random ops would not: it reseeds or restores the generator"
-        for fn in (_forks_around_a_draw, _restores_after_a_draw, _seeds_last):
-            self.assertCaptureRefused(left, fn, x, backend=backend)
+        self.assertCaptureRefused(
+            rf"^fn draws random numbers \(aten\.bernoulli_\.float\) at .*{HERE} \(return F\.dropout\(x, 0\.5\)\) "
+            r"after the cpu RNG was reseeded or restored inside fn \(torch\.manual_seed, set_rng_state, "
+            rf"fork_rng; last: torch\.manual_seed\(\) at .*{HERE} \(torch\.manual_seed\(0\)\)\): the artifact "
+            r"draws from one continuing global generator",
+            _seeds_then_draws, x, backend=backend,
+        )
+        for fn, last in (
+            (_forks_around_a_draw, r"torch\.set_rng_state\(\) at .* \(with torch\.random\.fork_rng\(\):\)"),
+            (_restores_after_a_draw, r"torch\.set_rng_state\(\) at .* \(torch\.set_rng_state\(state\)\)"),
+            (_seeds_last, r"torch\.manual_seed\(\) at .* \(torch\.manual_seed\(0\)\)"),
+        ):
+            self.assertCaptureRefused(
+                r"^fn leaves the cpu RNG where its random ops would not: it reseeds or restores the generator "
+                rf"\(torch\.manual_seed, set_rng_state, fork_rng; last: {last}\) and the artifact's graph",
+                fn, x, backend=backend,
+            )
         self.assertCaptureRefused(
             rf"^fn draws random numbers \(aten\.randn\.generator\) from its own torch\.Generator at .*{HERE}",
             _own_generator, x, backend=backend,

@@ -521,9 +521,9 @@ class _RandomDraws:
         if earlier is None:
             raise PrecompileError(
                 f"fn draws random numbers ({func}){_user_line(traceback.extract_stack())} after the "
-                f"{device} RNG was reseeded or restored (torch.manual_seed, set_rng_state, fork_rng) "
-                "inside fn: the artifact draws from one continuing global generator. Seed outside "
-                "fn, before calling it"
+                f"{device} RNG was reseeded or restored inside fn (torch.manual_seed, set_rng_state, "
+                f"fork_rng{_StateReads.last_rng_move()}): the artifact draws from one continuing "
+                "global generator. Seed outside fn, before calling it"
             )
         if earlier.signature != signature or earlier.copy is None:
             raise PrecompileError(
@@ -544,8 +544,9 @@ class _RandomDraws:
             if _state_of(generator) != self.expected[device]:
                 raise PrecompileError(
                     f"fn leaves the {device} RNG where its random ops would not: it reseeds or "
-                    "restores the generator (torch.manual_seed, set_rng_state, fork_rng) and the "
-                    "artifact's graph cannot repeat that. Seed outside fn, before calling it"
+                    "restores the generator (torch.manual_seed, set_rng_state, "
+                    f"fork_rng{_StateReads.last_rng_move()}) and the artifact's graph cannot repeat "
+                    "that. Seed outside fn, before calling it"
                 )
 
     def _copy(self, func, args: tuple, out: Any) -> torch.Tensor | None:
@@ -718,9 +719,9 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
-            with torch.enable_grad(), guard, _StateReads.of_fn(recorded.setdefault("mode_reads", {})):
+            with torch.enable_grad(), guard, _StateReads.of_fn(recorded.setdefault("reads", {})):
                 result = fn(*call_args)
-            guard.random_draws.finish()
+                guard.random_draws.finish()
             _check_state_not_rebound(args.modules, mappings)
         out_leaves, out_spec = pytree.tree_flatten(result)  # an input dict returned: order observed
         out_spec = _without_probes(out_spec)
@@ -1071,8 +1072,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         # every requires_grad part of the contract; a pure forward computes the
         # same values either way.
         needs_grad=recorded["ran_autograd"],
-        grad_mode_read=recorded["mode_reads"].get("is_grad_enabled", ""),
-        inference_mode_read=recorded["mode_reads"].get("is_inference_mode_enabled", ""),
+        grad_mode_read=recorded["reads"].get("is_grad_enabled", ""),
+        inference_mode_read=recorded["reads"].get("is_inference_mode_enabled", ""),
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
         autocast=runtime.autocast_state(),
@@ -1250,6 +1251,9 @@ class _StateReads:
       ``.item()``, ``int()``, ``bool()`` & co. go through
       ``aten._local_scalar_dense``, which make_fx refuses (or, in a symbolic
       trace, makes an unbacked value).
+    - Calls of torch's RNG setters (``manual_seed``, ``seed``,
+      ``set_rng_state``, which ``fork_rng`` uses), only for the line a refusal
+      of ``_RandomDraws`` names.
 
     The wrappers are process-global for the trace; other threads' calls pass
     through (the reads are this thread's).
@@ -1257,6 +1261,8 @@ class _StateReads:
 
     _tracing = threading.local()  # .reads: {query name: where} while this thread runs fn
     _VALUE_READS = ("tolist", "numpy", "__dlpack__")
+    # Noted only to name fn's line when _RandomDraws refuses a moved generator.
+    _RNG_SETTERS = ("manual_seed", "seed", "set_rng_state")
     # Code whose mode queries shape no graph: context managers and optimizers
     # save a mode to restore it; the tracer and fake tensors key caches on it.
     _NOT_FN_QUERIES = tuple(
@@ -1270,6 +1276,10 @@ class _StateReads:
         self._stack.enter_context(compat.wrapped_mode_queries(self._noting))
         for name in self._VALUE_READS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
+        for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
+            setter = self._noting_setter(name, getattr(torch.random, name))
+            self._stack.enter_context(_patched(torch, name, setter))
+            self._stack.enter_context(_patched(torch.random, name, setter))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -1278,7 +1288,7 @@ class _StateReads:
     @classmethod
     @contextlib.contextmanager
     def of_fn(cls, reads: dict):
-        """Around fn's call in the trace: its mode queries go to ``reads``."""
+        """Around fn's call in the trace: its mode queries (and RNG setters) go to ``reads``."""
         cls._tracing.reads = reads
         try:
             yield
@@ -1298,6 +1308,20 @@ class _StateReads:
             return answer
 
         return noted_query
+
+    @classmethod
+    def _noting_setter(cls, name: str, setter: Callable) -> Callable:
+        def noted_setter(*args: Any, **kwargs: Any) -> Any:
+            reads = getattr(cls._tracing, "reads", None)
+            if reads is not None:
+                reads["rng"] = f"; last: torch.{name}(){_user_line(traceback.extract_stack())}"
+            return setter(*args, **kwargs)
+
+        return noted_setter
+
+    @classmethod
+    def last_rng_move(cls) -> str:
+        return (getattr(cls._tracing, "reads", None) or {}).get("rng", "")
 
     @classmethod
     def _refusing(cls, name: str, read: Callable) -> Callable:
@@ -1816,9 +1840,12 @@ _PRECOMPILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _is_user_file(filename: str) -> bool:
-    """fn's own code: not torch's, not precompile's, not FX-generated."""
+    """fn's own code: not torch's, not precompile's, not FX-generated, not a context manager's plumbing."""
     return not (
-        filename.startswith(_TORCH_DIR) or filename.startswith(_PRECOMPILE_DIR) or filename.startswith("<eval_with_key")
+        filename.startswith(_TORCH_DIR)
+        or filename.startswith(_PRECOMPILE_DIR)
+        or filename.startswith("<eval_with_key")
+        or filename == contextlib.__file__
     )
 
 
