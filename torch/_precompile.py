@@ -355,7 +355,7 @@ says who guarantees it and, where it is enforced, which tests (in
    (test_precompile_capture_soundness.py test_data_dependent_python_*;
    test_precompile_global_guards.py test_tensor_values_turned_into_python_are_refused,
    test_moe_training_steps_are_refused, test_value_dependent_sizes_are_refused,
-   test_symbolic_traces).
+   test_deberta_v2_loss_is_refused, test_symbolic_traces).
 13. The incoming gradient.  fn is traced with each parameter's ``.grad`` set
    to its own graph input (the caller's ``.grad``, zeros when None), so
    what fn does with it is in the graph, and each parameter's ``.grad`` is
