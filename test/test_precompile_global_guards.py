@@ -357,6 +357,8 @@ class TestGlobalGuards(TestCase):
             r"draws from one continuing global generator",
             _seeds_then_draws, x, backend=backend,
         )
+        torch.manual_seed(0)  # the generator is where fn's manual_seed(0) puts it: still seen
+        self.assertCaptureRefused(r"^fn draws random numbers \(aten\.bernoulli_\.float\)", _seeds_then_draws, x, backend=backend)
         for fn, last in (
             (_forks_around_a_draw, r"torch\.set_rng_state\(\) at .* \(with torch\.random\.fork_rng\(\):\)"),
             (_restores_after_a_draw, r"torch\.set_rng_state\(\) at .* \(torch\.set_rng_state\(state\)\)"),

@@ -493,6 +493,11 @@ class _RandomDraws:
 
     def __init__(self):
         self.generators = _global_generators()  # device -> its default generator
+        for device, generator in self.generators.items():
+            # Start the trace one draw past the caller's state (capture restores it,
+            # invariant 8), where no reseed lands: torch.manual_seed(0) inside fn
+            # is seen even when the caller seeded 0 just before precompile().
+            _advance(generator, device)
         self.expected = {device: _state_of(g) for device, g in self.generators.items()}
         self.draws: dict = {}  # (device, state before) -> _Draw; states are bytes
         self.copies: list = []  # the copies' graph nodes (dropped when nothing replays them)
@@ -606,6 +611,7 @@ def _set_state(generator: torch.Generator, state: bytes) -> None:
 
 
 def _advance(generator: torch.Generator, device: str) -> None:
+    """Draw one number for real, even inside the trace's dispatch modes."""
     with compat.without_dispatch_modes():
         torch.empty(1, device=device).uniform_(generator=generator)
 
