@@ -377,6 +377,19 @@ class TestCaptureInternals(TestCase):
         for name, modules in compat.MODE_QUERIES.items():
             self.assertTrue(all(getattr(module, name) is originals[name] for module in modules))
 
+    def test_inductor_keeps_rounding_casts_where_compat_says(self):
+        import torch._inductor.config as inductor_config
+
+        def round_trip(x):
+            return x.to(torch.bfloat16).to(torch.float32) * 2
+
+        x = torch.randn(64)
+        torch._dynamo.reset()
+        with inductor_config.patch(emulate_precision_casts=True):
+            rounds = torch.equal(torch.compile(round_trip, backend="inductor")(x), round_trip(x))
+        torch._dynamo.reset()
+        self.assertEqual(rounds, compat.INDUCTOR_KEEPS_ROUNDING_CASTS)
+
     def test_without_dispatch_modes_runs_real_ops_inside_a_mode(self):
         seen = []
 

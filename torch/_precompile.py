@@ -301,8 +301,9 @@ says who guarantees it and, where it is enforced, which tests (in
      around a call of an artifact that runs autograd, and around
      ``precompile()``, REFUSED (the graph saves nothing through them); entered
      inside fn, traced into the graph, and Inductor emulates eager's
-     precision casts so a bf16 packing rounds as eager does
-     (test_saved_tensors_hooks).
+     precision casts so a bf16 packing rounds as eager does; torch
+     2.11/2.12's Inductor drops such a round trip's rounding, so there
+     backend='inductor' REFUSES it at capture (test_saved_tensors_hooks).
    - Autocast (per device type: enabled and dtype) and
      ``torch.get_default_dtype()``: CHECKED (test_global_state).
    - RNG: the graph draws from the global generator like eager; capture

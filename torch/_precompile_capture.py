@@ -2191,6 +2191,31 @@ def _refuse_tensor_subclasses(capture: _Capture) -> None:
             )
 
 
+def _refuse_float_round_trips(graph: torch.fx.GraphModule) -> None:
+    """A float cast that narrows, cast straight back (``x.to(bfloat16).to(float32)``, a
+    saved_tensors_hooks packing) rounds in eager; torch 2.11/2.12's Inductor computes it in
+    float32 without rounding, even under emulate_precision_casts."""
+    casts = graph.graph.find_nodes(op="call_function", target=torch.ops.aten._to_copy.default)
+    for node in casts:
+        source, narrowed = node.args[0].meta.get("val"), node.meta.get("val")
+        if not (
+            isinstance(source, torch.Tensor)
+            and isinstance(narrowed, torch.Tensor)
+            and source.dtype.is_floating_point
+            and narrowed.dtype.is_floating_point
+            and narrowed.dtype.itemsize < source.dtype.itemsize
+        ):
+            continue
+        for user in node.users:
+            widened = user.meta.get("val") if user.target is torch.ops.aten._to_copy.default else None
+            if isinstance(widened, torch.Tensor) and widened.dtype.itemsize > narrowed.dtype.itemsize:
+                raise PrecompileError(
+                    f"fn rounds a {source.dtype} tensor to {narrowed.dtype} and casts it back{_source_of(node)}: "
+                    f"torch {torch.__version__}'s Inductor drops that rounding, eager keeps it. Use "
+                    "backend='eager', or torch 2.13+"
+                )
+
+
 def _lower_inductor(capture: _Capture) -> _Lowered:
     # torch 2.13 has no compile_to_python: keep the module Inductor generates
     # for the single inner graph through an inner_compile hook.
@@ -2201,6 +2226,8 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         capture.convention.grad_state
     )
     _refuse_tensor_subclasses(capture)
+    if not compat.INDUCTOR_KEEPS_ROUNDING_CASTS:
+        _refuse_float_round_trips(capture.graph)
     _views_as_reshapes(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
     with torch.no_grad():

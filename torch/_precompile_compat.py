@@ -390,6 +390,11 @@ INDUCTOR_MODULE = "torch._inductor"
 INDUCTOR_STAND_INS = frozenset({"AsyncCompile", "extern_kernels", "align", "maybe_profile", "run_intermediate_hooks"})
 
 
+# Whether Inductor rounds a narrowing float cast that is cast straight back
+# (under emulate_precision_casts): 2.13+; 2.11/2.12 compute it in float32.
+INDUCTOR_KEEPS_ROUNDING_CASTS = TORCH_RELEASE >= (2, 13)
+
+
 def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: dict) -> list:
     """Compile ``graph`` with Inductor under ``config``: (compiled, inputs, outputs) per inner graph.
 
