@@ -10,7 +10,14 @@ checked at every call, the graph itself costs almost nothing):
 
 For each it prints the median per-call time of the precompiled runnable, of
 the raw generated graph on the same flat inputs, and their paired difference
-(the driver's own cost).  One thread, gc disabled while timing.
+(the driver's own cost: for ``deep``, the 100-submodule check of issue 27's
+goal, <= 5 us).  One thread, gc disabled while timing.
+
+A second table puts the real tiny forward next to eager PyTorch in the same
+run (issue 27's goal: no slower than eager): ``nn.Linear(16, 16)``, batch 4,
+``fn(model, x) = model(x)`` called under ``torch.no_grad()``, precompiled with
+each backend, against eager's ``model(x)`` under ``no_grad()``; medians of
+repeats and their paired difference.
 
 Before/after a driver change, on a busy machine: ``--save DIR`` (run on the
 old checkout) writes the artifacts, whose python_code embeds that driver;
@@ -89,6 +96,34 @@ def main() -> None:
         rows.append(row)
     headers = ["model", "modules", "params", "precompiled call", "raw graph", "driver overhead"]
     print(C.markdown_table(headers + (["new - baseline"] if args.baseline else []), rows))
+    print()
+    print(C.markdown_table(*_against_eager(args.pairs)))
+
+
+def _against_eager(pairs: int) -> tuple[list, list]:
+    """The tiny no_grad forward, precompiled with each backend, next to eager's call."""
+    import torch
+    import torch.nn as nn
+    import torch_precompile
+
+    model, x = nn.Linear(16, 16), torch.randn(4, 16)
+    eager = lambda: model(x)  # noqa: E731
+    rows = []
+    with torch.no_grad():
+        eager_s = _per_call(eager)
+        for backend in ("eager", "inductor"):
+            f = torch_precompile.load(*torch_precompile.precompile(C.forward, model, x, backend=backend))
+            precompiled = lambda: f(model, x)  # noqa: E731, B023
+            torch.testing.assert_close(precompiled(), eager())
+            call_s = _per_call(precompiled)
+            rows.append([
+                f"Linear(16, 16), batch 4, no_grad, backend={backend}",
+                C.fmt_us(call_s),
+                C.fmt_us(eager_s),
+                f"{call_s / eager_s:.2f}x",
+                _fmt_paired(precompiled, eager, pairs),
+            ])
+    return ["forward", "precompiled call", "eager call", "ratio", "precompiled - eager"], rows
 
 
 def _fmt_paired(a, b, pairs: int) -> str:

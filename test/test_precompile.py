@@ -410,8 +410,8 @@ class TestCaptureContract(TestCase):
             self.assertEqual(before["state"][key], after["state"][key], atol=0, rtol=0)
 
     def test_unsupported_leaf_refused(self):
-        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: unsupported leaf of type device"):
-            precompile(lambda x, d: x + 1, torch.randn(2), torch.device("cpu"), backend="eager")
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: unsupported leaf of type slice"):
+            precompile(lambda x, d: x + 1, torch.randn(2), slice(1), backend="eager")
 
     def test_metadata_mutation_refused_by_inductor(self):
         with self.assertRaisesRegex(PrecompileError, "cannot reproduce this graph faithfully.*x.t_"):
@@ -781,7 +781,15 @@ class TestConventionSchema(TestCase):
                     buffers=("b",),
                     submodules=(("", True), ("sub", None)),
                     classes=("torch.nn.Module", "torch.nn.Module"),
-                    attributes=(("sub", "eps", 1e-5), ("", "sizes", (1, (float("-inf"), None)))),
+                    attributes=(
+                        ("sub", "eps", 1e-5),
+                        ("", "sizes", (1, (float("-inf"), None))),
+                        # value_literal()'s tagged values (test_precompile_read_guards.py)
+                        ("", "config.scales", {"list": (0.5, float("nan"), {"dtype": "float64"})}),
+                        ("", "table", {"dict": ((2, {"size": (3, 4)}), ("a", {"enum": ("m.Mode", "A")}))}),
+                        ("", "gain", {"numpy": ("float32", float("inf"))}),
+                        ("", "window", {"missing": ()}),
+                    ),
                 ),
             ),
             state=(
@@ -912,6 +920,10 @@ class TestConventionSchema(TestCase):
             (("inputs", 0, "tensor", "memory_format"), "strided", r"inputs\[0\]\.tensor\.memory_format = 'strided' \(one of \['contiguous_format'"),
             (("input_spec",), "not a tree spec", r"input_spec = 'not a tree spec' \(a pytree\.treespec_dumps string\)"),
             (("modules", 0, "attributes", 0, 2), {"a": 1}, r"modules\[0\]\.attributes\[0\]\[2\] = \{'a': 1\} \(a Python leaf value"),
+            (("modules", 0, "attributes", 0, 2), {"size": [-1]}, r"modules\[0\]\.attributes\[0\]\[2\] = \{'size': \[-1\]\} \(a Python leaf value"),
+            (("modules", 0, "attributes", 0, 2), {"enum": ["m.Mode"]}, r"modules\[0\]\.attributes\[0\]\[2\] = \{'enum': \['m\.Mode'\]\} \(a Python leaf value"),
+            (("modules", 0, "attributes", 0, 2), {"dtype": "float33"}, r"modules\[0\]\.attributes\[0\]\[2\] = \{'dtype': 'float33'\} \(a Python leaf value"),
+            (("inputs", 1, "value"), {"list": [1]}, r"inputs\[1\]\.value = \{'list': \[1\]\} \(a Python leaf value"),
             (("autocast", 0, 0), "tpu", r"autocast\[0\]\[0\] = 'tpu' \(one of \['cpu'"),
             (("optimizers", 0, "hyper", 0, 0, 0), 1, r"optimizers\[0\]\.hyper\[0\]\[0\]\[0\] = 1 \(a str\)"),
         ):

@@ -92,6 +92,33 @@ def _model() -> nn.Module:
     return TinyMLP(features=8, hidden=16, out=4)
 
 
+class _Settings:
+    """A config object the fuzzed model reads a field of."""
+
+    def __init__(self):
+        self.eps = 0.5
+
+
+class _ReadingMLP(TinyMLP):
+    """TinyMLP that also reads plain Python values: private, class-level, a list element, a config field."""
+
+    shift = 0.25
+
+    def __init__(self):
+        super().__init__(features=8, hidden=16, out=4)
+        self._gain = 1.5
+        self.scales = [1.0, 2.0]
+        self.settings = _Settings()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self._gain * self.scales[1] + self.shift + self.settings.eps
+
+
+def _reading_model() -> nn.Module:
+    torch.manual_seed(0)
+    return _ReadingMLP()
+
+
 def _pytree_inputs() -> tuple:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 8, generator=g)
@@ -109,12 +136,12 @@ KINDS = {"pytree": (pytree_fn, _pytree_inputs), "train": (train_step, _train_inp
 _PAIRS: dict = {}
 
 
-def pair(kind: str, backend: str) -> tuple[str, bytes]:
-    """(python_code, cache) for a kind/backend, compiled once per process."""
-    key = (kind, backend)
+def pair(kind: str, backend: str, make_model=_model) -> tuple[str, bytes]:
+    """(python_code, cache) for a kind/backend (and model), compiled once per process."""
+    key = (kind, backend, make_model)
     if key not in _PAIRS:
         fn, inputs = KINDS[kind]
-        _PAIRS[key] = precompile(fn, _model(), *inputs(), backend=backend)
+        _PAIRS[key] = precompile(fn, make_model(), *inputs(), backend=backend)
     return _PAIRS[key]
 
 
@@ -775,15 +802,32 @@ class TestFuzzCall(TestCase):
     @settings(FUZZ, max_examples=12 * _SCALE)
     @given(data=st.data())
     def test_fuzzed_soundness_call(self, backend, kind, data):
-        """Module modes, aliasing, requires_grad, module edits and classes, hooks,
-        an existing .grad and global state changed after a first call: eager's result, or a PrecompileError that
-        leaves everything as it was (Note invariant 11)."""
+        """Module modes, aliasing, requires_grad, module edits and classes, hooks, plain
+        values fn reads (private, class-level, list elements, config fields), an existing
+        .grad and global state changed after a first call: eager's result, or a
+        PrecompileError that leaves everything as it was (Note invariant 11)."""
+        self._soundness_call(backend, kind, data, sorted(SOUNDNESS_EDITS) + sorted(SOUNDNESS_CONTEXTS))
+
+    @parametrize("backend", BACKENDS)
+    @parametrize("kind", ["pytree", "train"])
+    @settings(FUZZ, max_examples=6 * _SCALE)
+    @given(data=st.data())
+    def test_fuzzed_read_values(self, backend, kind, data):
+        """As test_fuzzed_soundness_call, drawing only edits of the plain values fn reads."""
+        self._soundness_call(backend, kind, data, sorted(READ_EDITS))
+
+    def _soundness_call(self, backend, kind, data, changes):
+        try:
+            self._call_after_changes(backend, kind, data, changes)
+        finally:
+            _ReadingMLP.shift = 0.25  # an edit may change it on the class
+
+    def _call_after_changes(self, backend, kind, data, changes):
         fn, make_inputs = KINDS[kind]
-        runnable = precompile.load(*pair(kind, backend))
-        model, args = _model(), list(make_inputs())
+        runnable = precompile.load(*pair(kind, backend, _reading_model))
+        model, args = _reading_model(), list(make_inputs())
         runnable(model, *args)  # arms the driver's caches and fast path
         model.zero_grad(set_to_none=True)
-        changes = sorted(SOUNDNESS_EDITS) + sorted(SOUNDNESS_CONTEXTS)
         drawn = data.draw(st.lists(st.sampled_from(changes), min_size=1, max_size=2, unique=True), label="changes")
         for change, edit in SOUNDNESS_EDITS.items():  # in the table's order
             if change in drawn:
@@ -848,6 +892,17 @@ def _alias_inputs(model, args):
         args[1] = args[0].detach()[:, :4]
 
 
+# Edits of the plain Python values _ReadingMLP.forward reads.
+READ_EDITS = {
+    "private_attr": lambda model, args: setattr(model, "_gain", 2.5),
+    "private_attr_equal": lambda model, args: setattr(model, "_gain", float("1.5")),  # honoured
+    "class_attr_on_instance": lambda model, args: setattr(model, "shift", -1.0),
+    "class_attr_on_class": lambda model, args: setattr(type(model), "shift", -1.0),
+    "list_element": lambda model, args: model.scales.__setitem__(1, 3.0),
+    "list_element_equal": lambda model, args: model.scales.__setitem__(1, float("2.0")),  # honoured
+    "config_field": lambda model, args: setattr(model.settings, "eps", 0.125),
+    "config_replaced": lambda model, args: setattr(model, "settings", _Settings()),  # equal fields: honoured
+}
 # Edits of the model or the inputs between two calls.
 SOUNDNESS_EDITS = {
     "eval": lambda model, args: model.eval(),
@@ -864,6 +919,7 @@ SOUNDNESS_EDITS = {
     "forward_hook": lambda model, args: model.fc1.register_forward_hook(lambda module, inputs, out: out * 2),
     "grad_hook": lambda model, args: model.fc2.weight.register_hook(lambda grad: grad * 3),
     "existing_grad": lambda model, args: setattr(model.fc1.weight, "grad", torch.ones_like(model.fc1.weight)),
+    **READ_EDITS,
     # Last: the views above need a leaf that does not require grad (deepcopy).
     "input_requires_grad": lambda model, args: args[0].requires_grad_(),
 }

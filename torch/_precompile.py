@@ -174,9 +174,11 @@ says who guarantees it and, where it is enforced, which tests (in
    and whether it is LIFTED (a graph input, read at every call), CHECKED at
    every call, or REFUSED at capture.  Tests are in
    test_precompile_soundness.py TestSoundness unless named otherwise; the
-   fuzzer (test_precompile_fuzz.py test_fuzzed_soundness_call) flips modes,
-   aliasing, requires_grad, module structure and classes, hooks, an existing
-   ``.grad`` and global state between calls.
+   fuzzer (test_precompile_fuzz.py test_fuzzed_soundness_call,
+   test_fuzzed_read_values) flips modes, aliasing, requires_grad, module
+   structure and classes, hooks, plain values fn reads (private and class
+   attributes, list elements, config fields), an existing ``.grad`` and
+   global state between calls.
 
    Argument tensors
    - values: LIFTED.  Shape, dtype, device: CHECKED (invariants 1, 3;
@@ -242,11 +244,29 @@ says who guarantees it and, where it is enforced, which tests (in
      eval mode is honoured.  fn changing a mode (``model.eval()`` inside fn)
      is REFUSED (test_module_mode_is_checked,
      test_capture_refuses_fn_that_changes_a_mode).
-   - Plain attributes fn reads (``LayerNorm.eps``, ``Dropout.p``,
-     ``BatchNorm.momentum``: instance values an artifact can hold as
-     literals): recorded and CHECKED like baked inputs; a changed value is
-     refused, an unread one (``Linear.in_features``) cannot matter
-     (test_module_classes_and_read_attributes_are_checked).
+   - Plain values fn reads (``LayerNorm.eps``, ``self._scale``, a class-level
+     default, ``self.scales[0]``, ``self.config.rope.theta``): every
+     non-tensor value read from a submodule's ``vars()`` or class (private
+     names too), or from a plain object reached through such attributes (a
+     config, transformers' included), is recorded at capture by its attribute
+     path with the value the trace saw -- ints, floats, str, None, dtype,
+     Size, device, Enum (class and member name) and numpy scalars (dtype and
+     value), and tuples, lists and dicts of them, as typed literals; an
+     attribute found absent (``getattr(config, "sliding_window", None)``)
+     as absent; a name a config's own ``__getattribute__`` resolves
+     (transformers' ``attribute_map``) through it -- and CHECKED at every
+     call: a changed value (an instance override of a class attribute, a
+     class attribute changed on the class, an element written into a list or
+     dict, an absent attribute set) is refused; an unread one
+     (``Linear.in_features``, a config field never read) cannot matter.  The
+     fast path re-verifies each step by the identity of the value in its
+     ``vars()`` (and on the class) and each list or dict by the ids of its
+     elements, in a few C-level passes.  Functions, methods, modules and
+     loggers read are code (submodules are checked structurally); any other value read (a
+     set, an ndarray, a list holding an object) is REFUSED at capture,
+     naming its path, and so is fn writing a value it read
+     (``self.calls += 1``) (test_precompile_read_guards.py,
+     test_module_classes_and_read_attributes_are_checked).
    - Hooks (module forward/backward hooks and pre-hooks, global module
      hooks, parameter gradient and post-accumulate hooks; for a step whose
      backward accumulates a parameter's gradient, Python hooks and pre-hooks
@@ -282,7 +302,9 @@ says who guarantees it and, where it is enforced, which tests (in
    Non-tensor values
    - Python leaves of the inputs: baked and CHECKED by type and, for floats,
      sign: ``-0.0`` is not ``0.0``, ``True`` is not ``1``, ``nan`` equals
-     ``nan`` (test_baked_floats_compare_bitwise, test_same_value).
+     ``nan`` (test_baked_floats_compare_bitwise, test_same_value); numpy
+     scalars, Enum members, dtypes and devices by their typed literal
+     (test_precompile_read_guards.py test_numpy_and_enum_arguments).
    - Input structure: CHECKED at every call against the captured one,
      pytree contexts included; a dict's key order only where fn observed
      it, keyword arguments bound by fn's signature, defaulted parameters
@@ -324,12 +346,15 @@ says who guarantees it and, where it is enforced, which tests (in
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
    Caller's responsibility (not recorded, stated here so nothing is baked
    silently): fn's Python side effects (appending to a list, counting calls,
-   printing, setting a plain module attribute) happen once, at capture,
-   as under any tracer; Python objects that modules hold and fn reads
-   (configs, functions) are code, like fn itself; fn reading a flag
-   around attribute access (``vars(m)["training"]``) or branching on
-   ``type(m) is ...`` (during the trace ``type(m)`` is a probe subclass,
-   which also runs the class's ``__init_subclass__``); writing
+   printing, setting a plain module attribute fn does not read) happen
+   once, at capture, as under any tracer; functions, methods and modules
+   that modules hold are code, like fn itself; values fn reads around
+   attribute access (``vars(m)["training"]``, ``object.__getattribute__``,
+   a property or ``__getattr__`` of a module computing from state other
+   than the attributes it reads) or branching on ``type(m) is ...``
+   (during the trace ``type(m)`` and the
+   type of a config it reads are probe subclasses, which also run the
+   class's ``__init_subclass__``); writing
    ``_modules`` / ``_parameters`` dicts directly without changing their
    length, ``param.data = ...`` and ``m.__class__ = ...``; and, on
    backend='inductor', indices out of range (``nn.Embedding``), which

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import logging
 import operator
 import os
 import pprint
@@ -20,6 +21,7 @@ import re
 import sys
 import threading
 import traceback
+import types
 from typing import Any, Callable
 
 import torch
@@ -128,7 +130,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         if isinstance(leaf, torch.Tensor):
             runtime.check_plain_torch_function(what, leaf)
         else:
-            _check_value_leaf(what, leaf)
+            _input_value_literal(what, leaf)
     lifted = _lift_state(modules)
     for entry in lifted:
         module_index, fqn = entry.names[0]
@@ -267,11 +269,22 @@ def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_value_leaf(what: str, value: Any) -> None:
-    if not isinstance(value, runtime.LEAF_VALUE_TYPES):
+    if type(value) not in runtime.LEAF_VALUE_TYPES:
         raise PrecompileError(
-            f"{what}: unsupported leaf of type {type(value).__name__}; inputs and outputs "
-            "must be pytrees of tensors, int, float, bool, str or None"
+            f"{what}: unsupported leaf of type {type(value).__name__}; outputs must be pytrees "
+            "of tensors, int, float, bool, str or None"
         )
+
+
+def _input_value_literal(what: str, value: Any) -> Any:
+    """A Python leaf of fn's inputs, baked as value_literal(): its type (a numpy scalar's dtype, an Enum's class) is checked too."""
+    literal = _value_literal_or_missing(value)
+    if literal is runtime.MISSING or type(literal) is dict and not runtime.is_scalar_literal(literal):
+        raise PrecompileError(
+            f"{what}: unsupported leaf of type {type(value).__name__}; inputs must be pytrees of "
+            "tensors, int, float, bool, str, None, torch.dtype, torch.device, Enum members or numpy scalars"
+        )
+    return literal
 
 
 def _read_marks(args: _Arguments, backend: str) -> list:
@@ -1051,9 +1064,11 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 ),
                 classes=tuple(runtime.class_name(type(sub)) for _, sub in m.named_modules()),
                 attributes=tuple(
-                    (name, attribute, value)
+                    (name, path, value)
                     for name, sub in m.named_modules()
-                    for attribute, value in module_reads.read_attributes(sub)
+                    for path, value in module_reads.read_attributes(
+                        f"args[{position}]" + (f".{name}" if name else ""), sub
+                    )
                 ),
                 data_parallel=data_parallel.get(index),
             )
@@ -1067,7 +1082,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         inputs=tuple(
             LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
             if isinstance(leaf, torch.Tensor)
-            else LeafSpec(value=leaf)
+            else LeafSpec(value=runtime.value_literal(leaf))
             for i, leaf in enumerate(args.input_leaves)
         ),
         output_spec=recorded["out_spec"],
@@ -1363,52 +1378,96 @@ def _traced_value(tensor: torch.Tensor) -> bool:
     return get_proxy_slot(tensor, mode.tracer).constant is None
 
 
+# nn.Module's own bookkeeping (hook dicts, ``_parameters``, methods): the
+# driver checks structure and hooks itself, these are not values fn computes with.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | frozenset(dir(torch.nn.Module))
+_SKIPPED = ("skipped", None)  # a read that is code, a tensor, or computed by a descriptor
+
+
 class _ModuleReads:
-    """Records what of each submodule fn reads while it is traced: ``training``
-    flags and plain attributes (``eps``, ``p``, ``momentum``: values in the
-    instance ``__dict__`` that a calling convention can hold as literals).
+    """Records what fn reads of its modules' Python state while it is traced
+    (Note invariant 11): ``training`` flags, and every plain value -- an int,
+    float, str, dtype, Size, Enum, numpy scalar, or a tuple, list or dict of
+    them -- read from a submodule's ``vars()`` or class (private names too), or
+    from a plain object reached through such attributes (a config:
+    ``self.config.eps``), as attribute paths.
 
     Only what was read can have shaped the graph, so only that is recorded and
-    checked at every call (Note invariant 11).  Each submodule's class is
-    swapped, for the trace only, for a subclass that logs reads; a module whose
-    class cannot be swapped counts as having read its flag.  During the trace
-    ``type(module)`` is that subclass (``isinstance`` still holds, names are
-    kept).  fn changing a mode (``model.eval()`` inside fn) is refused: the
-    artifact would not reproduce that side effect.
+    checked at every call, by the value the trace saw.  Functions, methods and
+    modules are code (submodules are checked structurally), tensors are state
+    (invariants 1, 2); any other value read is refused, naming its path.
+    Each submodule's class is swapped, for the trace only, for a subclass that
+    logs reads, and so is the class of each plain object when first reached; a
+    module whose class cannot be swapped counts as having read its flag.
+    During the trace ``type(obj)`` is that subclass (``isinstance`` still
+    holds, names are kept).  fn changing a mode (``model.eval()`` inside fn) or
+    a value it read is refused: the artifact would not reproduce that.
     """
 
-    _probes: dict = {}  # original class -> its probe subclass
-    _tracing = threading.local()  # .reads: {id(module): names read} of this thread's capture
+    _probes: dict = {}  # (original class, is a module) -> its probe subclass
+    _tracing = threading.local()  # .log: the _ModuleReads of this thread's capture
 
     def __init__(self, args: _Arguments):
         self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
         for path, sub in runtime.named_submodules(args.module_positions, args.modules):
             self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
-        self.reads: dict = collections.defaultdict(set)
+        self.reads: dict = collections.defaultdict(dict)  # id(obj) -> {name: (kind, what)}, first read
+        self.objects: dict = {}  # id -> (plain object, its class): probed while tracing
 
     def read_mode(self, module: torch.nn.Module) -> bool:
         return "training" in self.reads.get(id(module), ())
 
-    def read_attributes(self, module: torch.nn.Module) -> list:
-        """(name, value) of the plain attributes fn read, in name order."""
-        values = vars(module)
-        return [
-            (name, values[name])
-            for name in sorted(self.reads.get(id(module), ()))
-            if name != "training" and name in values and runtime.is_literal(values[name])
-        ]
+    def read_attributes(self, path: str, module: torch.nn.Module) -> list:
+        """(attribute path, literal) of each plain value fn read from ``module``, in name order.
+
+        A value changed since fn first read it (fn wrote it) is refused.
+        """
+        found: list = []
+        self._collect(path, module, "", found, frozenset())
+        return found
+
+    def _collect(self, where: str, obj: Any, prefix: str, found: list, chain: frozenset) -> None:
+        check = runtime.ValueReads()
+        for name, (kind, what) in sorted(self.reads.get(id(obj), {}).items()):
+            path = prefix + name
+            if kind == "skipped":
+                continue
+            if kind == "refused":
+                raise PrecompileError(
+                    f"fn reads {where}.{path}, {what}, which precompile cannot check at every call: "
+                    "make it a plain value (int, float, str, None, dtype, Enum, or a tuple, list or dict "
+                    "of them) or a plain object holding such values, register it as a buffer, or pass it "
+                    "as an argument of fn"
+                )
+            now = check.read(obj, name)
+            if kind == "literal" and not runtime.matches(now, what):
+                raise PrecompileError(
+                    f"fn changes {where}.{path} (from {runtime.describe_literal(what)} to "
+                    f"{'nothing' if now is runtime.MISSING else repr(now)}); the artifact would "
+                    "compute with the value it read and not reproduce the change: keep fn from writing it"
+                )
+            if kind == "literal":
+                found.append((path, what))
+            elif now is not what:
+                raise PrecompileError(
+                    f"fn rebinds {where}.{path}; the artifact would not reproduce that: keep fn from writing it"
+                )
+            elif id(what) not in chain:  # a plain object: the values read from it, by their paths
+                self._collect(where, what, path + ".", found, chain | {id(what)})
 
     def __enter__(self) -> "_ModuleReads":
-        self._tracing.reads = self.reads
+        self._tracing.log = self
         for _, sub, cls, _ in self.modules.values():
             try:
-                sub.__class__ = self._probe(cls)
+                sub.__class__ = self._probe(cls, module=True)
             except TypeError:  # __slots__, script modules, a class's own `training`: assume read
-                self.reads[id(sub)].add("training")
+                self.reads[id(sub)]["training"] = _SKIPPED
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._tracing.reads = None
+        self._tracing.log = None
+        for obj, cls in self.objects.values():
+            object.__setattr__(obj, "__class__", cls)
         changed = []
         for path, sub, cls, mode in self.modules.values():
             sub.__class__ = cls
@@ -1422,40 +1481,129 @@ class _ModuleReads:
             )
 
     @classmethod
-    def _note_read(cls, module: torch.nn.Module, name: str) -> None:
-        reads = getattr(cls._tracing, "reads", None)
-        if reads is not None:  # None: read by another thread, not by fn's trace
-            reads[id(module)].add(name)
+    def _note_read(cls, obj: Any, name: str, value: Any) -> None:
+        log = getattr(cls._tracing, "log", None)
+        if log is None:  # read by another thread, not by fn's trace
+            return
+        reads = log.reads[id(obj)]
+        if name not in reads:
+            reads[name] = log._classify(obj, name, value)
+
+    def _classify(self, obj: Any, name: str, value: Any) -> tuple:
+        """What a first read of ``obj.name`` is: ("literal", its literal), ("object", a plain
+        object whose reads are followed), ("refused", why) or _SKIPPED."""
+        if value is runtime.MISSING:  # found absent (getattr with a default, hasattr): guarded absent
+            return ("literal", runtime.value_literal(value))
+        values = object.__getattribute__(obj, "__dict__")
+        raw = values.get(name, runtime.MISSING)
+        if raw is runtime.MISSING:
+            raw = runtime.class_value(type(obj), name)
+        if raw is runtime.MISSING and id(obj) in self.objects and runtime.computes_attributes(self.objects[id(obj)][1], name):
+            raw = value  # an alias the object's own __getattribute__ resolves: read with getattr at every call
+        if raw is not value or isinstance(value, torch.Tensor) or _is_code(value):
+            return _SKIPPED  # a property's or method's result, code, or a tensor (invariants 1, 2)
+        try:
+            return ("literal", runtime.value_literal(value))
+        except TypeError:
+            pass
+        if type(value) in (list, tuple, dict):
+            leaves = pytree.tree_leaves(value)
+            if all(isinstance(leaf, torch.Tensor) or _is_code(leaf) for leaf in leaves):
+                return _SKIPPED
+            odd = [leaf for leaf in leaves if not _has_literal(leaf)]
+            return ("refused", f"a {type(value).__name__} holding {_describe_type(odd[0]) if odd else 'keys of no plain type'}")
+        if type(getattr(value, "__dict__", None)) is dict and type(value).__module__ != "builtins":
+            self._follow(value)
+            return ("object", value)
+        return ("refused", _describe_type(value))
+
+    def _follow(self, obj: Any) -> None:
+        """Log reads of a plain object (a config) from now on, as of a module."""
+        if id(obj) in self.objects:
+            return
+        cls = type(obj)
+        try:
+            object.__setattr__(obj, "__class__", self._probe(cls, module=False))
+        except Exception:  # noqa: BLE001  a class that refuses subclassing or swapping: all it holds counts as read
+            self.reads[id(obj)].update((name, self._classify(obj, name, v)) for name, v in vars(obj).items())
+            return
+        self.objects[id(obj)] = (obj, cls)
 
     @classmethod
-    def _probe(cls, module_class: type) -> type:
-        if any("training" in vars(k) for k in module_class.__mro__):
-            raise TypeError(f"{module_class.__name__} defines its own `training`")
-        probe = cls._probes.get(module_class)
+    def _probe(cls, original: type, module: bool) -> type:
+        if module and any("training" in vars(k) for k in original.__mro__):
+            raise TypeError(f"{original.__name__} defines its own `training`")
+        probe = cls._probes.get((original, module))
         if probe is None:
-            get_attribute = module_class.__getattribute__
+            get_attribute = original.__getattribute__
+            internals = _MODULE_INTERNALS if module else frozenset()
 
-            def get_training(module):
-                cls._note_read(module, "training")
-                return module.__dict__["training"]
+            # Where a failed lookup is final, fn found the attribute absent: that is
+            # read too.  A module's is final after nn.Module.__getattr__, wrapped below.
+            absent_when_raised = not module and not hasattr(original, "__getattr__")
 
-            def set_training(module, value):
-                module.__dict__["training"] = value
-
-            def getattribute(module, name):
-                value = get_attribute(module, name)
-                if name[0] != "_" and name in get_attribute(module, "__dict__"):
-                    cls._note_read(module, name)
+            def getattribute(obj, name):
+                try:
+                    value = get_attribute(obj, name)
+                except AttributeError:
+                    if absent_when_raised and name[:2] != "__":
+                        cls._note_read(obj, name, runtime.MISSING)
+                    raise
+                if name[:2] != "__" and name not in internals:
+                    cls._note_read(obj, name, value)
                 return value
 
-            probe = type(
-                module_class.__name__,
-                (module_class,),
-                {"training": property(get_training, set_training), "__getattribute__": getattribute},
-            )
-            probe.__module__, probe.__qualname__ = module_class.__module__, module_class.__qualname__
-            cls._probes[module_class] = probe
+            namespace = {"__getattribute__": getattribute}
+            if module:
+
+                def get_training(module):
+                    log = getattr(cls._tracing, "log", None)
+                    if log is not None:  # None: read by another thread, not by fn's trace
+                        log.reads[id(module)]["training"] = _SKIPPED  # checked as the mode, not as a value
+                    return module.__dict__["training"]
+
+                def set_training(module, value):
+                    module.__dict__["training"] = value
+
+                namespace["training"] = property(get_training, set_training)
+                get_missing = original.__getattr__  # nn.Module's: parameters, buffers, submodules
+
+                def getattr_(module, name):
+                    try:
+                        return get_missing(module, name)
+                    except AttributeError:
+                        if name[:2] != "__" and name not in internals:
+                            cls._note_read(module, name, runtime.MISSING)
+                        raise
+
+                namespace["__getattr__"] = getattr_
+            else:
+                namespace["__slots__"] = ()  # the same layout, so that __class__ can be swapped
+            probe = type(original.__name__, (original,), namespace)
+            probe.__module__, probe.__qualname__ = original.__module__, original.__qualname__
+            cls._probes[(original, module)] = probe
         return probe
+
+
+def _is_code(value: Any) -> bool:
+    """Functions, methods, classes, modules (nn and Python) and loggers: code, like fn itself
+    (a logger's level cache changes as it logs, and only decides what is printed)."""
+    return callable(value) or isinstance(value, (types.ModuleType, logging.Logger, logging.LoggerAdapter))
+
+
+def _describe_type(value: Any) -> str:
+    return f"a {runtime.class_name(type(value))}"
+
+
+def _value_literal_or_missing(value: Any) -> Any:
+    try:
+        return runtime.value_literal(value)
+    except TypeError:
+        return runtime.MISSING
+
+
+def _has_literal(value: Any) -> bool:
+    return _value_literal_or_missing(value) is not runtime.MISSING
 
 
 def _check_state_not_rebound(modules: list, mappings: list) -> None:

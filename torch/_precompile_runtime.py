@@ -16,10 +16,12 @@ import ast
 import base64
 import collections
 import contextlib
+import enum
 import functools
 import hashlib
 import importlib.util
 import inspect
+import itertools
 import json
 import math
 import operator
@@ -325,7 +327,7 @@ PyValue = NewType("PyValue", object)
 
 # The Python values a pytree leaf of fn's inputs or outputs may be (baked at capture).
 LEAF_VALUE_TYPES = (int, float, bool, str, type(None))
-_MISSING = object()
+MISSING = object()
 
 # Memory formats an input with free dims may be pinned to, by name.
 MEMORY_FORMATS = {
@@ -615,6 +617,8 @@ def _to_literal(value: Any) -> Any:
         }
     if isinstance(value, (tuple, list)):
         return [_to_literal(v) for v in value]
+    if type(value) is dict:  # value_literal()'s tagged values
+        return {key: _to_literal(v) for key, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         return {"nonfinite_float": repr(value)}  # `nan`/`inf` are not literals
     if isinstance(value, pytree.TreeSpec):
@@ -634,7 +638,7 @@ class _Malformed(Exception):
 
     def describe(self) -> str:
         path = "".join(reversed(self.path)).lstrip(".") or "CALLING_CONVENTION"
-        if self.value is _MISSING:
+        if self.value is MISSING:
             return f"{path}: {self.expected}"
         value = repr(self.value)
         return f"{path} = {value if len(value) <= 200 else value[:200] + '...'} ({self.expected})"
@@ -678,14 +682,41 @@ _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 def _decode_scalar(value: Any) -> Any:
     if type(value) in LEAF_VALUE_TYPES:
         return value
-    if type(value) is dict and len(value) == 1 and value.get("nonfinite_float") in _NONFINITE:
-        return _NONFINITE[value["nonfinite_float"]]
-    raise _Malformed(value, "a Python leaf value: int, float, bool, str or None")
+    if type(value) is dict and len(value) == 1:
+        ((tag, payload),) = value.items()
+        if tag == "nonfinite_float" and payload in _NONFINITE:
+            return _NONFINITE[payload]
+        decoded = _decode_tagged_scalar(tag, payload)
+        if decoded is not MISSING:
+            return {tag: decoded}
+    raise _Malformed(value, "a Python leaf value: int, float, bool, str or None, or a tagged dtype, size, device, enum or numpy scalar")
+
+
+def _decode_tagged_scalar(tag: Any, payload: Any) -> Any:
+    """The payload of one of value_literal()'s tagged scalars, or MISSING."""
+    if tag in ("dtype", "device"):
+        return payload if (_is_dtype if tag == "dtype" else _is_device)(payload) else MISSING
+    if type(payload) is not list:
+        return MISSING
+    if tag == "size" and all(type(n) is int and n >= 0 for n in payload):
+        return tuple(payload)
+    if tag == "enum" and len(payload) == 2 and all(type(n) is str for n in payload):
+        return tuple(payload)
+    if tag == "numpy" and len(payload) == 2 and type(payload[0]) is str:
+        return (payload[0], _decode_scalar(payload[1]))
+    if tag == "missing" and not payload:
+        return ()
+    return MISSING
 
 
 def _decode_py_value(value: Any) -> Any:
     if type(value) is list:
         return _sequence(value, _decode_py_value)
+    if type(value) is dict and len(value) == 1 and type(payload := next(iter(value.values()))) is list:
+        if "list" in value:
+            return {"list": _sequence(payload, _decode_py_value)}
+        if "dict" in value and all(type(item) is list and len(item) == 2 for item in payload):
+            return {"dict": _sequence(payload, _decode_py_value)}
     return _decode_scalar(value)
 
 
@@ -694,7 +725,7 @@ def _decode_tree_spec(value: Any) -> pytree.TreeSpec:
         try:
             node = ast.literal_eval(value[len(NAMED_SPEC_PREFIX) :])
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            node = _MISSING
+            node = MISSING
         return _decode_named_node(value, node)
     if type(value) is str:
         try:
@@ -780,7 +811,7 @@ def _composite_decoder(annotation: Any) -> Callable[[Any], Any]:
 
 def _record_decoder(cls: Any) -> Callable[[Any], Any]:
     fields = [
-        (name, _decoder(annotation), cls._field_defaults.get(name, _MISSING))
+        (name, _decoder(annotation), cls._field_defaults.get(name, MISSING))
         for name, annotation in cls.__annotations__.items()
     ]
     names = frozenset(cls._fields)
@@ -791,10 +822,10 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
             raise _Malformed(literal, f"a dict of {cls.__name__} fields")
         values, found = [], 0
         for name, decode_field, default in fields:
-            value = literal.get(name, _MISSING)
-            if value is _MISSING:
-                if default is _MISSING:
-                    raise _Malformed(_MISSING, f"{cls.__name__} lacks its field {name!r}")
+            value = literal.get(name, MISSING)
+            if value is MISSING:
+                if default is MISSING:
+                    raise _Malformed(MISSING, f"{cls.__name__} lacks its field {name!r}")
                 values.append(default)
                 continue
             found += 1
@@ -805,7 +836,7 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
                 raise
         if found != len(literal):
             unknown = sorted(map(repr, literal.keys() - names))
-            raise _Malformed(_MISSING, f"{cls.__name__} has unknown fields [{', '.join(unknown)}]")
+            raise _Malformed(MISSING, f"{cls.__name__} has unknown fields [{', '.join(unknown)}]")
         return make(values)
 
     return decode
@@ -828,11 +859,79 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     )
 
 
-def is_literal(value: Any) -> bool:
-    """A value a calling convention holds as a literal: a leaf value or a tuple of them."""
-    if type(value) is tuple:
-        return all(map(is_literal, value))
-    return isinstance(value, LEAF_VALUE_TYPES)
+def value_literal(value: Any) -> Any:
+    """What a convention records of a Python value fn read; TypeError where it cannot.
+
+    Plain leaves by exact type (a ``str`` Enum or ``numpy.float64`` is no plain
+    str / float: its repr is no literal) and tuples of values stay themselves;
+    anything else becomes a one-key dict naming its kind: ``{"list": ...}``,
+    ``{"dict": ((key, value), ...)}``, ``{"dtype": "float64"}``, ``{"size": (2, 3)}``,
+    ``{"device": "cpu"}``, ``{"enum": (class_name, member name)}``,
+    ``{"numpy": (dtype name, value)}`` and, for an attribute fn found absent
+    (``getattr(config, "sliding_window", None)``), ``{"missing": ()}``.  Two
+    values compare equal under same_value() exactly when their literals do.
+    """
+    if value is MISSING:
+        return {"missing": ()}
+    kind = type(value)
+    if kind in LEAF_VALUE_TYPES:
+        return value
+    if kind is tuple:
+        return tuple(map(value_literal, value))
+    if kind is list:
+        return {"list": tuple(map(value_literal, value))}
+    if kind is dict:
+        return {"dict": tuple((value_literal(k), value_literal(v)) for k, v in value.items())}
+    if kind is torch.dtype:
+        return {"dtype": str(value).removeprefix("torch.")}
+    if kind is torch.Size:
+        return {"size": tuple(value)}
+    if kind is torch.device:
+        return {"device": str(value)}
+    if isinstance(value, enum.Enum):
+        return {"enum": (class_name(kind), value.name)}
+    if kind.__module__ == "numpy" and getattr(value, "shape", None) == () and value.dtype.kind in "biuf":
+        return {"numpy": (value.dtype.name, value.item())}
+    raise TypeError(f"no literal for a {kind.__name__}")
+
+
+def is_scalar_literal(literal: dict) -> bool:
+    """Whether a tagged literal is one that a pytree leaf (LeafSpec.value) may hold."""
+    return next(iter(literal)) in ("dtype", "device", "enum", "numpy")
+
+
+def matches(got: Any, want: Any) -> bool:
+    """Whether ``got`` is the value recorded as the literal ``want`` (same_value on literals)."""
+    if type(want) in LEAF_VALUE_TYPES:
+        return same_value(got, want)
+    try:
+        return same_value(value_literal(got), want)
+    except TypeError:
+        return False
+
+
+def describe_literal(want: Any) -> str:
+    """A recorded literal as the user wrote the value: ``torch.float32``, ``[0.5, 2.0]``, ``Mode.A``."""
+    if type(want) is tuple:
+        return "(" + ", ".join(map(describe_literal, want)) + ("," if len(want) == 1 else "") + ")"
+    if type(want) is not dict:
+        return repr(want)
+    ((tag, payload),) = want.items()
+    if tag == "list":
+        return "[" + ", ".join(map(describe_literal, payload)) + "]"
+    if tag == "dict":
+        return "{" + ", ".join(f"{describe_literal(k)}: {describe_literal(v)}" for k, v in payload) + "}"
+    if tag == "dtype":
+        return f"torch.{payload}"
+    if tag == "size":
+        return f"torch.Size({list(payload)})"
+    if tag == "device":
+        return f"device({payload!r})"
+    if tag == "enum":
+        return f"{payload[0].rpartition('.')[2]}.{payload[1]}"
+    if tag == "missing":
+        return "missing"
+    return f"numpy.{payload[0]}({payload[1]!r})"
 
 
 def class_name(cls: type) -> str:
@@ -849,6 +948,8 @@ def same_value(got: Any, want: Any) -> bool:
         return False
     if type(want) is tuple:
         return len(got) == len(want) and all(map(same_value, got, want))
+    if type(want) is dict:  # value_literal()'s tagged values
+        return got.keys() == want.keys() and all(map(same_value, got.values(), want.values()))
     if type(want) is not float:
         return got == want
     if math.isnan(want):
@@ -1327,7 +1428,9 @@ class _ModuleCache(Record):
     model.layers[1]`` (and so ``del`` + ``insert`` reorders) replaces it,
     ``del model.lin.bias`` makes the state lookup miss, and setting a
     checked ``training`` flag or attribute replaces the value object in the
-    submodule's ``vars()``.
+    ``vars()`` of the submodule (or of the config object) holding it, or on
+    its class; an element written into a list or dict fn read changes the
+    ids of that container's elements.
     """
 
     refs: tuple  # weakrefs to the module arguments, whose callbacks drop this entry
@@ -1335,24 +1438,128 @@ class _ModuleCache(Record):
     names: list  # ... and its key there
     aliases: list  # (state index, table, name, module index, fqn) of each tied name
     generation: int  # _STRUCTURE[0] when walked
-    # Watched entries: the training flags fn reads, the plain attributes fn
-    # reads and the ``_modules`` dict of every submodule that has children.
-    watched_vars: list  # vars() of the submodule holding each watched entry
+    # Watched entries: the training flags fn reads, every step of the attribute
+    # paths fn reads (an absent entry too: a class attribute the instance may
+    # come to shadow) and the ``_modules`` dict of every submodule that has children.
+    watched_vars: list  # vars() of the submodule or object holding each watched entry
     watched_keys: list  # ... the entry's name
-    watched_values: list  # ... the value object checked, held so that its id is not reused
+    watched_values: list  # ... the value object checked (or MISSING), held so that its id is not reused
     children: list  # the watched _modules dicts (and DDP comm hook lists)
     expected: list  # id() of each watched value (so a changed value of equal == is caught), then len() of each child container
     # [hook_epoch()] when a scan of these modules last found no hook, [-1] before
     # one: a rebuilt entry (another instance, a swapped submodule) is rescanned.
     hooks_clean_at: list
+    # (class, name) of each class attribute read through an instance.
+    class_owners: list
+    class_names: list
+    class_values: list  # ... their values, held so that their ids are not reused
+    # The lists and dicts among the values read, and the vars() of each object
+    # whose own __getattribute__ computed a value read (an attribute_map alias).
+    containers: list
+    container_copies: list  # ... a copy of each, holding its elements
+    class_and_element_ids: list  # id() of each class value, then of each container's elements
 
     def valid(self) -> bool:
         """Whether the walk this entry records still describes the modules (one C-level pass each)."""
-        return self.generation == _STRUCTURE[0] and (
-            not self.watched_vars  # a model with no children whose modes and attributes fn ignores
-            or [*map(id, map(dict.get, self.watched_vars, self.watched_keys)), *map(len, self.children)]
-            == self.expected
+        return (
+            self.generation == _STRUCTURE[0]
+            and (
+                not self.watched_vars  # a model with no children whose modes and attributes fn ignores
+                or [*map(id, map(dict.get, self.watched_vars, self.watched_keys, _ABSENT)), *map(len, self.children)]
+                == self.expected
+            )
+            and (
+                not self.class_and_element_ids
+                or [*map(id, map(getattr, self.class_owners, self.class_names, _ABSENT)), *map(_element_ids, self.containers)]
+                == self.class_and_element_ids
+            )
         )
+
+
+_ABSENT = itertools.repeat(MISSING)  # dict.get's and getattr's default, for map()
+NO_PATH = object()  # an attribute path whose owner is gone: matches no recorded value
+
+
+def _element_ids(container: Any) -> list:
+    """id() of a list's elements, or of a dict's keys then values: changed by any write into it."""
+    if type(container) is dict:
+        return [*map(id, container), *map(id, container.values())]
+    return [*map(id, container)]
+
+
+class ValueReads:
+    """What a walk read of the module arguments' plain Python state, to re-verify cheaply."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}  # (id(vars), name) -> (vars, name): each watched dict entry once
+        self.classes: dict = {}  # (id(class), name) -> (class, name)
+        self.containers: dict = {}  # id -> list or dict
+
+    def read(self, owner: Any, name: str) -> Any:
+        """``owner.name`` where it is a plain value in ``vars(owner)`` or on its class, else MISSING."""
+        values = getattr(owner, "__dict__", None)
+        if type(values) is not dict:
+            return MISSING
+        self.entries.setdefault((id(values), name), (values, name))
+        value = values.get(name, MISSING)
+        if value is MISSING:
+            value = class_value(type(owner), name)
+            if value is not MISSING:
+                self.classes[(id(type(owner)), name)] = (type(owner), name)
+            elif computes_attributes(type(owner), name):
+                value = getattr(owner, name, MISSING)
+                # What it computes from is in vars(owner): any write there re-verifies it.
+                self.containers[id(values)] = values
+        return value
+
+    def read_path(self, owner: Any, path: str) -> Any:
+        """The value at a dotted attribute path (``config.eps``), watching every step;
+        MISSING where its last step is absent, NO_PATH where an earlier one is."""
+        *steps, last = path.split(".")
+        for name in steps:
+            owner = self.read(owner, name)
+            if owner is MISSING:
+                return NO_PATH
+        value = self.read(owner, last)
+        self._watch_containers(value)
+        return value
+
+    def _watch_containers(self, value: Any) -> None:
+        if type(value) in (list, dict):
+            self.containers[id(value)] = value
+        if type(value) in (list, tuple):
+            for item in value:
+                self._watch_containers(item)
+        elif type(value) is dict:
+            for item in (*value, *value.values()):
+                self._watch_containers(item)
+
+
+def _describe_read(got: Any) -> str:
+    if got is MISSING:
+        return "missing"
+    if got is NO_PATH:
+        return "unreachable (an attribute on its path is missing)"
+    return repr(got)
+
+
+def computes_attributes(cls: type, name: str) -> bool:
+    """Whether ``cls``, not a module, defines no ``name`` but its own ``__getattribute__`` /
+    ``__getattr__`` may answer it (transformers' PretrainedConfig maps ``hidden_size`` to ``n_embd``)."""
+    return (
+        not issubclass(cls, torch.nn.Module)
+        and (cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"))
+        and not any(name in vars(base) for base in cls.__mro__)
+    )
+
+
+def class_value(cls: type, name: str) -> Any:
+    """A plain value (no method, property or other descriptor) ``cls`` or a base defines as ``name``, else MISSING."""
+    for base in cls.__mro__:
+        if name in vars(base):
+            value = vars(base)[name]
+            return MISSING if hasattr(type(value), "__get__") else value
+    return MISSING
 
 
 def _forget(cache: dict, key: tuple, _dead_ref: Any) -> None:
@@ -1869,8 +2076,11 @@ class PrecompiledFunction:
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
         accessors = [walked[m][0][slot] for m, slot in self._state_slots]
-        submodules = [sub for _, subs, _, _ in walked for sub in subs]
-        attributes = [entry for _, _, checked, _ in walked for entry in checked]
+        submodules = [sub for _, named, _, _ in walked for _, sub in named]
+        reads = ValueReads()
+        for index, (_, named, _, _) in enumerate(walked):
+            self._check_attributes(index, named, reads)
+        ddp_entries = [entry for _, _, checked, _ in walked for entry in checked]
         flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
         # Containers whose length is watched: every submodule's _modules that has
         # children, and a DDP argument's comm hook list.
@@ -1878,10 +2088,15 @@ class PrecompiledFunction:
         sized += [entry for _, _, _, lengths in walked for entry in lengths]
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
-            + attributes
+            + ddp_entries
+            + list(reads.entries.values())
             + sized
         )
-        watched_values = [values[name] for values, name in watched]
+        watched_values = [values.get(name, MISSING) for values, name in watched]
+        classes = list(reads.classes.values())
+        class_values = [getattr(owner, name, MISSING) for owner, name in classes]
+        containers = list(reads.containers.values())
+        copies = [type(c)(c) for c in containers]
         key = tuple(map(id, modules))
         forget = functools.partial(_forget, self._state_cache, key)
         cached = _ModuleCache(
@@ -1896,6 +2111,12 @@ class PrecompiledFunction:
             children=watched_values[len(watched) - len(sized) :],  # the sized entries come last
             expected=[*map(id, watched_values), *map(len, watched_values[len(watched) - len(sized) :])],
             hooks_clean_at=[-1],
+            class_owners=[owner for owner, _ in classes],
+            class_names=[name for _, name in classes],
+            class_values=class_values,
+            containers=containers,
+            container_copies=copies,
+            class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
         )
         state = list(map(dict.__getitem__, cached.tables, cached.names))
         if len(set(map(id, state))) != len(state):
@@ -1906,8 +2127,8 @@ class PrecompiledFunction:
         return cached
 
     def _walk_module(self, index: int, module: Any) -> tuple[list, list, list, list]:
-        """(owner dict, name) of each parameter and buffer, the submodules, the checked attributes,
-        and the (vars, name) of containers whose length is watched."""
+        """(owner dict, name) of each parameter and buffer, (name, submodule) of each submodule,
+        the checked DDP attributes, and the (vars, name) of containers whose length is watched."""
         spec = self.convention.modules[index]
         where = f"args[{spec.position}]"
         if not isinstance(module, torch.nn.Module):
@@ -1945,7 +2166,6 @@ class PrecompiledFunction:
                     f"Dropout & co. compute differently): call .{'train' if want else 'eval'}() "
                     "on it, or precompile again in this mode"
                 )
-        subs = dict(named)
         for (name, _), want, (_, sub) in zip(spec.submodules, spec.classes, named):
             if class_name(type(sub)) != want:
                 raise PrecompileError(
@@ -1953,20 +2173,24 @@ class PrecompiledFunction:
                     "at capture (its forward is baked into the graph): put back a module of that class, "
                     "or precompile again"
                 )
-        for name, attribute, want in spec.attributes:
-            values = vars(subs[name])
-            got = values.get(attribute, _MISSING)
-            if got is _MISSING or not same_value(got, want):
-                raise PrecompileError(
-                    f"{where}{'.' + name if name else ''}.{attribute} is "
-                    f"{'missing' if got is _MISSING else repr(got)}, but was {want!r} at capture (fn "
-                    "read it, so it is baked into the graph): set it back, or precompile again"
-                )
-            checked.append((values, attribute))
         accessors = [_owner_dict(module, n, "parameter") for n in params] + [
             _owner_dict(module, n, "buffer") for n in buffers
         ]
-        return accessors, [sub for _, sub in named], checked, sized
+        return accessors, named, checked, sized
+
+    def _check_attributes(self, index: int, named: list, reads: ValueReads) -> None:
+        """The plain values fn read from a module argument (attribute paths), as captured."""
+        spec = self.convention.modules[index]
+        subs = dict(named)
+        for name, path, want in spec.attributes:
+            got = reads.read_path(subs[name], path)
+            if not matches(got, want):
+                where = f"args[{spec.position}]{'.' + name if name else ''}.{path}"
+                raise PrecompileError(
+                    f"{where} is {_describe_read(got)}, but was "
+                    f"{describe_literal(want)} at capture (fn read it, so it is baked into the graph): "
+                    "set it back, or precompile again"
+                )
 
     def _raise_tied(self, state: list) -> None:
         first = {}
@@ -2020,11 +2244,11 @@ class PrecompiledFunction:
     def _check_values(self, user_args: tuple, leaves: list) -> None:
         for index, want in self._value_inputs:
             got = leaves[index]
-            if not same_value(got, want):
+            if not matches(got, want):
                 if self._flat_inputs:
                     self._flatten(user_args)  # a container passed for a value: say so
                 raise PrecompileError(
-                    f"{self._input_path(index)}: expected {want!r} (baked into the artifact at "
+                    f"{self._input_path(index)}: expected {describe_literal(want)} (baked into the artifact at "
                     f"capture), got {got!r}; precompile again for another value"
                 )
 

@@ -1,0 +1,477 @@
+# Owner(s): ["module: dynamo"]
+"""Guards from what fn read (issue 27, item 1, row 1; Note invariant 11).
+
+Every plain Python value fn reads from its modules -- private or public,
+instance or class attribute, a list / tuple / dict and its elements, a dtype,
+Size, Enum or numpy scalar, a field of a config object reached through
+attributes -- is recorded at capture by its attribute path and checked at
+every call: a changed value is refused before any state changes, an equal one
+is honoured with eager's result.  Values that cannot be checked are refused
+at capture, naming the path.  Artifacts are compiled once per process per
+backend; the models stay tiny.
+"""
+
+import copy
+import dataclasses
+import enum
+import logging
+import os
+import sys
+import types
+
+import numpy as np
+
+import torch
+import torch.nn as nn
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+import torch_precompile
+from torch_precompile import PrecompileError
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_precompile_soundness import _state  # noqa: E402
+
+
+precompile = torch_precompile.precompile
+BACKENDS = ("eager", "inductor")
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
+
+
+class _Mode(str, enum.Enum):  # a str Enum: its repr is no Python literal
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class _Rope:
+    def __init__(self):
+        self.theta = 2.0
+
+
+class _Config:
+    """A config object, as transformers models hold one: fields and nested objects."""
+
+    def __init__(self):
+        self.eps = 0.5
+        self.rope = _Rope()
+        self.unused = "never read"
+
+
+class _Reader(nn.Module):
+    offset = 1.0  # class-level defaults
+    bias_scale = 2.0
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self._scale = 2.0
+        self.scales = [0.5, 3.0]
+        self.pair = (1.0, -1.0)
+        self.weights = {"a": 1.5}
+        self.out_dtype = torch.float64
+        self.shape = torch.Size([2, 6])
+        self.config = _Config()
+        self.mode = _Mode.SUM
+        self.gain = np.float64(1.25)
+        self.unread = 7.0
+
+    def forward(self, x):
+        y = self.bn(self.lin(x)) * self._scale + self.offset * self.bias_scale
+        y = y * self.scales[0] + self.pair[1] * self.weights["a"]
+        y = (y + self.config.eps) * self.config.rope.theta * self.gain
+        y = y.reshape(self.shape).to(self.out_dtype)
+        return y.sum(0) if self.mode == _Mode.SUM else y.mean(0)
+
+
+def _train_step(model, x):
+    loss = model(x).square().sum()
+    loss.backward()
+    return loss
+
+
+_RUNNABLES: dict = {}
+
+
+def _runnable(key, fn, *example_inputs, backend):
+    if (key, backend) not in _RUNNABLES:
+        _RUNNABLES[key, backend] = precompile.load(*precompile(fn, *example_inputs, backend=backend))
+    return _RUNNABLES[key, backend]
+
+
+def _reader_step(backend):
+    return _runnable("reader", _train_step, _Reader(), torch.randn(3, 4), backend=backend)
+
+
+class TestReadGuards(TestCase):
+    def setUp(self):
+        super().setUp()
+        self.model, self.x = _Reader(), torch.randn(3, 4)
+
+    def tearDown(self):
+        _Reader.offset, _Reader.bias_scale = 1.0, 2.0  # class attributes a test changed
+        super().tearDown()
+
+    def check_call(self, f):
+        """f(model, x) equals eager's on a deep copy: loss, .grad, running stats."""
+        ref = copy.deepcopy(self.model)
+        for p, q in zip(self.model.parameters(), ref.parameters()):  # deepcopy drops a Parameter's .grad
+            q.grad = None if p.grad is None else p.grad.clone()
+        got = f(self.model, self.x)
+        want = _train_step(ref, self.x)
+        torch.testing.assert_close(got, want)
+        for (name, a), (_, b) in zip(_state(self.model), _state(ref)):
+            # Inductor's fused BatchNorm backward rounds differently; a changed value differs by far more.
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
+
+    def assert_refused(self, regex, f):
+        before = _state(self.model, self.x)
+        with self.assertRaisesRegex(PrecompileError, regex):
+            f(self.model, self.x)
+        for (name, old), (_, new) in zip(before, _state(self.model, self.x)):
+            if old is None or new is None:
+                self.assertIs(old, new, f"a refused call wrote {name}")
+            else:
+                self.assertTrue(old.equal(new), f"a refused call changed {name}")
+
+    def change_and_restore(self, backend, change, restore, regex):
+        """Refused after ``change`` with nothing written; eager's result once ``restore``d."""
+        f = _reader_step(backend)
+        self.check_call(f)
+        change()
+        self.assert_refused(regex, f)
+        restore()
+        self.check_call(f)
+
+    @parametrize("backend", BACKENDS)
+    def test_private_attribute(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "_scale", 3.0),
+            lambda: setattr(self.model, "_scale", float("2.0")),  # an equal value, another object
+            r"args\[0\]\._scale is 3\.0, but was 2\.0 at capture \(fn read it",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_class_default_overridden_on_the_instance(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "offset", 5.0),
+            lambda: delattr(self.model, "offset"),
+            r"args\[0\]\.offset is 5\.0, but was 1\.0 at capture",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_class_attribute_changed_on_the_class(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(_Reader, "bias_scale", -2.0),
+            lambda: setattr(_Reader, "bias_scale", 2.0),
+            r"args\[0\]\.bias_scale is -2\.0, but was 2\.0 at capture",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_list_element_changed_in_place(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: self.model.scales.__setitem__(0, 0.25),
+            lambda: self.model.scales.__setitem__(0, 0.5),
+            r"args\[0\]\.scales is \[0\.25, 3\.0\], but was \[0\.5, 3\.0\] at capture",
+        )
+        # An element fn never reads is still part of the recorded value: refused, not ignored.
+        self.model.scales.append(1.0)
+        self.assert_refused(r"args\[0\]\.scales is \[0\.5, 3\.0, 1\.0\]", _reader_step(backend))
+
+    @parametrize("backend", BACKENDS)
+    def test_tuple_and_dict_elements(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "pair", (1.0, -2.0)),
+            lambda: setattr(self.model, "pair", (1.0, -1.0)),
+            r"args\[0\]\.pair is \(1\.0, -2\.0\), but was \(1\.0, -1\.0\) at capture",
+        )
+        self.change_and_restore(
+            backend,
+            lambda: self.model.weights.__setitem__("a", 1),  # another value, and an int
+            lambda: self.model.weights.__setitem__("a", 1.5),
+            r"args\[0\]\.weights is \{'a': 1\}, but was \{'a': 1\.5\} at capture",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_dtype_and_size_attributes(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "out_dtype", torch.float32),
+            lambda: setattr(self.model, "out_dtype", torch.float64),
+            r"args\[0\]\.out_dtype is torch\.float32, but was torch\.float64 at capture",
+        )
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "shape", torch.Size([6, 2])),
+            lambda: setattr(self.model, "shape", torch.Size([2, 6])),
+            r"args\[0\]\.shape is torch\.Size\(\[6, 2\]\), but was torch\.Size\(\[2, 6\]\) at capture",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_config_object_fields(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model.config, "eps", 0.25),
+            lambda: setattr(self.model.config, "eps", 0.5),
+            r"args\[0\]\.config\.eps is 0\.25, but was 0\.5 at capture",
+        )
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model.config.rope, "theta", 4.0),
+            lambda: setattr(self.model.config, "rope", _Rope()),  # another object, equal fields
+            r"args\[0\]\.config\.rope\.theta is 4\.0, but was 2\.0 at capture",
+        )
+        self.model.config.unused = "changed"  # a field fn never read: honoured
+        self.check_call(_reader_step(backend))
+
+    @parametrize("backend", BACKENDS)
+    def test_str_enum_attribute(self, backend):
+        """Captured without a SyntaxError (the Enum is recorded by class and member name)."""
+        f = _reader_step(backend)
+        self.assertIn(("", "mode", {"enum": (f"{__name__}._Mode", "SUM")}), f.convention.modules[0].attributes)
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "mode", _Mode.MEAN),
+            lambda: setattr(self.model, "mode", _Mode("sum")),
+            r"args\[0\]\.mode is <_Mode\.MEAN: 'mean'>, but was _Mode\.SUM at capture",
+        )
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "mode", "sum"),  # equal under ==, but no _Mode
+            lambda: setattr(self.model, "mode", _Mode.SUM),
+            r"args\[0\]\.mode is 'sum', but was _Mode\.SUM at capture",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_numpy_scalar_attribute(self, backend):
+        self.change_and_restore(
+            backend,
+            lambda: setattr(self.model, "gain", np.float32(1.25)),  # equal value, other dtype
+            lambda: setattr(self.model, "gain", np.float64(1.25)),
+            r"args\[0\]\.gain is np\.float32\(1\.25\), but was numpy\.float64\(1\.25\) at capture",
+        )
+
+    @parametrize("backend", BACKENDS)
+    def test_unread_attribute_is_free(self, backend):
+        self.model.unread = -1.0
+        self.model.lin.in_features = 5
+        self.check_call(_reader_step(backend))
+
+    @parametrize("backend", BACKENDS)
+    def test_numpy_and_enum_arguments(self, backend):
+        """numpy scalars and Enum members as positional arguments: baked with their types, checked."""
+
+        def scaled(x, s, mode):
+            return x * s if mode is _Mode.SUM else x / s
+
+        x = torch.randn(3)
+        f = _runnable("numpy_arg", scaled, x, np.float64(2.5), _Mode.SUM, backend=backend)
+        torch.testing.assert_close(f(x, np.float64(2.5), _Mode.SUM), scaled(x, np.float64(2.5), _Mode.SUM))
+        for s, mode, message in (
+            (2.5, _Mode.SUM, r"args\[1\]: expected numpy\.float64\(2\.5\) \(baked into the artifact at capture\), got 2\.5"),
+            (np.float64(3.0), _Mode.SUM, r"args\[1\]: expected numpy\.float64\(2\.5\).*got np\.float64\(3\.0\)"),
+            (np.float64(2.5), _Mode.MEAN, r"args\[2\]: expected _Mode\.SUM.*got <_Mode\.MEAN: 'mean'>"),
+        ):
+            with self.assertRaisesRegex(PrecompileError, message):
+                f(x, s, mode)
+
+    def test_a_list_alone(self):
+        """A model whose only read value is a list (as nn.GRU's _flat_weights_names): written in place, seen."""
+
+        class Listed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scales = [2.0]
+
+            def forward(self, x):
+                return x * self.scales[0]
+
+        model, x = Listed(), torch.randn(2)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), x * 2)
+        model.scales[0] = 3.0
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.scales is \[3\.0\], but was \[2\.0\]"):
+            f(model, x)
+
+    def test_attribute_found_absent(self):
+        """``getattr(config, "sliding_window", None)`` and ``getattr(self, "scale", 1.0)``: absence is read too."""
+
+        class Windowed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = _Config()
+
+            def forward(self, x):
+                window = getattr(self.config, "sliding_window", None)
+                return (x if window is None else x[:window]) * getattr(self, "scale", 1.0)
+
+        model, x = Windowed(), torch.randn(3)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))
+        for owner, name, value in ((model.config, "sliding_window", 2), (model, "scale", 3.0)):
+            setattr(owner, name, value)
+            with self.assertRaisesRegex(PrecompileError, rf"args\[0\]\.(config\.)?{name} is {value}, but was missing at capture"):
+                f(model, x)
+            delattr(owner, name)
+            torch.testing.assert_close(f(model, x), model(x))
+        del model.config  # eager raises an AttributeError: refused, not computed
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.config\.sliding_window is unreachable"):
+            f(model, x)
+
+    def test_enum_or_numpy_output_leaf_is_refused_not_a_syntax_error(self):
+        """An output leaf is returned as recorded: only plain int, float, bool, str or None."""
+        for leaf, kind in ((_Mode.SUM, "_Mode"), (np.float64(1.0), "float64")):
+            with self.assertRaisesRegex(PrecompileError, rf"fn's output leaf 1: unsupported leaf of type {kind}"):
+                precompile(lambda x: (x * 2, leaf), torch.randn(2), backend="eager")  # noqa: B023
+
+    def test_transformers_style_config(self):
+        """A transformers PretrainedConfig (its own __getattribute__ / __setattr__) read through self.config."""
+        try:
+            from transformers import PretrainedConfig
+        except ImportError:
+            self.skipTest("transformers is not installed")
+
+        class Norm(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.config = config
+
+            def forward(self, x):
+                return x / (x.square().mean(-1, keepdim=True) + self.config.rms_norm_eps).sqrt()
+
+        model, x = Norm(PretrainedConfig(rms_norm_eps=1e-6, hidden_size=4)), torch.randn(2, 4)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        self.assertEqual(f.convention.modules[0].attributes, (("", "config.rms_norm_eps", 1e-6),))
+        self.assertIs(type(model.config), PretrainedConfig)  # the read probe is gone
+        torch.testing.assert_close(f(model, x), model(x))
+        model.config.hidden_size = 8  # never read: honoured
+        torch.testing.assert_close(f(model, x), model(x))
+        model.config.rms_norm_eps = 1e-2
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.config\.rms_norm_eps is 0\.01, but was 1e-06"):
+            f(model, x)
+
+    def test_transformers_attribute_map_alias(self):
+        """A name the config's own __getattribute__ maps to another field (GPT-2's n_embd) is read through it."""
+        try:
+            from transformers import GPT2Config
+        except ImportError:
+            self.skipTest("transformers is not installed")
+
+        class Scale(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.config = config
+
+            def forward(self, x):
+                return x * self.config.hidden_size  # GPT2Config.attribute_map: hidden_size -> n_embd
+
+        model, x = Scale(GPT2Config(n_embd=4, n_layer=1, n_head=1)), torch.randn(2, 4)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))
+        model.config.n_embd = 8
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.config\.hidden_size is 8, but was 4"):
+            f(model, x)
+        model.config.n_embd = 4
+        torch.testing.assert_close(f(model, x), model(x))
+
+    def test_values_that_cannot_be_checked_are_refused_at_capture(self):
+        class Odd(nn.Module):
+            def __init__(self, table):
+                super().__init__()
+                self.lin, self.table = nn.Linear(4, 4), table
+
+            def forward(self, x):
+                return self.lin(x) * len(self.table)
+
+        for table, kind in (
+            ({1, 2}, r"a builtins\.set"),
+            (np.ones(2), r"a numpy\.ndarray"),
+            ([1.0, _Rope()], r"a list holding a test_precompile_read_guards\._Rope"),
+        ):
+            model = Odd(table)
+            before = _state(model)
+            with self.assertRaisesRegex(
+                PrecompileError, r"fn reads args\[0\]\.table, " + kind + r", which precompile cannot check at every call"
+            ):
+                precompile(lambda m, x: m(x), model, torch.randn(2, 4), backend="eager")
+            self.assertIs(type(model), Odd)
+            for (name, old), (_, new) in zip(before, _state(model)):
+                self.assertTrue(old is new is None or old.equal(new), name)
+
+    def test_fn_writing_a_value_it_read_is_refused_at_capture(self):
+        class Counter(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def forward(self, x):
+                self.calls += 1
+                return x * self.calls
+
+        with self.assertRaisesRegex(
+            PrecompileError, r"fn changes args\[0\]\.calls \(from 0 to 1\); the artifact would compute with the value it read"
+        ):
+            precompile(lambda m, x: m(x), Counter(), torch.randn(2), backend="eager")
+
+    def test_namespaces_and_frozen_dataclasses(self):
+        """Config objects of classes that cannot be probed (SimpleNamespace) or set (frozen dataclasses)."""
+
+        @dataclasses.dataclass(frozen=True)
+        class Frozen:
+            c: float = 4.0
+
+        class Configured(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ns, self.frozen = types.SimpleNamespace(a=2.0, unused=0), Frozen()
+
+            def forward(self, x):
+                return x * self.ns.a * self.frozen.c
+
+        model, x = Configured(), torch.randn(3)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))
+        for edit, message in (
+            (lambda: setattr(model.ns, "a", 5.0), r"args\[0\]\.ns\.a is 5\.0, but was 2\.0"),
+            (lambda: setattr(model, "frozen", Frozen(c=1.0)), r"args\[0\]\.frozen\.c is 1\.0, but was 4\.0"),
+        ):
+            edit()
+            with self.assertRaisesRegex(PrecompileError, message):
+                f(model, x)
+            model.ns.a, model.frozen = 2.0, Frozen()
+            torch.testing.assert_close(f(model, x), model(x))
+
+    def test_code_and_submodules_are_not_values(self):
+        """Functions, methods, modules and loggers held as attributes are code: read freely, never guarded."""
+
+        class Coded(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.act = torch.tanh
+                self.helpers = [torch.relu, nn.Identity()]
+                self.lin = nn.Linear(4, 4)
+                self.log = logging.getLogger("test_precompile_read_guards")
+
+            def forward(self, x):
+                self.log.debug("shape %s", x.shape)  # fills the logger's level cache: no value fn computes with
+                return self.helpers[0](self.act(self.lin(x)))
+
+        f = precompile.load(*precompile(lambda m, x: m(x), Coded(), torch.randn(2, 4), backend="eager"))
+        self.assertEqual(f.convention.modules[0].attributes, ())
+
+
+instantiate_parametrized_tests(TestReadGuards)
+
+
+if __name__ == "__main__":
+    run_tests()
