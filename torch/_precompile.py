@@ -262,9 +262,9 @@ says who guarantees it and, where it is enforced, which tests (in
      fast path re-verifies each step by the identity of the value in its
      ``vars()`` (and on the class) and each list or dict by the ids of its
      elements, in a few C-level passes.  Functions, methods, modules and
-     loggers read are code (submodules are checked structurally); any other value read (a
-     set, an ndarray, a list holding an object) is REFUSED at capture,
-     naming its path, and so is fn writing a value it read
+     loggers read are code (submodules are checked structurally); any other
+     value read (a set, an ndarray, a list holding an object) is REFUSED at
+     capture, naming its path, and so is fn writing a value it read
      (``self.calls += 1``) (test_precompile_read_guards.py,
      test_module_classes_and_read_attributes_are_checked).
    - Hooks (module forward/backward hooks and pre-hooks, global module
