@@ -1825,8 +1825,9 @@ class PrecompiledFunction:
         self._single_output = self._plain_outputs and self._output_spec.is_leaf()
         self._output_views = convention.output_views
         self._state_slots, self._alias_slots = self._locate_state()
-        # tuple(id(module)) -> _ModuleCache, while those modules live.
-        self._state_cache: dict[tuple, _ModuleCache] = {}
+        # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
+        self._state_cache: dict[Any, _ModuleCache] = {}
+        self._one_module = len(self._module_positions) == 1
         self._guard = None  # TensorGuards armed by the last fully checked call
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
@@ -1835,6 +1836,9 @@ class PrecompiledFunction:
         self._inference_mode_read = bool(convention.inference_mode_read)
         self._default_dtype = _dtype(convention.default_dtype)
         self._any_autocast = bool(convention.autocast)
+        # One flag for the per-call path: any of the global state above is compared beyond
+        # autocast and the default dtype (most forwards compare neither).
+        self._reads_global_state = self._any_autocast or self._needs_grad_mode or self._needs_grad or self._inference_mode_read
         # Memory shared with a tensor the graph writes changes what it computes.
         # Pairs of tensor graph inputs that must not share memory: those with
         # a user input are checked at every call, state-only ones whenever
@@ -1854,6 +1858,9 @@ class PrecompiledFunction:
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
         self._has_trailing_inputs = bool(self._free_inputs or self._optimizers or convention.grad_inputs)
+        self._copies_inputs = bool(self._constants or self._output_views)
+        self._writes_state = bool(self._optimizers or self._writes_grads or self._output_views)
+        self._checks_inputs = bool(self._value_inputs or self._input_alias_pairs or self._same_inputs)
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -1875,12 +1882,9 @@ class PrecompiledFunction:
             args = self._bind(args, kwargs)
         grad_enabled = _is_grad_enabled()
         if (
-            self._any_autocast  # captured under autocast: compared in full at every call
-            or _is_any_autocast_enabled()
+            _is_any_autocast_enabled()
             or _get_default_dtype() is not self._default_dtype
-            or (self._needs_grad_mode and not grad_enabled)
-            or (self._needs_grad and (_is_anomaly_enabled() or _saved_tensors_hooks() is not None))
-            or (self._inference_mode_read and _is_inference_mode_enabled())
+            or (self._reads_global_state and self._global_state_moved(grad_enabled))
         ):
             self._check_global_state(grad_enabled)
         modules = self._pick_modules(args)
@@ -1890,42 +1894,54 @@ class PrecompiledFunction:
         user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
-        if self._guard is None or not guard_passes(self._guard, tensors):
+        guard = self._guard
+        try:  # guard_passes(), inlined: a call costs as much as the check of a small model
+            passed = guard is not None and guard.check(*tensors)
+        except TypeError:  # a non-tensor where a tensor was captured
+            passed = False
+        if not passed:
             self._check_slowly(user_args, leaves, state)
             self._guard = self._build_guard(tensors)
-        if self._value_inputs:
-            self._check_values(user_args, leaves)
-        if self._input_alias_pairs:
-            self._check_aliasing(tensors, self._input_alias_pairs)
-        if self._same_inputs:
-            self._check_same_inputs(tensors)
-        created = []  # (optimizer, state entries this call creates): stored once the graph ran
+        if self._checks_inputs:
+            self._check_inputs(user_args, leaves, tensors)
+        created = ()  # (optimizer, state entries this call creates): stored once the graph ran
         if self._has_trailing_inputs:
+            created = []
             tensors += self._trailing_inputs(args, leaves, state, created)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad),
-        # and write .grad as the autograd engine does, with grad mode off.
-        _set_grad_enabled(False)
+        # and write .grad as the autograd engine does, with grad mode off
+        # (already off under no_grad(): nothing to switch).
+        if grad_enabled:
+            _set_grad_enabled(False)
         try:
             try:
-                outputs = self._run_graph(tensors + self._constants)
+                # Inductor's call() empties the list it gets: a copy where tensors is read afterwards.
+                outputs = self._run_graph(tensors + self._constants if self._copies_inputs else tensors)
             except AssertionError as error:
                 self._raise_rejected(error)
             if len(outputs) != self._num_graph_outputs:
                 self._raise_edited(outputs)
-            for optimizer, entries in created:
-                OptimizerArgument.stepped(optimizer, entries)
-            if self._writes_grads:
-                self._write_grads(state, outputs)
-            if self._output_views:
-                outputs = self._alias_outputs(outputs, tensors)
+            if self._writes_state:
+                outputs = self._store_results(outputs, state, tensors, created)
         finally:
-            _set_grad_enabled(grad_enabled)
+            if grad_enabled:
+                _set_grad_enabled(True)
         if self._single_output:
             return outputs[0]
         if self._plain_outputs:
             return tuple([outputs[i] for i in self._output_indices])
         return self._rebuild_outputs(outputs)
+
+    def _store_results(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
+        """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
+        for optimizer, entries in created:
+            OptimizerArgument.stepped(optimizer, entries)
+        if self._writes_grads:
+            self._write_grads(state, outputs)
+        if self._output_views:
+            outputs = self._alias_outputs(outputs, tensors)
+        return outputs
 
     def _trailing_inputs(self, args: tuple, leaves: Any, state: list, created: list) -> list:
         """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads.
@@ -2001,6 +2017,15 @@ class PrecompiledFunction:
             )
         cached.hooks_clean_at[0] = epoch
 
+    def _global_state_moved(self, grad_enabled: bool) -> bool:
+        """Whether the global state this artifact compares beyond autocast and the default dtype may differ (a few C calls)."""
+        return (
+            self._any_autocast  # captured under autocast: compared in full at every call
+            or (self._needs_grad_mode and not grad_enabled)
+            or (self._needs_grad and (_is_anomaly_enabled() or _saved_tensors_hooks() is not None))
+            or (self._inference_mode_read and _is_inference_mode_enabled())
+        )
+
     def _check_global_state(self, grad_enabled: bool) -> None:
         """Grad mode (and the modes fn read), saved-tensor hooks, autocast and default dtype as captured, or a PrecompileError."""
         where = "torch.inference_mode()" if _is_inference_mode_enabled() else "torch.no_grad()"
@@ -2059,20 +2084,22 @@ class PrecompiledFunction:
     # -- module state --------------------------------------------------------
 
     def _state_tensors(self, modules: tuple) -> tuple[_ModuleCache, list]:
-        cached = self._state_cache.get(tuple(map(id, modules)))
+        # The usual single module keyed by its id alone: no tuple built per call.
+        key = id(modules[0]) if self._one_module else tuple(map(id, modules))
+        cached = self._state_cache.get(key)
         if cached is None or not cached.valid():
-            cached = self._cache_modules(modules)
+            cached = self._cache_modules(modules, key)
         try:
             state = list(map(dict.__getitem__, cached.tables, cached.names))
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
-            cached = self._cache_modules(modules)  # names what is missing
+            cached = self._cache_modules(modules, key)  # names what is missing
             state = list(map(dict.__getitem__, cached.tables, cached.names))
         for state_index, table, name, module_index, fqn in cached.aliases:
             if table[name] is not state[state_index]:
                 self._raise_untied(state_index, module_index, fqn)
         return cached, state
 
-    def _cache_modules(self, modules: tuple) -> _ModuleCache:
+    def _cache_modules(self, modules: tuple, key: Any) -> _ModuleCache:
         """Walk the module arguments, check them against the convention, cache the result."""
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
@@ -2098,7 +2125,6 @@ class PrecompiledFunction:
         class_values = [getattr(owner, name, MISSING) for owner, name in classes]
         containers = list(reads.containers.values())
         copies = [type(c)(c) for c in containers]
-        key = tuple(map(id, modules))
         forget = functools.partial(_forget, self._state_cache, key)
         cached = _ModuleCache(
             refs=tuple(weakref.ref(m, forget) for m in modules),
@@ -2241,6 +2267,12 @@ class PrecompiledFunction:
                     f"expected {want}, got {got}"
                 )
         raise PrecompileError("input structure differs from the captured one")
+
+    def _check_inputs(self, user_args: tuple, leaves: list, tensors: list) -> None:
+        """Baked values, no memory shared with a tensor the graph writes, and the tensors that must be one, as captured."""
+        self._check_values(user_args, leaves)
+        self._check_aliasing(tensors, self._input_alias_pairs)
+        self._check_same_inputs(tensors)
 
     def _check_values(self, user_args: tuple, leaves: list) -> None:
         for index, want in self._value_inputs:
@@ -2392,9 +2424,7 @@ class PrecompiledFunction:
         _, state = self._state_tensors(self._pick_modules(args))
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._check_slowly(user_args, leaves, state)
-        self._check_values(user_args, leaves)
-        self._check_aliasing(tensors, self._input_alias_pairs)
-        self._check_same_inputs(tensors)
+        self._check_inputs(user_args, leaves, tensors)
         return [*tensors, *self._trailing_inputs(args, leaves, state, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:
