@@ -22,7 +22,8 @@ repeats and their paired difference.
 Before/after a driver change, on a busy machine: ``--save DIR`` (run on the
 old checkout) writes the artifacts, whose python_code embeds that driver;
 ``--baseline DIR`` (on the new one) loads them next to fresh ones and adds
-the paired per-call difference new - old, measured in one process.
+the paired per-call difference new - old, measured in one process (for both
+tables).
 
 Usage:  python benchmarks/soundness_overhead.py [--pairs N] [--save DIR | --baseline DIR]
 """
@@ -88,19 +89,26 @@ def main() -> None:
             _fmt_paired(precompiled, graph, args.pairs),
         ]
         if args.baseline:
-            # Run alone, as an artifact can be: this load() may not read an older convention.
-            namespace: dict = {}
-            exec(torch.load(os.path.join(args.baseline, f"{name}.pt"))[0], namespace)
-            old = namespace["forward"]
+            old = _baseline(args.baseline, name)
             row.append(_fmt_paired(precompiled, lambda: old(model, x), args.pairs))  # noqa: B023
         rows.append(row)
     headers = ["model", "modules", "params", "precompiled call", "raw graph", "driver overhead"]
     print(C.markdown_table(headers + (["new - baseline"] if args.baseline else []), rows))
     print()
-    print(C.markdown_table(*_against_eager(args.pairs)))
+    print(C.markdown_table(*_against_eager(args.pairs, args.save, args.baseline)))
 
 
-def _against_eager(pairs: int) -> tuple[list, list]:
+def _baseline(directory: str, name: str):
+    """The runnable of an artifact --save wrote, with the driver embedded in it."""
+    import torch
+
+    # Run alone, as an artifact can be: this load() may not read an older convention.
+    namespace: dict = {}
+    exec(torch.load(os.path.join(directory, f"{name}.pt"))[0], namespace)
+    return namespace["forward"]
+
+
+def _against_eager(pairs: int, save: str | None, baseline: str | None) -> tuple[list, list]:
     """The tiny no_grad forward, precompiled with each backend, next to eager's call."""
     import torch
     import torch.nn as nn
@@ -112,18 +120,26 @@ def _against_eager(pairs: int) -> tuple[list, list]:
     with torch.no_grad():
         eager_s = _per_call(eager)
         for backend in ("eager", "inductor"):
-            f = torch_precompile.load(*torch_precompile.precompile(C.forward, model, x, backend=backend))
+            pair = torch_precompile.precompile(C.forward, model, x, backend=backend)
+            if save:
+                torch.save(pair, os.path.join(save, f"forward_{backend}.pt"))
+            f = torch_precompile.load(*pair)
             precompiled = lambda: f(model, x)  # noqa: E731, B023
             torch.testing.assert_close(precompiled(), eager())
             call_s = _per_call(precompiled)
-            rows.append([
+            row = [
                 f"Linear(16, 16), batch 4, no_grad, backend={backend}",
                 C.fmt_us(call_s),
                 C.fmt_us(eager_s),
                 f"{call_s / eager_s:.2f}x",
                 _fmt_paired(precompiled, eager, pairs),
-            ])
-    return ["forward", "precompiled call", "eager call", "ratio", "precompiled - eager"], rows
+            ]
+            if baseline:
+                old = _baseline(baseline, f"forward_{backend}")
+                row.append(_fmt_paired(precompiled, lambda: old(model, x), pairs))  # noqa: B023
+            rows.append(row)
+    headers = ["forward", "precompiled call", "eager call", "ratio", "precompiled - eager"]
+    return headers + (["new - baseline"] if baseline else []), rows
 
 
 def _fmt_paired(a, b, pairs: int) -> str:
