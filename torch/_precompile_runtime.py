@@ -1925,8 +1925,7 @@ class PrecompiledFunction:
             if self._writes_state:
                 outputs = self._store_results(outputs, state, tensors, created)
         finally:
-            if grad_enabled:
-                _set_grad_enabled(True)
+            _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
         if self._single_output:
             return outputs[0]
         if self._plain_outputs:
@@ -2094,9 +2093,10 @@ class PrecompiledFunction:
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
             cached = self._cache_modules(modules, key)  # names what is missing
             state = list(map(dict.__getitem__, cached.tables, cached.names))
-        for state_index, table, name, module_index, fqn in cached.aliases:
-            if table[name] is not state[state_index]:
-                self._raise_untied(state_index, module_index, fqn)
+        if cached.aliases:
+            for state_index, table, name, module_index, fqn in cached.aliases:
+                if table[name] is not state[state_index]:
+                    self._raise_untied(state_index, module_index, fqn)
         return cached, state
 
     def _cache_modules(self, modules: tuple, key: Any) -> _ModuleCache:
