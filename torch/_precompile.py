@@ -354,7 +354,8 @@ says who guarantees it and, where it is enforced, which tests (in
    than the attributes it reads) or branching on ``type(m) is ...``
    (during the trace ``type(m)`` and the
    type of a config it reads are probe subclasses, which also run the
-   class's ``__init_subclass__``); writing
+   class's ``__init_subclass__``), and on ``type(d) is dict`` for a dict
+   input (a probe dict subclass, invariant 3); writing
    ``_modules`` / ``_parameters`` dicts directly without changing their
    length, ``param.data = ...`` and ``m.__class__ = ...``; and, on
    backend='inductor', indices out of range (``nn.Embedding``), which
