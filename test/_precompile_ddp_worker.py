@@ -282,6 +282,13 @@ def main(out_dir: str, backends: list) -> None:
         from torch_precompile._precompile_inspect import describe
 
         result["inspected_modules"] = {name: describe(*pair)["modules"] for name, pair in pairs[backends[0]].items()}
+        result["grad_inputs"] = {
+            backend: {
+                name: (list(f.convention.grad_inputs), list(f.convention.grad_inputs_read_only))
+                for name, f in ((name, torch_precompile.load(*pair)) for name, pair in pairs[backend].items())
+            }
+            for backend in backends
+        }
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -194,6 +194,20 @@ class TestDataParallel(_JobResults):
             r"gradients over 2 ranks\)",
         )
 
+    @parametrize("backend", BACKENDS)
+    def test_synchronizing_steps_only_read_the_incoming_grads(self, backend):
+        # The all-reduced sum is incoming + local, computed out of place, so a
+        # .grad of None passes zeros the runnable keeps (every run's later
+        # iterations above use them).  no_sync accumulates without inputs; the
+        # optimizer steps' zero_grad() drops them.
+        grad_inputs = self.ranks[0]["grad_inputs"][backend]
+        for name in ("plain", "unused", "batchnorm"):
+            incoming, read_only = grad_inputs[name]
+            self.assertNotEqual(incoming, [], name)
+            self.assertEqual(read_only, incoming, name)
+        for name in ("accumulate", "sgd", "adamw"):
+            self.assertEqual(grad_inputs[name], ([], []), name)
+
     def test_inspector_shows_the_data_parallel_settings(self):
         inspected = self.ranks[0]["inspected_modules"]
         (plain,) = inspected["plain"]

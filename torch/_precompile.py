@@ -461,6 +461,11 @@ says who guarantees it and, where it is enforced, which tests (in
    all-reduce, and each artifact is refused in the other context (precompile
    one step for each).  find_unused_parameters=True: parameters backward does
    not reach keep their ``.grad`` and are not reduced, like eager DDP.
+   The incoming ``.grad`` (invariant 13) is only read: backward's
+   accumulation onto it is computed out of place (the sum is all-reduced and
+   the result becomes ``.grad``; the old ``.grad`` tensor keeps its values),
+   so a ``.grad`` of None passes zeros the runnable makes once and keeps
+   (``grad_inputs_read_only``).
    gradient_as_bucket_view and the bucket cap are recorded; values do not
    depend on them (the ``.grad`` tensors are not bucket views).  Tested on 2
    gloo ranks against eager DDP, per rank, on both backends

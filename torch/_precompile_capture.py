@@ -1102,6 +1102,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
         grads_cleared=grads["grads_cleared"],
+        grad_inputs_read_only=grads["grad_inputs_read_only"],
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
         signature=_signature_record(fn, example_inputs),
@@ -1944,6 +1945,10 @@ def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _
     results = list(output.args[0])
     grad_state = list(recorded["grad_state"])
     first = len(results) - len(grad_state)
+    reduced = {index for argument in args.data_parallel for _, index in argument.parameters}
+    for index, node in zip(_grad_candidates(args), placeholders):
+        if index in reduced:
+            _accumulate_out_of_place(node, results)
     assigned = []
     for index, node in zip(_grad_candidates(args), placeholders):
         if index not in grad_state:
@@ -1960,12 +1965,51 @@ def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _
         else:
             assigned.append(index)
     output.args = (tuple(results),)
+    read = [(i, node) for i, node in zip(_grad_candidates(args), placeholders) if node.users]
+    read_only = _read_only(graph, [node for _, node in read])
     return {
         "grad_state": tuple(grad_state),
         "grads_assigned": tuple(assigned),
         "grads_cleared": tuple(recorded["grads_cleared"]),
-        "grad_inputs": tuple(i for i, node in zip(_grad_candidates(args), placeholders) if node.users),
+        "grad_inputs": tuple(i for i, _ in read),
+        "grad_inputs_read_only": tuple(i for i, node in read if node in read_only),
     }
+
+
+def _accumulate_out_of_place(incoming: torch.fx.Node, results: list) -> None:
+    """A DDP-reduced parameter's backward accumulation ``incoming.add_(g)`` as ``incoming + g``.
+
+    The sum goes to the all-reduce and ``.grad`` becomes its result, so the
+    in-place write only changed the incoming tensor; without it the graph
+    merely reads that input, and a call with ``.grad`` None can pass the same
+    zeros every time instead of allocating and filling new ones (invariant 16).
+    """
+    (user,) = incoming.users if len(incoming.users) == 1 else (None,)
+    if (
+        user is not None
+        and user.target is torch.ops.aten.add_.Tensor
+        and user.args[0] is incoming
+        and user not in results
+    ):
+        user.target = torch.ops.aten.add.Tensor
+
+
+def _read_only(graph: torch.fx.GraphModule, nodes: list) -> set:
+    """Those placeholder ``nodes`` the graph only reads: no write or output reaches them.
+
+    Per op schemas (``_alias_sets``); a node an op without a schema takes
+    (a Python callable) counts as written.
+    """
+    root, written = _alias_sets(graph)
+    returned = {root(n) for n in pytree.tree_leaves(graph.graph.output_node().args) if isinstance(n, torch.fx.Node)}
+    opaque = {
+        root(arg)
+        for node in graph.graph.nodes
+        if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload)
+        and node.target is not operator.getitem
+        for arg in node.all_input_nodes
+    }
+    return {node for node in nodes if root(node) not in written | returned | opaque}
 
 
 def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list) -> bool:

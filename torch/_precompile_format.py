@@ -48,9 +48,11 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # dict inputs whose key order fn observed, optimizer hyperparameters lifted
 # like lr (OptimizerSpec.lifted) and structures named by import path; a
 # version-7 convention reads as one without them, an older driver refuses 8.
+# 9: grad_inputs_read_only (zeros kept across calls for a None .grad); an
+# older convention reads as one without it.
 # load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
 MIN_FORMAT_VERSION = 7
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 
 # ---------------------------------------------------------------------------

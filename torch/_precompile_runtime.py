@@ -543,6 +543,9 @@ class CallingConvention(Record):
     # State indices whose incoming .grad is a graph input (after the optimizers'
     # inputs; zeros when None): fn reads it, or accumulates onto it in-graph.
     grad_inputs: tuple[Count, ...] = ()
+    # Those of grad_inputs the graph only reads (no write, view or output
+    # reaches them): a None .grad passes zeros the runnable keeps across calls.
+    grad_inputs_read_only: tuple[Count, ...] = ()
     # grad_state entries whose graph gradient is the final .grad (fn cleared or
     # read the incoming one): assigned; the others accumulate like backward().
     grads_assigned: tuple[Count, ...] = ()
@@ -1038,6 +1041,7 @@ def validate_convention(c: "CallingConvention") -> None:
     parameters = [i for i, s in enumerate(c.state) if s.kind == "parameter"]
     check_indices("grad_state", c.grad_state, parameters)
     check_indices("grad_inputs", c.grad_inputs, parameters)
+    check_indices("grad_inputs_read_only", c.grad_inputs_read_only, c.grad_inputs)
     check_indices("grads_assigned", c.grads_assigned, c.grad_state)
     check_indices("grads_cleared", c.grads_cleared, set(parameters) - set(c.grad_state))
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
@@ -1858,6 +1862,8 @@ class PrecompiledFunction:
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
         self._has_trailing_inputs = bool(self._free_inputs or self._optimizers or convention.grad_inputs)
+        self._read_only_grads = frozenset(convention.grad_inputs_read_only)
+        self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
         self._copies_inputs = bool(self._constants or self._output_views)
         self._writes_state = bool(self._optimizers or self._writes_grads or self._output_views)
         self._checks_inputs = bool(self._value_inputs or self._input_alias_pairs or self._same_inputs)
@@ -2357,12 +2363,20 @@ class PrecompiledFunction:
     # -- results -------------------------------------------------------------
 
     def _prior_grads(self, state: list) -> list:
-        """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g)."""
+        """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g).
+
+        The zeros for an input the graph only reads are made once and kept:
+        their layout is the parameter's, which every call checked.
+        """
         grads = []
         for index in self.convention.grad_inputs:
             param, grad = state[index], state[index].grad
             if grad is None:
-                grad = torch.zeros_like(param, memory_format=torch.preserve_format)
+                grad = self._kept_zeros.get(index)
+                if grad is None:
+                    grad = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    if index in self._read_only_grads:
+                        self._kept_zeros[index] = grad
             elif grad.shape != param.shape or grad.dtype != param.dtype or grad.stride() != param.stride():
                 module_index, name = self.convention.state[index].names[0]
                 raise PrecompileError(
