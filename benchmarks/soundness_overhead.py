@@ -16,8 +16,15 @@ goal, <= 5 us).  One thread, gc disabled while timing.
 A second table puts the real tiny forward next to eager PyTorch in the same
 run (issue 27's goal: no slower than eager): ``nn.Linear(16, 16)``, batch 4,
 ``fn(model, x) = model(x)`` called under ``torch.no_grad()``, precompiled with
-each backend, against eager's ``model(x)`` under ``no_grad()``; medians of
-repeats and their paired difference.
+each backend, against eager's ``model(x)`` under ``no_grad()``, and
+``torch.compile``'s call of the same fn; medians of repeats and their paired
+difference.  A third splits the inductor row: the driver (precompiled call -
+raw graph) against eager's ``nn.Module.__call__`` (``model(x)`` -
+``F.linear``), and Inductor's graph against ``F.linear``.
+
+A fourth puts the deep model's check next to torch.compile's: the C++ guard
+tree Dynamo built for ``model(x)`` on the same model (backend "eager",
+no_grad), checked on its own (no frame evaluation, no graph).
 
 Before/after a driver change, on a busy machine: ``--save DIR`` (run on the
 old checkout) writes the artifacts, whose python_code embeds that driver;
@@ -95,7 +102,31 @@ def main() -> None:
     headers = ["model", "modules", "params", "precompiled call", "raw graph", "driver overhead"]
     print(C.markdown_table(headers + (["new - baseline"] if args.baseline else []), rows))
     print()
-    print(C.markdown_table(*_against_eager(args.pairs, args.save, args.baseline)))
+    eager_table, split_table = _against_eager(args.pairs, args.save, args.baseline)
+    print(C.markdown_table(*eager_table))
+    print()
+    print(C.markdown_table(*split_table))
+    print()
+    print(C.markdown_table(*_against_dynamo_guards(_models()["deep"], rows)))
+
+
+def _against_dynamo_guards(deep: tuple, rows: list) -> tuple[list, list]:
+    """The deep model's driver overhead (measured above) next to Dynamo's guard check for model(x)."""
+    import torch
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # private (2.11-2.14): a code object's compiled entries
+
+    model, features = deep
+    x = torch.randn(2, features)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(C.forward, backend="eager")(model, x)
+        (entry,) = _debug_get_cache_entry_list(C.forward.__code__)
+        frame_locals = {"model": model, "x": x}
+        assert entry.guard_manager.check(frame_locals)
+        dynamo_s = _per_call(lambda: entry.guard_manager.check(frame_locals))
+    (ours,) = [row for row in rows if row[0] == "deep"]
+    headers = ["model", "precompile driver overhead", "torch.compile guard check"]
+    return headers, [["deep (101 modules, 100 parameters)", ours[5], C.fmt_us(dynamo_s)]]
 
 
 def _baseline(directory: str, name: str):
@@ -108,17 +139,26 @@ def _baseline(directory: str, name: str):
     return namespace["forward"]
 
 
-def _against_eager(pairs: int, save: str | None, baseline: str | None) -> tuple[list, list]:
-    """The tiny no_grad forward, precompiled with each backend, next to eager's call."""
+def _against_eager(pairs: int, save: str | None, baseline: str | None) -> tuple[tuple, tuple]:
+    """The tiny no_grad forward, precompiled with each backend, next to eager's and torch.compile's call; (table, its inductor row split)."""
     import torch
     import torch.nn as nn
+    import torch.nn.functional as F
     import torch_precompile
 
     model, x = nn.Linear(16, 16), torch.randn(4, 16)
     eager = lambda: model(x)  # noqa: E731
-    rows = []
+    linear = lambda: F.linear(x, model.weight, model.bias)  # noqa: E731
+    rows, split = [], []
     with torch.no_grad():
         eager_s = _per_call(eager)
+        compiled = torch.compile(C.forward)
+        compiled(model, x)
+        compiled_s = _per_call(lambda: compiled(model, x))
+        rows.append(["torch.compile(fn), backend=inductor", C.fmt_us(compiled_s), C.fmt_us(eager_s),
+                     f"{compiled_s / eager_s:.2f}x", _fmt_paired(lambda: compiled(model, x), eager, pairs)])
+        if baseline:
+            rows[-1].append("")
         for backend in ("eager", "inductor"):
             pair = torch_precompile.precompile(C.forward, model, x, backend=backend)
             if save:
@@ -138,8 +178,19 @@ def _against_eager(pairs: int, save: str | None, baseline: str | None) -> tuple[
                 old = _baseline(baseline, f"forward_{backend}")
                 row.append(_fmt_paired(precompiled, lambda: old(model, x), pairs))  # noqa: B023
             rows.append(row)
+            if backend == "inductor":
+                raw, flat = f.run_graph, f.graph_inputs(model, x)
+                graph = lambda: raw(flat)  # noqa: E731, B023
+                split = [
+                    ["checks and bookkeeping", "precompile driver (call - raw graph)",
+                     _fmt_paired(precompiled, graph, pairs), "nn.Module.__call__ (model(x) - F.linear)",
+                     _fmt_paired(eager, linear, pairs)],
+                    ["the computation", "Inductor's graph (raw graph - F.linear)", _fmt_paired(graph, linear, pairs),
+                     "F.linear", C.fmt_us(_per_call(linear))],
+                ]
     headers = ["forward", "precompiled call", "eager call", "ratio", "precompiled - eager"]
-    return headers + (["new - baseline"] if baseline else []), rows
+    split_headers = ["Linear(16, 16) no_grad, inductor", "precompile", "", "eager", ""]
+    return (headers + (["new - baseline"] if baseline else []), rows), (split_headers, split)
 
 
 def _fmt_paired(a, b, pairs: int) -> str:

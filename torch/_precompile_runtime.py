@@ -1420,6 +1420,15 @@ _is_inference_mode_enabled = torch.is_inference_mode_enabled
 _get_default_dtype = torch.get_default_dtype
 
 
+def _state_lookup(tables: list, names: list) -> dict:
+    """A ``_ModuleCache``'s ``lookup`` and ``source``: the tensors of one table (a
+    leaf module's) in one C call, of several by one ``map``."""
+    if len(tables) >= 2 and all(table is tables[0] for table in tables):
+        get = operator.itemgetter(*names)
+        return {"lookup": lambda table: [*get(table)], "source": tables[0]}
+    return {"lookup": lambda source: list(map(dict.__getitem__, *source)), "source": (tables, names)}
+
+
 class _ModuleCache(Record):
     """What the driver checked about the module arguments, re-verified cheaply.
 
@@ -1438,8 +1447,10 @@ class _ModuleCache(Record):
     """
 
     refs: tuple  # weakrefs to the module arguments, whose callbacks drop this entry
-    tables: list  # per lifted tensor: the owning module's _parameters / _buffers dict
-    names: list  # ... and its key there
+    # lookup(source) -> the lifted tensors (a list), looked up by name in their
+    # owners' _parameters / _buffers dicts now (see _state_lookup).
+    lookup: Callable[[Any], list]
+    source: Any
     aliases: list  # (state index, table, name, module index, fqn) of each tied name
     generation: int  # _STRUCTURE[0] when walked
     # Watched entries: the training flags fn reads, every step of the attribute
@@ -1462,6 +1473,9 @@ class _ModuleCache(Record):
     containers: list
     container_copies: list  # ... a copy of each, holding its elements
     class_and_element_ids: list  # id() of each class value, then of each container's elements
+    # Nothing watched beyond the structure counter (a model with no children
+    # whose modes and attributes fn ignores): valid() is that comparison.
+    unwatched: bool
 
     def valid(self) -> bool:
         """Whether the walk this entry records still describes the modules (one C-level pass each)."""
@@ -1867,6 +1881,12 @@ class PrecompiledFunction:
         self._copies_inputs = bool(self._constants or self._output_views)
         self._writes_state = bool(self._optimizers or self._writes_grads or self._output_views)
         self._checks_inputs = bool(self._value_inputs or self._input_alias_pairs or self._same_inputs)
+        # One flag for the per-call path (an inference forward): between the
+        # guard and the graph nothing to check or add, after it nothing to
+        # store, and one output to return.
+        self._bare = self._single_output and not (
+            self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state
+        )
 
     def _locate_state(self) -> tuple[list, list]:
         """Where each lifted tensor lives: (module index, slot) in accessor order."""
@@ -1893,10 +1913,9 @@ class PrecompiledFunction:
             or (self._reads_global_state and self._global_state_moved(grad_enabled))
         ):
             self._check_global_state(grad_enabled)
-        modules = self._pick_modules(args)
-        cached, state = self._state_tensors(modules)
+        cached, state = self._state_tensors(args)
         if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
-            self._refuse_hooks(modules, state, cached)
+            self._refuse_hooks(self._pick_modules(args), state, cached)
         user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
@@ -1908,6 +1927,18 @@ class PrecompiledFunction:
         if not passed:
             self._check_slowly(user_args, leaves, state)
             self._guard = self._build_guard(tensors)
+        if self._bare:
+            if grad_enabled:
+                _set_grad_enabled(False)
+            try:
+                outputs = self._run_graph(tensors)
+            except AssertionError as error:
+                self._raise_rejected(error)
+            finally:
+                _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
+            if len(outputs) != 1:
+                self._raise_edited(outputs)
+            return outputs[0]
         if self._checks_inputs:
             self._check_inputs(user_args, leaves, tensors)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
@@ -2088,17 +2119,18 @@ class PrecompiledFunction:
 
     # -- module state --------------------------------------------------------
 
-    def _state_tensors(self, modules: tuple) -> tuple[_ModuleCache, list]:
+    def _state_tensors(self, args: tuple) -> tuple[_ModuleCache, list]:
+        """The module arguments' cache entry (re-walked when it no longer holds) and their lifted tensors."""
         # The usual single module keyed by its id alone: no tuple built per call.
-        key = id(modules[0]) if self._one_module else tuple(map(id, modules))
+        key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
-        if cached is None or not cached.valid():
-            cached = self._cache_modules(modules, key)
+        if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.valid()):
+            cached = self._cache_modules(self._pick_modules(args), key)
         try:
-            state = list(map(dict.__getitem__, cached.tables, cached.names))
+            state = cached.lookup(cached.source)
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
-            cached = self._cache_modules(modules, key)  # names what is missing
-            state = list(map(dict.__getitem__, cached.tables, cached.names))
+            cached = self._cache_modules(self._pick_modules(args), key)  # names what is missing
+            state = cached.lookup(cached.source)
         if cached.aliases:
             for state_index, table, name, module_index, fqn in cached.aliases:
                 if table[name] is not state[state_index]:
@@ -2132,10 +2164,10 @@ class PrecompiledFunction:
         containers = list(reads.containers.values())
         copies = [type(c)(c) for c in containers]
         forget = functools.partial(_forget, self._state_cache, key)
+        tables, names = [table for table, _ in accessors], [name for _, name in accessors]
         cached = _ModuleCache(
             refs=tuple(weakref.ref(m, forget) for m in modules),
-            tables=[table for table, _ in accessors],
-            names=[name for _, name in accessors],
+            **_state_lookup(tables, names),
             aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
             generation=generation,
             watched_vars=[values for values, _ in watched],
@@ -2150,8 +2182,9 @@ class PrecompiledFunction:
             containers=containers,
             container_copies=copies,
             class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
+            unwatched=not watched and not classes and not containers,
         )
-        state = list(map(dict.__getitem__, cached.tables, cached.names))
+        state = cached.lookup(cached.source)
         if len(set(map(id, state))) != len(state):
             self._raise_tied(state)
         if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
@@ -2435,7 +2468,7 @@ class PrecompiledFunction:
             args = self._bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
-        _, state = self._state_tensors(self._pick_modules(args))
+        _, state = self._state_tensors(args)
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._check_slowly(user_args, leaves, state)
         self._check_inputs(user_args, leaves, tensors)
