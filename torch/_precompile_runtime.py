@@ -1420,15 +1420,6 @@ _is_inference_mode_enabled = torch.is_inference_mode_enabled
 _get_default_dtype = torch.get_default_dtype
 
 
-def _state_lookup(tables: list, names: list) -> dict:
-    """A ``_ModuleCache``'s ``lookup`` and ``source``: the tensors of one table (a
-    leaf module's) in one C call, of several by one ``map``."""
-    if len(tables) >= 2 and all(table is tables[0] for table in tables):
-        get = operator.itemgetter(*names)
-        return {"lookup": lambda table: [*get(table)], "source": tables[0]}
-    return {"lookup": lambda source: list(map(dict.__getitem__, *source)), "source": (tables, names)}
-
-
 class _ModuleCache(Record):
     """What the driver checked about the module arguments, re-verified cheaply.
 
@@ -1447,10 +1438,11 @@ class _ModuleCache(Record):
     """
 
     refs: tuple  # weakrefs to the module arguments, whose callbacks drop this entry
-    # lookup(source) -> the lifted tensors (a list), looked up by name in their
-    # owners' _parameters / _buffers dicts now (see _state_lookup).
-    lookup: Callable[[Any], list]
-    source: Any
+    tables: list  # per lifted tensor: the owning module's _parameters / _buffers dict
+    names: list  # ... and its key there
+    # Where one table holds them all (a leaf module's parameters): operator.itemgetter(*names),
+    # the lookup in one C call; else None.
+    one_table_lookup: Callable[[dict], tuple] | None
     aliases: list  # (state index, table, name, module index, fqn) of each tied name
     generation: int  # _STRUCTURE[0] when walked
     # Watched entries: the training flags fn reads, every step of the attribute
@@ -1493,6 +1485,13 @@ class _ModuleCache(Record):
                 == self.class_and_element_ids
             )
         )
+
+
+def _lifted_tensors(cached: _ModuleCache) -> "list | tuple":
+    """The module arguments' lifted tensors, looked up by name now (a KeyError where one was deleted)."""
+    if cached.one_table_lookup is not None:
+        return cached.one_table_lookup(cached.tables[0])
+    return list(map(dict.__getitem__, cached.tables, cached.names))
 
 
 _ABSENT = itertools.repeat(MISSING)  # dict.get's and getattr's default, for map()
@@ -2127,10 +2126,10 @@ class PrecompiledFunction:
         if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.valid()):
             cached = self._cache_modules(self._pick_modules(args), key)
         try:
-            state = cached.lookup(cached.source)
+            state = _lifted_tensors(cached)
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
             cached = self._cache_modules(self._pick_modules(args), key)  # names what is missing
-            state = cached.lookup(cached.source)
+            state = _lifted_tensors(cached)
         if cached.aliases:
             for state_index, table, name, module_index, fqn in cached.aliases:
                 if table[name] is not state[state_index]:
@@ -2167,7 +2166,11 @@ class PrecompiledFunction:
         tables, names = [table for table, _ in accessors], [name for _, name in accessors]
         cached = _ModuleCache(
             refs=tuple(weakref.ref(m, forget) for m in modules),
-            **_state_lookup(tables, names),
+            tables=tables,
+            names=names,
+            one_table_lookup=(
+                operator.itemgetter(*names) if len(names) >= 2 and all(t is tables[0] for t in tables) else None
+            ),
             aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
             generation=generation,
             watched_vars=[values for values, _ in watched],
@@ -2184,7 +2187,7 @@ class PrecompiledFunction:
             class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
             unwatched=not watched and not classes and not containers,
         )
-        state = cached.lookup(cached.source)
+        state = _lifted_tensors(cached)
         if len(set(map(id, state))) != len(state):
             self._raise_tied(state)
         if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
