@@ -1427,7 +1427,7 @@ class _ModuleCache(Record):
     module dies (so a live entry's ids are the same module objects). Edits
     through the nn.Module API bump ``_STRUCTURE``; edits that bypass the
     registration hooks are caught by the C-level comparisons in
-    ``valid()``: ``del model.fc2`` and
+    ``watched_unchanged()``: ``del model.fc2`` and
     ``ModuleDict.pop`` change a ``_modules`` dict's length, ``del
     model.layers[1]`` (and so ``del`` + ``insert`` reorders) replaces it,
     ``del model.lin.bias`` makes the state lookup miss, and setting a
@@ -1466,24 +1466,21 @@ class _ModuleCache(Record):
     container_copies: list  # ... a copy of each, holding its elements
     class_and_element_ids: list  # id() of each class value, then of each container's elements
     # Nothing watched beyond the structure counter (a model with no children
-    # whose modes and attributes fn ignores): valid() is that comparison.
+    # whose modes and attributes fn ignores): watched_unchanged() is not called.
     unwatched: bool
 
-    def valid(self) -> bool:
-        """Whether the walk this entry records still describes the modules (one C-level pass each)."""
+    def watched_unchanged(self) -> bool:
+        """With ``generation`` still ``_STRUCTURE[0]``: whether the walk this entry records
+        still describes the modules (one C-level pass each)."""
         return (
-            self.generation == _STRUCTURE[0]
-            and (
-                not self.watched_vars  # a model with no children whose modes and attributes fn ignores
-                # is_ rather than comparing id()s: no int made per entry (~40 instead of ~65 ns each)
-                or all(map(operator.is_, map(dict.get, self.watched_vars, self.watched_keys, _ABSENT), self.watched_values))
-                and [*map(len, self.children)] == self.lengths
-            )
-            and (
-                not self.class_and_element_ids
-                or [*map(id, map(getattr, self.class_owners, self.class_names, _ABSENT)), *map(_element_ids, self.containers)]
-                == self.class_and_element_ids
-            )
+            not self.watched_vars  # a model with no children whose modes and attributes fn ignores
+            # is_ rather than comparing id()s: no int made per entry (~40 instead of ~65 ns each)
+            or all(map(operator.is_, map(dict.get, self.watched_vars, self.watched_keys, _ABSENT), self.watched_values))
+            and [*map(len, self.children)] == self.lengths
+        ) and (
+            not self.class_and_element_ids
+            or [*map(id, map(getattr, self.class_owners, self.class_names, _ABSENT)), *map(_element_ids, self.containers)]
+            == self.class_and_element_ids
         )
 
 
@@ -2123,10 +2120,12 @@ class PrecompiledFunction:
         # The usual single module keyed by its id alone: no tuple built per call.
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
-        if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.valid()):
+        # _lifted_tensors(cached), inlined: one call less on every call.
+        if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.watched_unchanged()):
             cached = self._cache_modules(self._pick_modules(args), key)
         try:
-            state = _lifted_tensors(cached)
+            get = cached.one_table_lookup
+            state = get(cached.tables[0]) if get is not None else list(map(dict.__getitem__, cached.tables, cached.names))
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
             cached = self._cache_modules(self._pick_modules(args), key)  # names what is missing
             state = _lifted_tensors(cached)
