@@ -48,10 +48,25 @@ class WithUnused(nn.Module):
         return self.mlp(x)
 
 
+class MixedLayouts(nn.Module):
+    """A channels_last conv (its .grad keeps those strides) and a float64 head (a bucket of its own dtype)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 2).to(memory_format=torch.channels_last)
+        self.head = nn.Linear(3, 4).double()
+
+    def forward(self, x):
+        image = x.view(-1, 2, 2, 2).contiguous(memory_format=torch.channels_last)
+        return self.head(self.conv(image).flatten(1).double()).float()
+
+
 def make_model(kind: str = "mlp") -> nn.Module:
     torch.manual_seed(0)
     if kind == "unused":
         return WithUnused()
+    if kind == "mixed":
+        return MixedLayouts()
     if kind == "batchnorm":  # buffers: DDP broadcasts them from rank 0 before each forward
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 4))
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
@@ -99,13 +114,13 @@ def params(model: nn.Module) -> list:
 # -- the runs: the same loop with an artifact and with eager fn -----------------
 
 
-def run_plain(fn, rank, kind="mlp", find_unused=False):
+def run_plain(fn, rank, kind="mlp", **ddp_options):
     """zero_grad, fn (forward, backward), SGD step outside fn; then one eager DDP step.
 
     The last step checks that the artifact left DDP's reducer as it was (not
     expecting a backward, its hooks never run): eager DDP still works.
     """
-    ddp = nn.parallel.DistributedDataParallel(make_model(kind), find_unused_parameters=find_unused)
+    ddp = nn.parallel.DistributedDataParallel(make_model(kind), **ddp_options)
     optimizer = optimizer_for("sgd", ddp)
     seen = []
     for (x, y), in make_data(rank):
@@ -113,10 +128,14 @@ def run_plain(fn, rank, kind="mlp", find_unused=False):
         fn(ddp, x, y)
         seen.append(grads(ddp))
         optimizer.step()
+    # How many storages the .grads of fn's last step are in (one per bucket with
+    # gradient_as_bucket_view), and their strides.
+    storages = len({p.grad.untyped_storage().data_ptr() for p in ddp.parameters() if p.grad is not None})
+    strides = [p.grad.stride() for p in ddp.parameters() if p.grad is not None]
     optimizer.zero_grad(set_to_none=True)
     step(ddp, x, y)
     seen.append(grads(ddp))
-    return {"grads": seen, "params": params(ddp)}
+    return {"grads": seen, "params": params(ddp), "grad_storages": storages, "grad_strides": strides}
 
 
 def run_accumulating(accumulate, fn, rank):
@@ -157,6 +176,8 @@ def example_models() -> dict:
     models = {
         "ddp": example_ddp(),
         "unused": example_ddp("unused", find_unused_parameters=True),
+        "bucket_view": example_ddp(gradient_as_bucket_view=True),
+        "mixed": example_ddp("mixed"),
         "unused_refused": example_ddp("unused"),
         "batchnorm": example_ddp("batchnorm"),
         "comm_hook": example_ddp(),
@@ -180,6 +201,8 @@ def precompile_all(backend: str, models: dict) -> dict:
             step_with_optimizer, ddp, optimizer_for(name, ddp), x, y, backend=backend
         )
     pairs["unused"] = torch_precompile.precompile(step, models["unused"], x, y, backend=backend)
+    for name in ("bucket_view", "mixed"):
+        pairs[name] = torch_precompile.precompile(step, models[name], x, y, backend=backend)
     pairs["batchnorm"] = torch_precompile.precompile(step, models["batchnorm"], x, y, backend=backend)
     return pairs
 
@@ -190,7 +213,9 @@ def run_all(runnables: dict, rank: int) -> dict:
         "accumulate": run_accumulating(runnables["accumulate"], runnables["plain"], rank),
         "sgd": run_with_optimizer(runnables["sgd"], rank, "sgd"),
         "adamw": run_with_optimizer(runnables["adamw"], rank, "adamw"),
-        "unused": run_plain(runnables["unused"], rank, "unused", find_unused=True),
+        "unused": run_plain(runnables["unused"], rank, "unused", find_unused_parameters=True),
+        "bucket_view": run_plain(runnables["bucket_view"], rank, gradient_as_bucket_view=True),
+        "mixed": run_plain(runnables["mixed"], rank, "mixed"),
         "batchnorm": run_plain(runnables["batchnorm"], rank, "batchnorm"),
     }
 
@@ -276,7 +301,8 @@ def main(out_dir: str, backends: list) -> None:
         with open(compiler_log) as f:
             result["compiler_calls"] = f.read().splitlines()
     result["eager"] = run_all({"plain": step, "accumulate": step, "sgd": step_with_optimizer,
-                               "adamw": step_with_optimizer, "unused": step, "batchnorm": step}, rank)
+                               "adamw": step_with_optimizer, "unused": step, "batchnorm": step,
+                               "bucket_view": step, "mixed": step}, rank)
     if rank == 0:
         result["capture_refusals"] = capture_refusals(backends[0], models)
         from torch_precompile._precompile_inspect import describe

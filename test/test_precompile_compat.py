@@ -348,8 +348,8 @@ class TestCaptureInternals(TestCase):
 
     def test_data_parallel_collectives_and_callback(self):
         all_reduce, broadcast, wait = compat.data_parallel_collectives()
-        self.assertEqual(all_reduce.name(), "_c10d_functional::all_reduce_coalesced")
-        self.assertEqual([a.name for a in all_reduce._schema.arguments], ["inputs", "reduce_op", "group_name"])
+        self.assertEqual(all_reduce.name(), "_c10d_functional::all_reduce")
+        self.assertEqual([a.name for a in all_reduce._schema.arguments], ["input", "reduce_op", "group_name"])
         self.assertEqual(broadcast.name(), "_c10d_functional::broadcast")
         self.assertEqual([a.name for a in broadcast._schema.arguments], ["input", "src", "group_name"])
         self.assertEqual(wait.name(), "_c10d_functional::wait_tensor")

@@ -29,7 +29,7 @@ EXAMPLE = os.path.join(REPO, "examples", "distributed_train.py")
 WORKER = os.path.join(REPO, "test", "_precompile_ddp_worker.py")
 STEPS, GLOBAL_BATCH, WORLD_SIZE = 3, 8, 2
 BACKENDS = ("eager", "inductor")
-RUNS = ("plain", "accumulate", "sgd", "adamw", "unused", "batchnorm")  # see _precompile_ddp_worker.run_all
+RUNS = ("plain", "accumulate", "sgd", "adamw", "unused", "batchnorm", "bucket_view", "mixed")  # see _precompile_ddp_worker.run_all
 
 
 def _example_module():
@@ -195,13 +195,36 @@ class TestDataParallel(_JobResults):
         )
 
     @parametrize("backend", BACKENDS)
+    def test_grads_share_a_bucket_where_ddps_do(self, backend):
+        # Each bucket is all-reduced as one flat tensor; the eager graph copies
+        # each .grad out of it as DDP's reducer does (a storage per parameter),
+        # or leaves a view of it with gradient_as_bucket_view (one storage: the
+        # MLP is one bucket).  Inductor removes the copies: views either way.
+        for rank, result in enumerate(self.ranks):
+            eager, artifact = result["eager"], result["artifact"][backend]
+            self.assertEqual(eager["plain"]["grad_storages"], len(eager["plain"]["params"]))
+            self.assertEqual(eager["bucket_view"]["grad_storages"], 1)
+            self.assertEqual(artifact["bucket_view"]["grad_storages"], 1, f"rank {rank}")
+            want = eager["plain"]["grad_storages"] if backend == "eager" else 1
+            self.assertEqual(artifact["plain"]["grad_storages"], want, f"rank {rank}")
+
+    @parametrize("backend", BACKENDS)
+    def test_grads_keep_the_parameters_layout_and_dtype_buckets(self, backend):
+        # MixedLayouts: a channels_last conv weight's .grad is channels_last as
+        # in eager DDP, and its float64 head is a bucket of its own (values: above).
+        for rank, result in enumerate(self.ranks):
+            got, want = result["artifact"][backend]["mixed"]["grad_strides"], result["eager"]["mixed"]["grad_strides"]
+            self.assertEqual(got, want, f"rank {rank}")
+            self.assertEqual(want[0], (8, 1, 4, 2))  # channels_last
+
+    @parametrize("backend", BACKENDS)
     def test_synchronizing_steps_only_read_the_incoming_grads(self, backend):
         # The all-reduced sum is incoming + local, computed out of place, so a
         # .grad of None passes zeros the runnable keeps (every run's later
         # iterations above use them).  no_sync accumulates without inputs; the
         # optimizer steps' zero_grad() drops them.
         grad_inputs = self.ranks[0]["grad_inputs"][backend]
-        for name in ("plain", "unused", "batchnorm"):
+        for name in ("plain", "unused", "batchnorm", "bucket_view", "mixed"):
             incoming, read_only = grad_inputs[name]
             self.assertNotEqual(incoming, [], name)
             self.assertEqual(read_only, incoming, name)

@@ -451,9 +451,14 @@ says who guarantees it and, where it is enforced, which tests (in
    (``broadcast_buffers``, and the previous forward synchronized), so does
    the graph; a step captured inside ``no_sync()`` with such buffers is
    refused.  The collectives are in the graph as functional collectives
-   (``_c10d_functional.all_reduce_coalesced`` on the default group, one per
-   bucket of DDP's sizes in the order backward produces gradients, waited on
-   when backward ends) on both backends.  No rank is baked: one artifact
+   (``_c10d_functional.all_reduce`` on the default group, one per bucket of
+   DDP's sizes in the order backward produces gradients, of one flat tensor
+   the bucket's gradients are written into, waited on when backward ends) on
+   both backends.  Each ``.grad`` then has the parameter's strides and is
+   copied out of its bucket, as DDP's reducer does, or a view of it with
+   ``gradient_as_bucket_view=True``, as DDP's is; Inductor removes the copy,
+   so on backend='inductor' a bucket's gradients always share its storage
+   (values are the same; the bucket's memory is freed with its last ``.grad``).  No rank is baked: one artifact
    serves every rank, and capture runs no collective (rank 0 compiles
    alone).  DDP's forward, reducer and hooks never run for a call, so its
    reducer is never left expecting a backward.  ``no_sync()`` is decided at
@@ -467,7 +472,7 @@ says who guarantees it and, where it is enforced, which tests (in
    so a ``.grad`` of None passes zeros the runnable makes once and keeps
    (``grad_inputs_read_only``).
    gradient_as_bucket_view and the bucket cap are recorded; values do not
-   depend on them (the ``.grad`` tensors are not bucket views).  Tested on 2
+   depend on them.  Tested on 2
    gloo ranks against eager DDP, per rank, on both backends
    (test_precompile_distributed.py TestDataParallel).
 """

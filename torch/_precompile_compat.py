@@ -623,18 +623,18 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
 
 
 def data_parallel_collectives() -> tuple[Any, Any, Any]:
-    """``(all_reduce_coalesced, broadcast, wait_tensor)``: functional collective ops, same in 2.11-2.14.
+    """``(all_reduce, broadcast, wait_tensor)``: functional collective ops, same in 2.11-2.14.
 
-    ``all_reduce_coalesced(tensors, "sum", group_name)`` sums a bucket over the
-    group in one collective without waiting for it, ``broadcast(tensor, src,
-    group_name)`` sends rank ``src``'s tensor to all; ``wait_tensor`` waits.  The
-    public ``torch.distributed._functional_collectives.all_reduce_coalesced``
-    calls the same op but waits right away while a tracer is active
-    (``_maybe_wrap_tensor``), which would put each bucket's wait next to its
-    launch; issuing the waits when backward ends lets it run on meanwhile.
+    ``all_reduce(tensor, "sum", group_name)`` sums a (flat bucket) tensor over
+    the group without waiting for it, ``broadcast(tensor, src, group_name)``
+    sends rank ``src``'s tensor to all; ``wait_tensor`` waits.  The public
+    ``torch.distributed._functional_collectives.all_reduce`` calls the same op
+    but waits right away while a tracer is active (``_maybe_wrap_tensor``),
+    which would put each bucket's wait next to its launch; issuing the waits
+    when backward ends lets it run on meanwhile.
     """
     ops = torch.ops._c10d_functional
-    return ops.all_reduce_coalesced.default, ops.broadcast.default, ops.wait_tensor.default
+    return ops.all_reduce.default, ops.broadcast.default, ops.wait_tensor.default
 
 
 def first_bucket_bytes() -> int:

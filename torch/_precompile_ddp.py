@@ -15,7 +15,8 @@ instead of run:
   the gradients in the order backward produces them (the order DDP rebuilds
   its buckets to after the first iteration), into buckets of DDP's sizes.
   Each full bucket is scaled by 1/world size (DDP divides before summing)
-  and all-reduced with one functional collective, launched there and waited
+  into one flat tensor (one dtype per bucket, as DDP's) and all-reduced with
+  one functional collective, launched there and waited
   on when backward ends, so the all-reduce of early buckets overlaps the rest
   of backward; then each parameter's ``.grad`` is the average, as DDP's
   reducer leaves it, before anything after ``backward()`` (an optimizer step)
@@ -152,28 +153,34 @@ class _TracedDataParallel:
         if not self.ready:
             compat.queue_backward_callback(self.finish)
         self.ready.append(param)
+        if self.bucket and param.dtype != self.bucket[0].dtype:  # a bucket is one flat tensor, as DDP's
+            self.launch()
         self.bucket.append(param)
         self.bucket_bytes += param.numel() * param.element_size()
         if self.bucket_bytes >= (self.argument.spec.bucket_cap_bytes if self.launched else self.first_cap):
             self.launch()
 
     def launch(self) -> None:
+        """All-reduce the bucket's gradients as one flat tensor (Inductor writes them into it
+        where they are computed; gloo's coalesced all-reduce would copy them in and out)."""
         if self.bucket:
             all_reduce, _, _ = _stand_in_ops()
-            grads = [self.scale(p.grad) for p in self.bucket]
-            self.launched.append((self.bucket, all_reduce(grads, self.argument.spec.group_name)))
+            flat = torch.cat([self.scale(p.grad).reshape(-1) for p in self.bucket])
+            self.launched.append((self.bucket, all_reduce(flat, self.argument.spec.group_name)))
             self.bucket, self.bucket_bytes = [], 0
 
     def finish(self) -> None:
         """End of backward: launch the last bucket, wait for all, write the averages to .grad."""
         self.launch()
         _, _, wait = _stand_in_ops()
+        spec = self.argument.spec
         for params, reduced in self.launched:
-            for param, grad in zip(params, reduced):
-                param.grad = wait(grad)
+            flat, offset = wait(reduced), 0
+            for param in params:
+                param.grad = _gradient(param, flat[offset : offset + param.numel()], spec.gradient_as_bucket_view)
+                offset += param.numel()
         ready = {id(p) for p in self.ready}
         unused = [fqn for (fqn, _), leaf in zip(self.argument.parameters, self.leaves) if id(leaf) not in ready]
-        spec = self.argument.spec
         if unused and not (spec.find_unused_parameters or spec.static_graph) and self.error is None:
             self.error = PrecompileError(
                 f"{self.argument.where}: backward produced no gradient for {', '.join(unused[:5])}; eager DDP "
@@ -183,23 +190,38 @@ class _TracedDataParallel:
         self.sync, self.ready, self.launched = False, [], []
 
 
+def _gradient(param: torch.Tensor, segment: torch.Tensor, as_view: bool) -> torch.Tensor:
+    """A parameter's averaged gradient from its segment of the flat bucket, with the
+    parameter's strides (AccumulateGrad's layout, which DDP keeps).
+
+    A tensor of its own, as DDP's reducer copies each gradient out of its
+    bucket; with ``gradient_as_bucket_view`` a view of the segment, as DDP's
+    ``.grad`` is a view of its bucket (where the strides allow).  Inductor
+    turns the copy into a view (Note invariant 16).
+    """
+    grad = segment.view(param.shape)
+    if not as_view or grad.stride() != param.stride():
+        grad = torch.empty_like(param, memory_format=torch.preserve_format).copy_(grad)
+    return grad
+
+
 @functools.cache
 def _stand_in_ops() -> tuple[Any, Any, Any]:
-    """``(all_reduce(tensors, group_name), broadcast(tensor, src, group_name), wait(tensor))``
+    """``(all_reduce(tensor, group_name), broadcast(tensor, src, group_name), wait(tensor))``
     for the trace: they return copies.
 
     The graph needs the functional collectives, but capture must not run one
     (it would wait for ranks that are not there), and make_fx runs every op
     it records.  These ops trace as nodes of their own that ``use_collectives``
-    retargets: ``_c10d_functional.all_reduce_coalesced(tensors, "sum",
-    group_name)``, ``broadcast`` and ``wait_tensor``.
+    retargets: ``_c10d_functional.all_reduce(tensor, "sum", group_name)``,
+    ``broadcast`` and ``wait_tensor``.
     """
     namespace = torch.ops.precompile_ddp
     if not hasattr(namespace, "all_reduce"):  # registered once per process (another copy of this module)
 
         @torch.library.custom_op("precompile_ddp::all_reduce", mutates_args=())
-        def all_reduce(tensors: list[torch.Tensor], group_name: str) -> list[torch.Tensor]:
-            return [t.clone() for t in tensors]
+        def all_reduce(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+            return tensor.clone()
 
         @torch.library.custom_op("precompile_ddp::broadcast", mutates_args=())
         def broadcast(tensor: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
@@ -209,7 +231,7 @@ def _stand_in_ops() -> tuple[Any, Any, Any]:
         def wait(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.clone()
 
-        all_reduce.register_fake(lambda tensors, group_name: [torch.empty_like(t) for t in tensors])
+        all_reduce.register_fake(lambda tensor, group_name: torch.empty_like(tensor))
         broadcast.register_fake(lambda tensor, src, group_name: torch.empty_like(tensor))
         wait.register_fake(lambda tensor: torch.empty_like(tensor))
     return namespace.all_reduce.default, namespace.broadcast.default, namespace.wait.default
@@ -223,8 +245,8 @@ def use_collectives(graph: torch.fx.GraphModule) -> None:
     changed = False
     for node in graph.graph.nodes:
         if node.target is stand_in_all_reduce:
-            tensors, group_name = node.args
-            node.target, node.args = all_reduce, (tensors, "sum", group_name)
+            tensor, group_name = node.args
+            node.target, node.args = all_reduce, (tensor, "sum", group_name)
             changed = True
         elif node.target in retarget:
             node.target = retarget[node.target]
