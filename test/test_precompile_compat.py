@@ -603,6 +603,25 @@ class TestCaptureInternals(TestCase):
         kept = compat.without_input_asserts(source)
         self.assertEqual(kept, "".join(line for line in source.splitlines(keepends=True) if line not in on_inputs))
 
+    def test_without_default_gemm_scalars_matches_the_installed_inductor(self):
+        # A Linear's addmm: the installed Inductor spells out alpha=1, beta=1 (the
+        # defaults); every inductor Linear test checks the rewritten module's values.
+        import torch_precompile._precompile_capture as implementation
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        weight, bias, x = torch.randn(8, 4), torch.randn(8), torch.randn(3, 4)
+        graph = make_fx(lambda w, b, x: (torch.nn.functional.linear(x, w, b),))(weight, bias, x)
+        with torch.no_grad():
+            compiled = compat.inductor_compile(graph, [weight, bias, x], dict(implementation._INDUCTOR_CONFIG))
+        source = compiled[0][0].source_code
+        (call,) = [line for line in source.splitlines() if "extern_kernels.addmm(" in line]
+        self.assertIn(", alpha=1, beta=1, out=", call)
+        rewritten = compat.without_default_gemm_scalars(source)
+        self.assertEqual(rewritten, source.replace(", alpha=1, beta=1, out=", ", out="))
+        # Other scalars stay; so does any other extern call.
+        kept = "        extern_kernels.addmm(a, b, c, alpha=2, beta=1, out=buf0)\n        extern_kernels.mm(a, b, out=buf1)\n"
+        self.assertEqual(compat.without_default_gemm_scalars(kept), kept)
+
     def test_without_input_asserts_knows_each_versions_format(self):
         head = "    def call(self, args):\n        arg0_1, arg1_1 = args\n        args.clear()\n"
         extern = "        assert_size_stride(buf0, (4, 4), (4, 1), 'torch.ops.aten.mm.default')\n"

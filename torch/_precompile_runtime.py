@@ -2120,10 +2120,9 @@ class PrecompiledFunction:
         # The usual single module keyed by its id alone: no tuple built per call.
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
-        # _lifted_tensors(cached), inlined: one call less on every call.
         if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.watched_unchanged()):
             cached = self._cache_modules(self._pick_modules(args), key)
-        try:
+        try:  # _lifted_tensors(cached), inlined: one call less on every call
             get = cached.one_table_lookup
             state = get(cached.tables[0]) if get is not None else list(map(dict.__getitem__, cached.tables, cached.names))
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
