@@ -78,7 +78,8 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
     rows = []
-    for name, (model, features) in _models().items():
+    models = _models()
+    for name, (model, features) in models.items():
         x = torch.randn(2, features)
         pair = torch_precompile.precompile(_double, model, x, backend="eager")
         if args.save:
@@ -108,7 +109,7 @@ def main() -> None:
     print()
     print(C.markdown_table(*split_table))
     print()
-    print(C.markdown_table(*_against_dynamo_guards(_models()["deep"], rows)))
+    print(C.markdown_table(*_against_dynamo_guards(models["deep"], rows)))
 
 
 def _against_dynamo_guards(deep: tuple, rows: list) -> tuple[list, list]:

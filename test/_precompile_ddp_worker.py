@@ -292,9 +292,13 @@ def main(out_dir: str, backends: list) -> None:
         shipped = [precompile_all(backend, models) if rank == 0 else None]
         dist.broadcast_object_list(shipped, src=0)
         pairs[backend] = shipped[0]
-    result = {"artifact": {}, "eager": {}, "refusals": {}}
+    result = {"artifact": {}, "eager": {}, "refusals": {}, "grad_inputs": {}}
     for backend in backends:
         runnables = {name: torch_precompile.load(*pair) for name, pair in pairs[backend].items()}
+        result["grad_inputs"][backend] = {
+            name: (list(f.convention.grad_inputs), list(f.convention.grad_inputs_read_only))
+            for name, f in runnables.items()
+        }
         result["artifact"][backend] = run_all(runnables, rank)
         result["refusals"][backend] = call_refusals(runnables)
     if rank > 0:
@@ -308,13 +312,6 @@ def main(out_dir: str, backends: list) -> None:
         from torch_precompile._precompile_inspect import describe
 
         result["inspected_modules"] = {name: describe(*pair)["modules"] for name, pair in pairs[backends[0]].items()}
-        result["grad_inputs"] = {
-            backend: {
-                name: (list(f.convention.grad_inputs), list(f.convention.grad_inputs_read_only))
-                for name, f in ((name, torch_precompile.load(*pair)) for name, pair in pairs[backend].items())
-            }
-            for backend in backends
-        }
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
