@@ -69,6 +69,7 @@ GUARDED = ("torch/__init__.py", "torch/compiler/__init__.py", "torch/_precompile
 OURS = re.compile(
     r"""(
         torch_precompile/(__pycache__/)?\w+(\.[\w-]+)?\.pyc?          # the package
+      | torch_precompile/_C_\w+\.[\w-]+\.so                           # its tensor check (setup.py)
       | torch_precompile-[^/]+\.dist-info/[^/]+                       # metadata
       | (__pycache__/)?__editable__[._]+torch_precompile[^/]*         # pip install -e
     )$""",
@@ -359,7 +360,7 @@ def _setup_py() -> dict:
     """The literal keyword arguments of setup() in setup.py."""
     tree = ast.parse((REPO / "setup.py").read_text())
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup")
-    return {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg != "cmdclass"}
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg not in ("cmdclass", "ext_modules")}
 
 
 def _make_venv(root: Path) -> Path:
@@ -406,6 +407,7 @@ print(json.dumps({
     "files_module": files.__file__,  # torch_precompile.files: an alias of _precompile_files
     "torch": torch.__file__,
     "attached": torch.compiler.precompile is ours.precompile and "precompile" in torch.compiler.__all__,
+    "layout_guard": torch_precompile._precompile_runtime._LayoutGuard is not None,
 }))
 """
 
@@ -428,7 +430,7 @@ class TestPipInstallUninstall(TestCase):
             src = tmp / "src"
             (src / "torch").mkdir(parents=True)
             shutil.copy2(REPO / "setup.py", src)
-            shutil.copytree(REPO / "torch_precompile", src / "torch_precompile", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(REPO / "torch_precompile", src / "torch_precompile", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
             for path in (REPO / "torch").glob("_precompile*.py"):
                 shutil.copy2(path, src / "torch")
             python = str(_make_venv(tmp / "venv"))
@@ -448,6 +450,9 @@ class TestPipInstallUninstall(TestCase):
             self.assertEqual(Path(report["shim"]).resolve(), (package / "__init__.py").resolve())
             self.assertEqual(Path(report["files_module"]).resolve(), (package / "_precompile_files.py").resolve())
             files = report["files"]
+            # Built against this torch (a compiler is at hand wherever the tests run) and used by the driver.
+            self.assertTrue(report["layout_guard"], "pip install . did not build torch_precompile._C")
+            self.assertTrue(any(re.fullmatch(r"torch_precompile/_C_\w+\.[\w-]+\.so", name) for name in files), files)
             for path in (REPO / "torch").glob("_precompile*.py"):
                 self.assertIn(f"torch_precompile/{path.name}", files)
             torch_files = set(record)

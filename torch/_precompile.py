@@ -182,7 +182,7 @@ says who guarantees it and, where it is enforced, which tests (in
 
    Argument tensors
    - values: LIFTED.  Shape, dtype, device: CHECKED (invariants 1, 3;
-     strides too on inductor).  Types: CHECKED (``TensorGuards`` compares
+     strides too on inductor).  Types: CHECKED (the tensor guard compares
      the Python type); a subclass with its own ``__torch_function__`` is
      REFUSED at capture and at a call, its Python logic would run only once
      (test_torch_function_subclasses_are_refused).
@@ -363,8 +363,13 @@ says who guarantees it and, where it is enforced, which tests (in
    under torch.compile: validate indices outside fn or use backend='eager'.
    The fast path keeps this cheap: the global state is a few C calls, the
    module checks are C-level list comparisons (``benchmarks/soundness_overhead.py``),
-   and ``TensorGuards`` (which compares types, requires_grad and dispatch
-   keys, so the conj/neg bits) is only armed by a call the slow path accepted.
+   and the tensor guard (``runtime.tensor_guard``: the package's C++
+   ``LayoutGuard``, which also looks the lifted tensors up by name, or Dynamo's
+   ``TensorGuards`` where that is not built; both compare types, requires_grad
+   and dispatch keys, so the conj/neg bits, and read every tensor's metadata
+   at every call, so ``p.data = ...`` and ``requires_grad_`` on the same
+   object fail it: test_precompile_layout_guard.py) is only armed by a call
+   the slow path accepted.
 12. Data-dependent Python.  Python that needs a traced tensor's value
    (``if x.sum() > 0:``, ``.item()``, ``int()``, ``float()``, ``bool()``,
    ``__index__``, ``.tolist()``, ``.numpy()``, ``np.asarray``, DLPack)

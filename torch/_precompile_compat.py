@@ -589,7 +589,7 @@ def without_input_asserts(source: str) -> str:
     """Inductor's module without its graph-input size/stride asserts.
 
     The driver checks exactly that before every call (Note invariant 3:
-    TensorGuards on the fast path, and for inputs with free dims their memory
+    its tensor guard on the fast path, and for inputs with free dims their memory
     format and bounds), and the repeated asserts cost about 0.5 us each.  The
     asserts on extern kernels' outputs stay: they check Inductor's own stride
     predictions, which nothing else does.

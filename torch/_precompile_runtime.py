@@ -50,6 +50,17 @@ from torch.utils.hooks import RemovableHandle
 # Dynamo's C++ tensor check (type, dtype, device, sizes/strides with free
 # entries, requires_grad, dispatch keys) in one call; no public API as of 2.13.
 _TensorGuards = torch._C._dynamo.guards.TensorGuards
+try:
+    # The same check, ~6x cheaper a tensor, with the module state lookup in the
+    # same call, and the module cache's re-verification in one C loop
+    # (torch_precompile/csrc/layout_guard.cpp): built by this package's
+    # setup.py against this torch, whose version names it (and is checked again
+    # at import).  Optional: an artifact run where only torch is installed, or
+    # under another torch, uses TensorGuards and _entries_unchanged in Python.
+    _C = importlib.import_module("torch_precompile._C_" + "".join(c if c.isalnum() else "_" for c in torch.__version__))
+except ImportError:
+    _C = None
+_LayoutGuard = _C.LayoutGuard if _C is not None else None
 # Whether two tensors share a storage (overlapping or not); no public API as of 2.13.
 _is_alias_of = torch._C._is_alias_of
 # Read or set at every call: the C functions behind torch.set_grad_enabled (a
@@ -1440,9 +1451,6 @@ class _ModuleCache(Record):
     refs: tuple  # weakrefs to the module arguments, whose callbacks drop this entry
     tables: list  # per lifted tensor: the owning module's _parameters / _buffers dict
     names: list  # ... and its key there
-    # Where one table holds them all (a leaf module's parameters): operator.itemgetter(*names),
-    # the lookup in one C call; else None.
-    one_table_lookup: Callable[[dict], tuple] | None
     aliases: list  # (state index, table, name, module index, fqn) of each tied name
     generation: int  # _STRUCTURE[0] when walked
     # Watched entries: the training flags fn reads, every step of the attribute
@@ -1474,9 +1482,9 @@ class _ModuleCache(Record):
         still describes the modules (one C-level pass each)."""
         return (
             not self.watched_vars  # a model with no children whose modes and attributes fn ignores
-            # is_ rather than comparing id()s: no int made per entry (~40 instead of ~65 ns each)
-            or all(map(operator.is_, map(dict.get, self.watched_vars, self.watched_keys, _ABSENT), self.watched_values))
-            and [*map(len, self.children)] == self.lengths
+            or _entries_unchanged(
+                self.watched_vars, self.watched_keys, self.watched_values, self.children, self.lengths, MISSING
+            )
         ) and (
             not self.class_and_element_ids
             or [*map(id, map(getattr, self.class_owners, self.class_names, _ABSENT)), *map(_element_ids, self.containers)]
@@ -1484,14 +1492,26 @@ class _ModuleCache(Record):
         )
 
 
-def _lifted_tensors(cached: _ModuleCache) -> "list | tuple":
+def _lifted_tensors(cached: _ModuleCache) -> list:
     """The module arguments' lifted tensors, looked up by name now (a KeyError where one was deleted)."""
-    if cached.one_table_lookup is not None:
-        return cached.one_table_lookup(cached.tables[0])
     return list(map(dict.__getitem__, cached.tables, cached.names))
 
 
 _ABSENT = itertools.repeat(MISSING)  # dict.get's and getattr's default, for map()
+
+
+def _entries_unchanged_in_python(owners: list, keys: list, values: list, sized: list, lengths: list, missing: Any) -> bool:
+    """``owners[i].get(keys[i], missing) is values[i]`` for each i and ``len(sized[j]) == lengths[j]`` for each j.
+
+    By identity: a new value object of equal ``==`` differs.  ``_entries_unchanged``
+    is this, or the same loop in C++ where the extension is built.
+    """
+    return all(map(operator.is_, map(dict.get, owners, keys, itertools.repeat(missing)), values)) and [
+        *map(len, sized)
+    ] == lengths
+
+
+_entries_unchanged = _C.entries_unchanged if _C is not None else _entries_unchanged_in_python
 NO_PATH = object()  # an attribute path whose owner is gone: matches no recorded value
 
 
@@ -1598,13 +1618,35 @@ def tensor_guard(tensors: list, specs: list):
     """One C++ check of ``tensors`` against the layout they were fully checked with.
 
     Sizes and strides the specs leave free (``None``) are not compared;
-    requires_grad, dtype, device and dispatch keys always are.
+    type, requires_grad, dtype, device and dispatch keys always are.  The
+    guard has ``check(*tensors)`` and ``gather(tables, names, inputs)``
+    (``_TensorGuardsGather``): a ``LayoutGuard`` where the extension is
+    built and every tensor is a plain strided one, else ``TensorGuards``.
     """
-    return _TensorGuards(
-        *tensors,
-        dynamic_dims_sizes=[list(s.shape) for s in specs],
-        dynamic_dims_strides=[_checked_strides(s) for s in specs],
-    )
+    sizes, strides = [list(s.shape) for s in specs], [_checked_strides(s) for s in specs]
+    if _LayoutGuard is not None:
+        try:
+            return _LayoutGuard(list(tensors), sizes, strides)
+        except TypeError:  # a tensor subclass with __torch_dispatch__, a sparse or nested tensor
+            pass
+    return _TensorGuardsGather(_TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides))
+
+
+class _TensorGuardsGather:
+    """TensorGuards with LayoutGuard's interface (torch_precompile/csrc/layout_guard.cpp)."""
+
+    __slots__ = ("check",)
+
+    def __init__(self, guard: Any):
+        self.check = guard.check
+
+    def gather(self, tables: list, names: list, inputs: "tuple | list") -> list | None:
+        """``[tables[i][names[i]]..., *inputs]`` if they pass ``check``, else None (a missing name too)."""
+        try:
+            tensors = [*map(dict.__getitem__, tables, names), *inputs]
+            return tensors if self.check(*tensors) else None
+        except (KeyError, TypeError):  # deleted (the slow path names it); a non-tensor where a tensor was captured
+            return None
 
 
 def named_submodules(positions: Any, modules: Any) -> list:
@@ -1787,7 +1829,7 @@ class PrecompiledFunction:
     accumulates parameter gradients onto the runtime model like eager
     ``.backward()``, and rebuilds fn's result.  The checks cost microseconds:
     a call whose modules and tensor layouts were already fully checked is
-    verified by one C++ ``TensorGuards`` check; anything else takes the slow
+    verified by one C++ tensor check (``tensor_guard``); anything else takes the slow
     path, which either raises a PrecompileError naming what differs or
     re-arms the fast path for the new layout.
     """
@@ -1842,7 +1884,7 @@ class PrecompiledFunction:
         # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
         self._state_cache: dict[Any, _ModuleCache] = {}
         self._one_module = len(self._module_positions) == 1
-        self._guard = None  # TensorGuards armed by the last fully checked call
+        self._guard = None  # tensor_guard() armed by the last fully checked call
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
         # Grad mode must be on for an artifact that runs autograd or whose fn read it.
@@ -1857,7 +1899,7 @@ class PrecompiledFunction:
         # Pairs of tensor graph inputs that must not share memory: those with
         # a user input are checked at every call, state-only ones whenever
         # the module cache is rebuilt.
-        num_state = len(convention.state)
+        num_state = self._num_state = len(convention.state)
         num_tensors = num_state + len(self._tensor_inputs)
         mutated = frozenset(convention.mutated)
         self._same_inputs = convention.same_inputs
@@ -1909,20 +1951,22 @@ class PrecompiledFunction:
             or (self._reads_global_state and self._global_state_moved(grad_enabled))
         ):
             self._check_global_state(grad_enabled)
-        cached, state = self._state_tensors(args)
+        cached = self._module_entry(args)
         if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
-            self._refuse_hooks(self._pick_modules(args), state, cached)
+            cached = self._refuse_hooks(args, cached)
         user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
-        tensors = [*state, *self._pick_tensor_inputs(leaves)]
+        inputs = self._pick_tensor_inputs(leaves)
         guard = self._guard
-        try:  # guard_passes(), inlined: a call costs as much as the check of a small model
-            passed = guard is not None and guard.check(*tensors)
-        except TypeError:  # a non-tensor where a tensor was captured
-            passed = False
-        if not passed:
+        # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
+        tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
+        if tensors is None:
+            cached, state = self._state_tensors(args, cached)
             self._check_slowly(user_args, leaves, state)
+            tensors = [*state, *inputs]
             self._guard = self._build_guard(tensors)
+        elif cached.aliases:
+            self._check_ties(cached, tensors)
         if self._bare:
             if grad_enabled:
                 _set_grad_enabled(False)
@@ -1935,6 +1979,7 @@ class PrecompiledFunction:
             if len(outputs) != 1:
                 self._raise_edited(outputs)
             return outputs[0]
+        state = tensors[: self._num_state]
         if self._checks_inputs:
             self._check_inputs(user_args, leaves, tensors)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
@@ -2037,9 +2082,11 @@ class PrecompiledFunction:
 
     # -- global state ----------------------------------------------------------
 
-    def _refuse_hooks(self, modules: tuple, state: list, cached: _ModuleCache) -> None:
+    def _refuse_hooks(self, args: tuple, cached: _ModuleCache) -> _ModuleCache:
+        """A PrecompileError naming a hook on the module arguments or their tensors; ``cached``, marked clean, where none."""
         epoch = hook_epoch()  # read first: a hook registered while scanning rescans next call
-        named_modules = named_submodules(self._module_positions, modules)
+        cached, state = self._state_tensors(args, cached)
+        named_modules = named_submodules(self._module_positions, self._pick_modules(args))
         named_state = list(zip(map(self._tensor_path, range(len(state))), state))
         hook = find_hook(named_modules, named_state, [named_state[i] for i in self.convention.grad_state])
         if hook is not None:
@@ -2048,6 +2095,7 @@ class PrecompiledFunction:
                 "Remove it (handle.remove()) before calling, or call fn eagerly"
             )
         cached.hooks_clean_at[0] = epoch
+        return cached
 
     def _global_state_moved(self, grad_enabled: bool) -> bool:
         """Whether the global state this artifact compares beyond autocast and the default dtype may differ (a few C calls)."""
@@ -2115,24 +2163,34 @@ class PrecompiledFunction:
 
     # -- module state --------------------------------------------------------
 
-    def _state_tensors(self, args: tuple) -> tuple[_ModuleCache, list]:
-        """The module arguments' cache entry (re-walked when it no longer holds) and their lifted tensors."""
-        # The usual single module keyed by its id alone: no tuple built per call.
+    def _module_key(self, args: tuple) -> Any:
+        """The module arguments' cache key: the usual single module's id alone, no tuple built per call."""
+        return id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
+
+    def _module_entry(self, args: tuple) -> _ModuleCache:
+        """The module arguments' cache entry, re-walked when it no longer holds."""
+        # self._module_key(args), inlined: one call less on every call
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
         if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.watched_unchanged()):
             cached = self._cache_modules(self._pick_modules(args), key)
-        try:  # _lifted_tensors(cached), inlined: one call less on every call
-            get = cached.one_table_lookup
-            state = get(cached.tables[0]) if get is not None else list(map(dict.__getitem__, cached.tables, cached.names))
-        except KeyError:  # deleted with `del`, which bypasses the registration hooks
-            cached = self._cache_modules(self._pick_modules(args), key)  # names what is missing
+        return cached
+
+    def _state_tensors(self, args: tuple, cached: _ModuleCache) -> tuple[_ModuleCache, list]:
+        """The lifted tensors ``cached`` locates (re-walked, naming what is missing, where one was deleted)."""
+        try:
             state = _lifted_tensors(cached)
-        if cached.aliases:
-            for state_index, table, name, module_index, fqn in cached.aliases:
-                if table[name] is not state[state_index]:
-                    self._raise_untied(state_index, module_index, fqn)
+        except KeyError:  # deleted with `del`, which bypasses the registration hooks
+            cached = self._cache_modules(self._pick_modules(args), self._module_key(args))  # names what is missing
+            state = _lifted_tensors(cached)
+        self._check_ties(cached, state)
         return cached, state
+
+    def _check_ties(self, cached: _ModuleCache, tensors: list) -> None:
+        """Each tied name (captured as one tensor under several names) still holds that tensor."""
+        for state_index, table, name, module_index, fqn in cached.aliases:
+            if table[name] is not tensors[state_index]:
+                self._raise_untied(state_index, module_index, fqn)
 
     def _cache_modules(self, modules: tuple, key: Any) -> _ModuleCache:
         """Walk the module arguments, check them against the convention, cache the result."""
@@ -2166,9 +2224,6 @@ class PrecompiledFunction:
             refs=tuple(weakref.ref(m, forget) for m in modules),
             tables=tables,
             names=names,
-            one_table_lookup=(
-                operator.itemgetter(*names) if len(names) >= 2 and all(t is tables[0] for t in tables) else None
-            ),
             aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
             generation=generation,
             watched_vars=[values for values, _ in watched],
@@ -2469,7 +2524,7 @@ class PrecompiledFunction:
             args = self._bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
-        _, state = self._state_tensors(args)
+        _, state = self._state_tensors(args, self._module_entry(args))
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._check_slowly(user_args, leaves, state)
         self._check_inputs(user_args, leaves, tensors)
@@ -2560,7 +2615,7 @@ class OptimizerArgument:
         self.hyper_keys = [tuple(k for k, _ in group) for group in spec.hyper]
         self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
         self.scalars = {}  # (group, key) -> (value, its 0-dim float64 tensor), lr and the lifted keys
-        self.guard = None  # TensorGuards over the state tensors, armed after a full check
+        self.guard = None  # tensor_guard() over the state tensors, armed after a full check
 
     def inputs(self, optimizer: Any, state: list, created: list) -> list:
         """Check ``optimizer``; its graph inputs.  State it lacks is made and appended to ``created``."""
