@@ -34,6 +34,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if !defined(PRECOMPILE_TORCH_VERSION) || !defined(PRECOMPILE_MODULE)
@@ -49,7 +50,7 @@ namespace {
 constexpr int64_t kFree = -1;  // a size or stride the check leaves free
 
 struct Expected {
-  PyTypeObject* type;
+  PyTypeObject* type;  // a strong reference (release()): a freed subclass's address may be reused
   uint64_t keys;  // raw dispatch keys, thread-local keys applied
   c10::ScalarType dtype;
   c10::Device device;
@@ -118,6 +119,15 @@ bool read_dims(PyObject* list, size_t dim, c10::SmallVector<int64_t, 5>& out) {
 
 int record(LayoutGuard* self, PyObject* tensors, PyObject* sizes, PyObject* strides);
 
+void release(std::vector<Expected>* expected) {
+  if (expected != nullptr) {
+    for (const Expected& want : *expected) {
+      Py_DECREF(want.type);
+    }
+    delete expected;
+  }
+}
+
 int LayoutGuard_init(LayoutGuard* self, PyObject* args, PyObject* kwargs) {
   PyObject *tensors, *sizes, *strides;
   if (kwargs != nullptr || !PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &tensors, &PyList_Type, &sizes,
@@ -141,7 +151,8 @@ int record(LayoutGuard* self, PyObject* tensors, PyObject* sizes, PyObject* stri
     PyErr_SetString(PyExc_ValueError, "LayoutGuard: tensors, sizes and strides differ in length");
     return -1;
   }
-  auto expected = std::make_unique<std::vector<Expected>>();
+  // Released (the types' references dropped) on every early return.
+  std::unique_ptr<std::vector<Expected>, decltype(&release)> expected(new std::vector<Expected>(), &release);
   expected->reserve(n);
   auto local = c10::impl::tls_local_dispatch_key_set();
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -166,15 +177,16 @@ int record(LayoutGuard* self, PyObject* tensors, PyObject* sizes, PyObject* stri
         !read_dims(PyList_GET_ITEM(strides, i), dim, want.strides)) {
       return -1;
     }
+    Py_INCREF(want.type);
     expected->push_back(std::move(want));
   }
-  delete self->expected;
+  release(self->expected);
   self->expected = expected.release();
   return 0;
 }
 
 void LayoutGuard_dealloc(LayoutGuard* self) {
-  delete self->expected;
+  release(self->expected);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
