@@ -166,6 +166,11 @@ class TestCapture(TestCase):
         untied.weight = nn.Parameter(encoder.weight.detach().clone())
         with self.assertRaisesRegex(PrecompileError, r"args\[3\]\.weight was the same tensor as args\[1\]\.weight"):
             f(2.0, encoder, {"x": x, "tag": "a"}, untied, "train")
+        # The tied name deleted after a call (`del` bypasses the registration hooks): named, not a KeyError.
+        f(2.0, encoder, {"x": x, "tag": "a"}, decoder, "train")
+        del decoder.weight
+        with self.assertRaisesRegex(PrecompileError, r"args\[3\]: the module's parameters differ.*missing \['weight'\]"):
+            f(2.0, encoder, {"x": x, "tag": "a"}, decoder, "train")
 
     @parametrize("backend", BACKENDS)
     def test_batchnorm_train_updates_running_stats_like_eager(self, backend):

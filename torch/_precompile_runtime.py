@@ -1966,7 +1966,7 @@ class PrecompiledFunction:
             tensors = [*state, *inputs]
             self._guard = self._build_guard(tensors)
         elif cached.aliases:
-            self._check_ties(cached, tensors)
+            self._check_ties(args, cached, tensors)
         if self._bare:
             if grad_enabled:
                 _set_grad_enabled(False)
@@ -2183,13 +2183,15 @@ class PrecompiledFunction:
         except KeyError:  # deleted with `del`, which bypasses the registration hooks
             cached = self._cache_modules(self._pick_modules(args), self._module_key(args))  # names what is missing
             state = _lifted_tensors(cached)
-        self._check_ties(cached, state)
+        self._check_ties(args, cached, state)
         return cached, state
 
-    def _check_ties(self, cached: _ModuleCache, tensors: list) -> None:
+    def _check_ties(self, args: tuple, cached: _ModuleCache, tensors: list) -> None:
         """Each tied name (captured as one tensor under several names) still holds that tensor."""
         for state_index, table, name, module_index, fqn in cached.aliases:
-            if table[name] is not tensors[state_index]:
+            if table.get(name) is not tensors[state_index]:
+                if name not in table:  # deleted with `del`, past the registration hooks: the walk names it
+                    self._cache_modules(self._pick_modules(args), self._module_key(args))
                 self._raise_untied(state_index, module_index, fqn)
 
     def _cache_modules(self, modules: tuple, key: Any) -> _ModuleCache:
