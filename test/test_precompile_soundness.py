@@ -262,6 +262,13 @@ class TestSoundness(TestCase):
         f(model, x)
         del model.lin.bias
         self.assertRefused(r"args\[0\]: the module's parameters differ.*missing \['lin\.bias'\]", lambda: f(model, x), model)
+        # A module's _parameters dict rebound: the tensors in the new dict are the ones used.
+        model = _layers()
+        f(model, x)
+        model.lin._parameters = {name: nn.Parameter(torch.randn_like(p)) for name, p in model.lin._parameters.items()}
+        torch.testing.assert_close(f(model, x), model(x))
+        model.lin._parameters = {name: nn.Parameter(p.detach().double()) for name, p in model.lin._parameters.items()}
+        self.assertRefused(r"args\[0\]\.lin\.weight \(parameter\): expected dtype torch.float32, got torch.float64", lambda: f(model, x), model)
 
     @parametrize("backend", BACKENDS)
     def test_short_lived_models_are_never_mistaken_for_dead_ones(self, backend):

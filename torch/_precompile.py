@@ -355,9 +355,11 @@ says who guarantees it and, where it is enforced, which tests (in
    (during the trace ``type(m)`` and the
    type of a config it reads are probe subclasses, which also run the
    class's ``__init_subclass__``), and on ``type(d) is dict`` for a dict
-   input (a probe dict subclass, invariant 3); writing
-   ``_modules`` / ``_parameters`` dicts directly without changing their
-   length, ``param.data = ...`` and ``m.__class__ = ...``; and, on
+   input (a probe dict subclass, invariant 3); writing a ``_modules``
+   dict directly without changing its length, ``param.data = ...`` and
+   ``m.__class__ = ...`` (a ``_parameters`` / ``_buffers`` entry is
+   looked up by name at every call, and rebinding either dict is seen:
+   test_module_edits_bypassing_hooks_are_seen); and, on
    backend='inductor', indices out of range (``nn.Embedding``), which
    Inductor's CPU kernels check with an abort instead of an IndexError, as
    under torch.compile: validate indices outside fn or use backend='eager'.

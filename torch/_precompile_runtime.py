@@ -1445,7 +1445,8 @@ class _ModuleCache(Record):
     checked ``training`` flag or attribute replaces the value object in the
     ``vars()`` of the submodule (or of the config object) holding it, or on
     its class; an element written into a list or dict fn read changes the
-    ids of that container's elements.
+    ids of that container's elements; ``module._parameters = {...}`` replaces
+    a watched value.
     """
 
     refs: tuple  # weakrefs to the module arguments, whose callbacks drop this entry
@@ -1455,7 +1456,8 @@ class _ModuleCache(Record):
     generation: int  # _STRUCTURE[0] when walked
     # Watched entries: the training flags fn reads, every step of the attribute
     # paths fn reads (an absent entry too: a class attribute the instance may
-    # come to shadow) and the ``_modules`` dict of every submodule that has children.
+    # come to shadow), the ``_parameters`` / ``_buffers`` dicts holding lifted
+    # tensors, and the ``_modules`` dict of every submodule that has children.
     watched_vars: list  # vars() of the submodule or object holding each watched entry
     watched_keys: list  # ... the entry's name
     watched_values: list  # ... the value object checked (or MISSING), compared by identity (a changed value of equal == is caught)
@@ -2209,10 +2211,21 @@ class PrecompiledFunction:
         # children, and a DDP argument's comm hook list.
         sized = [(vars(sub), _CHILDREN) for sub in submodules if _children(sub)]
         sized += [entry for _, _, _, lengths in walked for entry in lengths]
+        # The _parameters / _buffers dict of each submodule holding a lifted tensor:
+        # rebinding one (`module._parameters = {...}` bypasses the registration hooks)
+        # would leave the tables cached below stale.
+        table_ids = {id(table) for table, _ in accessors}
+        tables_held = [
+            (vars(sub), attribute)
+            for sub in submodules
+            for attribute in ("_parameters", "_buffers")
+            if id(vars(sub).get(attribute)) in table_ids
+        ]
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
             + ddp_entries
             + list(reads.entries.values())
+            + tables_held
             + sized
         )
         watched_values = [values.get(name, MISSING) for values, name in watched]
