@@ -78,6 +78,7 @@ _disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 # them and re-reads entries at every call; 2.13 has no public view of them.
 _CHILDREN = "_modules"
 _children = operator.attrgetter(_CHILDREN)
+_TENSOR_TABLES = ("_parameters", "_buffers")  # the attributes holding those dicts (watched by identity)
 
 
 def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str]:
@@ -2218,7 +2219,7 @@ class PrecompiledFunction:
         tables_held = [
             (vars(sub), attribute)
             for sub in submodules
-            for attribute in ("_parameters", "_buffers")
+            for attribute in _TENSOR_TABLES
             if id(vars(sub).get(attribute)) in table_ids
         ]
         watched = (
