@@ -26,7 +26,6 @@ own it attaches ``precompile`` / ``PrecompileError`` to ``torch.compiler``
 
 import glob
 import os
-import re
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -53,7 +52,8 @@ def _layout_guard_extension() -> list:
         print("torch-precompile: torch is not importable at build time (use --no-build-isolation); "
               "installing without torch_precompile._C, the driver's faster tensor check")
         return []
-    module = "_C_" + re.sub(r"\W", "_", torch.__version__)  # the driver imports this name (_LayoutGuard)
+    # The driver imports this name (_C in torch/_precompile_runtime.py spells it the same way).
+    module = "_C_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
     return [
         CppExtension(
             f"torch_precompile.{module}",

@@ -1476,15 +1476,12 @@ class _ModuleCache(Record):
     containers: list
     container_copies: list  # ... a copy of each, holding its elements
     class_and_element_ids: list  # id() of each class value, then of each container's elements
-    # Nothing watched beyond the structure counter (a model with no children
-    # whose modes and attributes fn ignores): watched_unchanged() is not called.
-    unwatched: bool
 
     def watched_unchanged(self) -> bool:
         """With ``generation`` still ``_STRUCTURE[0]``: whether the walk this entry records
         still describes the modules (one C-level pass each)."""
         return (
-            not self.watched_vars  # a model with no children whose modes and attributes fn ignores
+            not self.watched_vars  # a module with no tensors or children whose modes and attributes fn ignores
             or _entries_unchanged(
                 self.watched_vars, self.watched_keys, self.watched_values, self.children, self.lengths, MISSING
             )
@@ -2175,7 +2172,7 @@ class PrecompiledFunction:
         # self._module_key(args), inlined: one call less on every call
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
-        if cached is None or cached.generation != _STRUCTURE[0] or not (cached.unwatched or cached.watched_unchanged()):
+        if cached is None or cached.generation != _STRUCTURE[0] or not cached.watched_unchanged():
             cached = self._cache_modules(self._pick_modules(args), key)
         return cached
 
@@ -2235,11 +2232,10 @@ class PrecompiledFunction:
         containers = list(reads.containers.values())
         copies = [type(c)(c) for c in containers]
         forget = functools.partial(_forget, self._state_cache, key)
-        tables, names = [table for table, _ in accessors], [name for _, name in accessors]
         cached = _ModuleCache(
             refs=tuple(weakref.ref(m, forget) for m in modules),
-            tables=tables,
-            names=names,
+            tables=[table for table, _ in accessors],
+            names=[name for _, name in accessors],
             aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
             generation=generation,
             watched_vars=[values for values, _ in watched],
@@ -2254,7 +2250,6 @@ class PrecompiledFunction:
             containers=containers,
             container_copies=copies,
             class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
-            unwatched=not watched and not classes and not containers,
         )
         state = _lifted_tensors(cached)
         if len(set(map(id, state))) != len(state):

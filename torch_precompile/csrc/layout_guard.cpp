@@ -11,16 +11,17 @@
 // check() compares as TensorGuards.check() does; gather() first looks up
 // tables[i][names[i]] (a module's _parameters / _buffers dict and a key, as
 // dict.__getitem__ does), appends inputs, and returns that list when every
-// tensor passes, else None (a missing key included).  And the module cache's
-// re-verification (_ModuleCache.watched_unchanged), one C loop instead of
-// four maps:
-//
-//   entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool
-//     owners[i].get(keys[i], missing) is values[i] for each i, and
-//     len(sized[j]) == lengths[j] for each j.  Why not TensorGuards:
+// tensor passes, else None (a missing key included).  Why not TensorGuards:
 // it costs ~63 ns a tensor (SymInt sizes, optional compares), this ~10 ns, and
 // the lookup here saves the ~25 ns a tensor of map(dict.__getitem__, ...):
 // a 100-parameter model's check drops from ~9 us to ~2 us (issue 27).
+//
+// And the module cache's re-verification (_ModuleCache.watched_unchanged),
+// one C loop instead of four maps:
+//
+//   entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool
+//     owners[i].get(keys[i], missing) is values[i] for each i, and
+//     len(sized[j]) == lengths[j] for each j.
 //
 // Built by setup.py against the installed torch, whose version names the
 // module (venvs with different torch may share an editable checkout) and is
