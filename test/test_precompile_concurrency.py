@@ -241,9 +241,13 @@ class TestConcurrentPrecompile(TestCase):
             inside.pop()
             raise Stop
 
+        # Built before the threads start: _model() reseeds the global RNG, which a
+        # capture running in the other thread rightly refuses (it sees its RNG moved).
+        models = [_model(i) for i in range(2)]
+
         def work(i):
             with self.assertRaises(Stop):
-                precompile(_infer, _model(i), _x(i), backend="inductor")
+                precompile(_infer, models[i], _x(i), backend="inductor")
 
         original = implementation.compat.inductor_compile
         implementation.compat.inductor_compile = fake_compile
