@@ -1261,14 +1261,39 @@ class TestFreeDims(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"outside the bounds \[2, inf\]"):
             f(self.model, torch.randn(1, 8), torch.randn(1, 4))
 
-    def test_guard_on_marked_dim_refused_with_source_line(self):
+    def test_branch_on_marked_dim_becomes_a_size_fact(self):
         def branchy(m, x):
             if x.shape[0] > 3:
                 return m(x)
             return m(x) * 2
 
-        with self.assertRaisesRegex(PrecompileError, r"args\[1\] dim 0 \(marked with mark_unbacked\) to decide u0 > 3 at .*test_precompile.py:\d+ \(if x.shape\[0\] > 3:\)"):
-            precompile(branchy, self.model, _marked(torch.randn(5, 8), 0))
+        f = precompile.load(*precompile(branchy, self.model, _marked(torch.randn(5, 8), 0)))
+        (fact,) = f.convention.size_facts  # taken from the example: 5 > 3
+        self.assertRegex(fact.where, r"test_precompile.py:\d+ \(if x.shape\[0\] > 3:\)")
+        with torch.no_grad():
+            for rows in (4, 9):
+                x = torch.randn(rows, 8)
+                torch.testing.assert_close(f(self.model, x), branchy(self.model, x))
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"the captured graph requires \(args\[1\] dim 0\) - 3 > 0, decided by the example inputs at "
+            r".*test_precompile.py:\d+ \(if x.shape\[0\] > 3:\), but args\[1\] dim 0 is 3",
+        ):
+            f(self.model, torch.randn(3, 8))
+
+    def test_guard_not_linear_in_marked_dims_refused_with_source_line(self):
+        def branchy(m, x):
+            if x.shape[0] * x.shape[0] > 20:
+                return m(x)
+            return m(x) * 2
+
+        x = _marked(torch.randn(5, 8), 0)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"args\[1\] dim 0 \(marked with mark_unbacked\) to decide u0\*\*2 > 20 at .*test_precompile.py:\d+ "
+            r"\(if x.shape\[0\] \* x.shape\[0\] > 20:\)",
+        ):
+            precompile(branchy, self.model, x)
 
     def test_specializing_view_refused(self):
         with self.assertRaisesRegex(PrecompileError, r"fn specializes args\[1\] dim 0 .* to 5.*use -1"):

@@ -10,7 +10,10 @@ programming model] invariants 8 and 11-13.
 """
 
 import copy
+import importlib.util
+import os
 import re
+import shutil
 
 import torch
 import torch.nn as nn
@@ -261,6 +264,72 @@ class TestCaptureSoundness(TestCase):
                 PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \({code}\).*torch\.where"
             ):
                 precompile(fn, torch.randn(4, 3), backend=backend)
+
+    def test_randperm_indexing(self):
+        """Inductor's randperm-index pattern fails on this graph: refused naming it; eager honours it."""
+
+        def shuffle(model, x):
+            return model(x[torch.randperm(x.shape[0])])
+
+        model, x = nn.Linear(4, 4), torch.randn(3, 4)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"backend='inductor' failed to compile fn's graph \(.*Not all inputs to pattern found.*\); the "
+            r"captured graph itself is sound: precompile with backend='eager'",
+        ):
+            precompile(shuffle, model, x, backend="inductor")
+        runnable = load(precompile(shuffle, model, x, backend="eager"))
+        torch.manual_seed(3)
+        expected = shuffle(model, x)
+        torch.manual_seed(3)
+        torch.testing.assert_close(runnable(model, x), expected)
+
+    @parametrize("backend", BACKENDS)
+    def test_a_tensor_stored_in_a_plain_module_attribute_is_refused(self, backend):
+        class Pyramid(nn.Module):  # as torchvision's RAFT CorrBlock keeps its pyramid
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(4, 4)
+
+            def forward(self, x):
+                y = self.proj(x)
+                self.cached = y * 2
+                return y
+
+        model = nn.Sequential(Pyramid())
+        with torch.no_grad():
+            model(torch.randn(2, 4))  # an eager call left a tensor there before
+        cached = model[0].cached
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"fn stores a tensor in args\[0\]\.0\.cached, a plain attribute \(not a parameter or buffer\)",
+        ):
+            precompile(lambda m, x: m(x), model, torch.randn(2, 4), backend=backend)
+        self.assertIs(model[0].cached, cached)  # the capture changed nothing
+        del model[0].cached
+        with self.assertRaisesRegex(PrecompileError, r"fn stores a tensor in args\[0\]\.0\.cached"):
+            precompile(lambda m, x: m(x), model, torch.randn(2, 4), backend=backend)
+        self.assertNotIn("cached", vars(model[0]))
+
+    def test_data_dependent_python_in_an_installed_package_names_its_line(self):
+        # A package installed beside torch whose name starts with "torch" (torchvision's
+        # site-packages/torchvision/...) is not torch's own code: its line is named.
+        package = os.path.dirname(torch.__file__) + f"_precompile_test_lib_{os.getpid()}"
+        os.makedirs(package)
+        try:
+            with open(os.path.join(package, "transform.py"), "w") as f:
+                f.write("def scale(x):\n    return x * x.max().item()\n")
+            spec = importlib.util.spec_from_file_location("transform_under_test", os.path.join(package, "transform.py"))
+            library = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(library)
+            with self.assertRaisesRegex(
+                PrecompileError,
+                rf"value of a tensor as a Python value at {re.escape(package)}/transform.py:2 "
+                r"\(return x \* x\.max\(\)\.item\(\)\)",
+            ):
+                precompile(lambda x: library.scale(x) + 1, torch.randn(4, 3), backend="eager")
+        finally:
+            shutil.rmtree(package)
 
     def test_data_dependent_python_under_free_dims(self):
         def branch(x):

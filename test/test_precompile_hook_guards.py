@@ -20,6 +20,7 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
+import torch_precompile
 from torch_precompile import PrecompileError
 from torch_precompile._precompile import runtime
 
@@ -280,6 +281,28 @@ class TestHookGuards(TestCase):
         for rows in (1, 11):
             with self.assertRaisesRegex(PrecompileError, rf"args\[0\]: dim 0 has size {rows}, outside the bounds \[2, 10\]"):
                 f(torch.randn(rows, 3), torch.randn(rows, 3))
+
+    @needs_mark_bounds
+    def test_shape_id_examples_must_agree_and_fit_the_bounds(self):
+        mark_unbacked = torch._dynamo.decorators.mark_unbacked
+        x, y = torch.randn(3, 3), torch.randn(5, 3)
+        mark_unbacked(x, 0, shape_id="n")
+        mark_unbacked(y, 0, shape_id="n", max=8)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"the marks of shape_id 'n' are one size, but the example inputs have args\[0\] dim 0 = 3, "
+            r"args\[1\] dim 0 = 5",
+        ):
+            torch_precompile.precompile(_sum_rows, x, y, backend="inductor")
+        x, y = torch.randn(10, 3), torch.randn(10, 3)
+        mark_unbacked(x, 0, shape_id="n")
+        mark_unbacked(y, 0, shape_id="n", max=8)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"args\[0\] dim 0 has size 10 in the example inputs, outside its bounds \[0, 8\] \(the tightest "
+            r"of the marks of shape_id 'n'\): every call would be refused",
+        ):
+            torch_precompile.precompile(_sum_rows, x, y, backend="inductor")
 
 
     @parametrize("backend", BACKENDS)

@@ -48,7 +48,15 @@ says who guarantees it and, where it is enforced, which tests (in
    different value is refused.  The one exception: a user-input dim marked
    with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
    and the equalities the graph needs between marked dims are checked at
-   every call, and a graph that guards on it is refused at capture.
+   every call.  A mark's ``min=`` / ``max=`` are inclusive bounds on that
+   size, checked at every call.  Where the trace must decide something about
+   marked sizes that the bounds do not (sdpa's ``q_length > 1``; a mask one
+   longer than the cache, ``mask - kv - 1 == 0``), a linear requirement is
+   taken from the example's sizes as a size fact (``convention.size_facts``,
+   naming the line that needed it), the trace is redone with it assumed, and
+   the driver checks it at every call, refusing a call that breaks it; a
+   guard that is not linear in the marked sizes is refused at capture
+   (test_precompile_llm.py TestSizeFacts, TestGenerate).
    Marks sharing a ``shape_id`` are one size, unbounded unless a mark
    bounds it, with the tightest of their bounds (min= on one input, max= on
    another), checked by the driver (test_precompile_hook_guards.py
@@ -83,9 +91,19 @@ says who guarantees it and, where it is enforced, which tests (in
    test_precompile_zoo.py).
 5. Side effects.  Effectful ops and control-flow higher-order ops are refused
    at capture, and so is rebinding a module attribute instead of updating it
-   in place; in-place updates of buffers and inputs (BatchNorm running stats)
-   are part of the graph and happen at every call.  Enforced
-   (TestCaptureContract, TestCapture).
+   in place; in-place updates of buffers and inputs (BatchNorm running stats,
+   a StaticCache) are part of the graph and happen at every call.  An input
+   object fn changes beyond its tensors' values (an attribute rebound, as a
+   DynamicCache's update does; an element or key added) is recorded as it is
+   after fn (``convention.rebound_inputs``: its tree becomes part of the
+   output) and written back into the caller's object after every call,
+   objects of the same type updated in place (``write_back``), so the
+   caller's references stay valid as in eager; one that cannot be (a tuple,
+   an object without ``__dict__``) is refused at capture.  A pytree node of
+   fn's result that was one of its input objects (a cache it returns) is the
+   caller's object (``convention.returned_inputs``), and a tensor fn returns
+   twice is one tensor.  Enforced (TestCaptureContract, TestCapture;
+   test_precompile_llm.py TestCacheObjects, TestInputTrees).
 6. The code is the contract.  ``python_code`` is self-contained (it runs with
    only torch installed, compiling kernels on first use) and is the single
    source of truth for the calling convention; ``cache`` only accelerates and
@@ -162,7 +180,10 @@ says who guarantees it and, where it is enforced, which tests (in
    eager code, torch.compile or an artifact call running meanwhile sees that
    state; using the module or optimizer arguments from another thread while
    precompile() runs is the caller's responsibility.  The driver's one piece of
-   process-global state is its structure counter, registered once per process
+   process-global state is its structure counter, not moved while Dynamo
+   traces (torch.compile in the same process would guard on it and recompile
+   at every call of a model that registers modules in its forward, as HF
+   decoders do; test_precompile_llm.py TestTorchCompileCoexists), registered once per process
    on nn.Module's global registration hooks and shared by every artifact.  The
    private torch internals all this relies on (a path per release, 2.11-2.14) are listed in
    ``torch/_precompile_compat.py`` (the driver's in its own marked section) and
@@ -234,10 +255,14 @@ says who guarantees it and, where it is enforced, which tests (in
    - Structure: submodule names and classes CHECKED (a ReLU swapped for a
      Tanh is refused).  Edits that bypass nn.Module's registration hooks are
      still seen: ``del model.fc2``, ``del model.layers[1]``, ``del`` +
-     ``insert`` reorders and ``del model.lin.bias`` (a reorder with equal
-     names and shapes is honoured; a missing one is refused)
+     ``insert`` reorders, ``del model.lin.bias`` (a reorder with equal
+     names and shapes is honoured; a missing one is refused), and a
+     submodule replaced by a write into ``_modules`` (as Dynamo's replay of
+     ``model[2] = ...`` in a torch.compile'd function does): each
+     ``_modules`` dict's submodules are compared by identity
      (test_module_edits_bypassing_hooks_are_seen,
-     test_module_classes_and_read_attributes_are_checked).
+     test_module_classes_and_read_attributes_are_checked;
+     test_precompile_llm.py test_a_submodule_replaced_inside_torch_compile_is_seen).
    - Mode: capture records which submodules' ``training`` flag fn reads
      (BatchNorm, Dropout, user code); those flags are CHECKED, however they
      were set.  A flag never read cannot have shaped the graph: a Linear in
@@ -309,6 +334,19 @@ says who guarantees it and, where it is enforced, which tests (in
      pytree contexts included; a dict's key order only where fn observed
      it, keyword arguments bound by fn's signature, defaulted parameters
      REFUSED when passed (invariant 3; test_precompile_structures.py).
+     Any class registered as a pytree node is an input or output (a
+     transformers cache, registered by transformers'
+     ``register_cache_pytrees_for_model``): its tensors LIFTED, the rest of
+     its state its context, CHECKED (a cache's lengths, layer kinds, sliding
+     windows); leaf paths are read from the tree itself (a flatten may turn
+     None children into context), and a node whose flattens with and
+     without keys disagree is REFUSED naming its type.  An unregistered
+     object is REFUSED saying how to register it
+     (test_precompile_llm.py TestCacheObjects, TestInputTrees).
+   - Layout: on backend='inductor' each tensor is traced with exactly the
+     caller's strides (a slice ``ids[:, :1]`` included), which the driver
+     checks; one whose elements share memory (``x.expand(...)``) is REFUSED
+     (test_non_dense_inputs_keep_their_layout).
    Global state (test_precompile_global_guards.py)
    - Grad mode: an artifact that runs autograd is REFUSED under
      ``no_grad()`` and ``inference_mode()`` (test_global_state).  fn reading
@@ -355,8 +393,7 @@ says who guarantees it and, where it is enforced, which tests (in
    (during the trace ``type(m)`` and the
    type of a config it reads are probe subclasses, which also run the
    class's ``__init_subclass__``), and on ``type(d) is dict`` for a dict
-   input (a probe dict subclass, invariant 3); writing a ``_modules``
-   dict directly without changing its length, ``param.data = ...`` and
+   input (a probe dict subclass, invariant 3); ``param.data = ...`` and
    ``m.__class__ = ...`` (a ``_parameters`` / ``_buffers`` entry is
    looked up by name at every call, and rebinding either dict is seen:
    test_module_edits_bypassing_hooks_are_seen); and, on

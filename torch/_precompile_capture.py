@@ -124,7 +124,8 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         _check_recordable_structure(f"args[{position}]", pytree.tree_structure(arg), rebuilt=False)
     input_leaves, input_spec = pytree.tree_flatten(user_args)
     input_paths = [
-        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}" for path in runtime.leaf_paths(input_spec)
+        f"args[{user_positions[path[0].idx]}]{pytree.keystr(path[1:])}"
+        for path in _input_leaf_paths(user_positions, user_args, input_leaves, input_spec)
     ]
     for what, leaf in zip(input_paths, input_leaves):
         if isinstance(leaf, torch.Tensor):
@@ -159,6 +160,49 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
         data_parallel=data_parallel,
     )
+
+
+def _input_leaf_paths(user_positions: list, user_args: tuple, leaves: list, spec: pytree.TreeSpec) -> list:
+    """The key path of each input leaf, read from the inputs themselves (never a rebuilt copy).
+
+    A node type whose ``flatten_with_keys_fn`` gives other leaves than its
+    ``flatten_fn`` is refused naming it: the leaves could not be named, nor
+    be trusted to line up at a call.
+    """
+    try:
+        keyed = pytree.tree_flatten_with_path(user_args)[0]
+    except Exception:  # a node registered without flatten_with_keys_fn: named by position
+        return runtime.leaf_paths(spec)
+    if len(keyed) == len(leaves) and all(map(operator.is_, (leaf for _, leaf in keyed), leaves)):
+        return [path for path, _ in keyed]
+    for position, arg in zip(user_positions, user_args):
+        node = _node_with_unkeyed_leaves(arg)
+        if node is not None:
+            node_type, plain, with_keys = node
+            raise PrecompileError(
+                f"args[{position}] holds a {node_type.__module__}.{node_type.__qualname__}, whose pytree "
+                f"registration flattens it to {plain} leaves without keys but {with_keys} with "
+                "keys: make its flatten_fn and flatten_with_keys_fn return the same children "
+                "(torch.utils._pytree.register_pytree_node)"
+            )
+    raise PrecompileError("fn's inputs flatten to other leaves with keys than without (torch.utils._pytree)")
+
+
+def _node_with_unkeyed_leaves(tree: Any) -> tuple | None:
+    """(type, leaves without keys, leaves with keys) of the first node in ``tree`` whose two flattens disagree."""
+    node = pytree.SUPPORTED_NODES.get(type(tree))
+    if node is None:
+        return None
+    children, _ = node.flatten_fn(tree)
+    if node.flatten_with_keys_fn is not None:
+        keyed = node.flatten_with_keys_fn(tree)[0]
+        if len(keyed) != len(children) or any(a is not b for (_, a), b in zip(keyed, children)):
+            return type(tree), len(children), len(keyed)
+    for child in children:
+        found = _node_with_unkeyed_leaves(child)
+        if found is not None:
+            return found
+    return None
 
 
 def _refuse_state_as_input(lifted: list, module_positions: list, leaves: list, paths: list) -> None:
@@ -263,17 +307,82 @@ def _memory_format(t: torch.Tensor) -> str | None:
 
 
 def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
-    # Same strides as the caller's tensor, no autograd history, no .grad.
-    clone = t.detach().clone(memory_format=torch.preserve_format)
+    """A copy with the same strides as the caller's tensor, no autograd history, no .grad.
+
+    Exactly the same strides also for a non-dense one (``ids[:, :1]``), which
+    ``clone(preserve_format)`` would make contiguous: Inductor compiles for
+    the strides it traced with, and the driver checks the caller's.
+    """
+    source = t.detach()
+    if _is_non_overlapping(source) and not _is_dense(source) and source.layout == torch.strided:
+        clone = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device=source.device)
+        clone.copy_(source)
+    else:
+        clone = source.clone(memory_format=torch.preserve_format)
     return clone.requires_grad_(t.requires_grad)
 
 
+def _is_dense(t: torch.Tensor) -> bool:
+    return _memory_format(t) is not None or t.numel() <= 1
+
+
+def _is_non_overlapping(t: torch.Tensor) -> bool:
+    """No two elements share memory: each dim's stride reaches past the dims with smaller strides."""
+    extent = 0  # the largest offset the smaller-strided dims reach
+    for stride, size in sorted((stride, size) for stride, size in zip(t.stride(), t.shape) if size > 1):
+        if stride <= extent:
+            return False
+        extent += (size - 1) * stride
+    return True
+
+
+def _refuse_overlapping_inputs(args: "_Arguments", backend: str) -> None:
+    """Inductor compiles for its inputs' strides; one whose elements share memory
+    (``x.expand(...)``) would be traced on a contiguous copy, another layout than the call's."""
+    if backend != "inductor":
+        return
+    named = _named_state(args.module_positions, args.lifted) + [
+        (args.input_paths[i], args.input_leaves[i]) for i in args.tensor_indices
+    ]
+    for what, tensor in named:
+        if tensor.layout == torch.strided and not _is_non_overlapping(tensor):
+            raise PrecompileError(
+                f"{what} has elements sharing memory (strides {tuple(tensor.stride())} for shape "
+                f"{tuple(tensor.shape)}, e.g. from .expand()), which backend='inductor' cannot specialize "
+                "on: pass .contiguous(), or precompile with backend='eager'"
+            )
+
+
 def _check_value_leaf(what: str, value: Any) -> None:
+    if isinstance(value, torch.SymInt):
+        raise PrecompileError(
+            f"{what} is a Python int computed from dims marked with mark_unbacked ({value}), which the "
+            "artifact cannot return (its outputs are tensors and constants): return it as a tensor "
+            "(torch.tensor(n) or x.new_tensor(n)), or remove the marks it depends on"
+        )
     if type(value) not in runtime.LEAF_VALUE_TYPES:
         raise PrecompileError(
             f"{what}: unsupported leaf of type {type(value).__name__}; outputs must be pytrees "
-            "of tensors, int, float, bool, str or None"
+            f"of tensors, int, float, bool, str or None{_how_to_register(value)}"
         )
+
+
+def _how_to_register(value: Any) -> str:
+    """How to make an object a pytree node, so its tensors are lifted and the rest is its context."""
+    cls = type(value)
+    if cls.__module__.partition(".")[0] == "transformers" and cls.__name__.endswith("Cache"):
+        return (
+            f". {cls.__qualname__} is a transformers cache, not registered as a pytree node: call "
+            "transformers.exporters.exporter_dynamo.register_cache_pytrees_for_model(model) before "
+            "precompile() and before load() (it registers transformers' cache classes)"
+        )
+    if isinstance(value, (torch.Tensor, int, float, bool, str, type(None))):
+        return ""
+    return (
+        f". To pass a {cls.__qualname__}, register it: torch.utils._pytree.register_pytree_node({cls.__qualname__}, "
+        "flatten_fn, unflatten_fn, serialized_type_name=..., flatten_with_keys_fn=...); its tensors "
+        "are then lifted and the rest of its state is its context, checked at every call"
+    )
 
 
 def _input_value_literal(what: str, value: Any) -> Any:
@@ -283,6 +392,7 @@ def _input_value_literal(what: str, value: Any) -> Any:
         raise PrecompileError(
             f"{what}: unsupported leaf of type {type(value).__name__}; inputs must be pytrees of "
             "tensors, int, float, bool, str, None, torch.dtype, torch.device, Enum members or numpy scalars"
+            + _how_to_register(value)
         )
     return literal
 
@@ -349,6 +459,22 @@ def _combine_shape_id_bounds(free_dims: list, args: _Arguments) -> list:
             )
         for free in members:
             free.low, free.high = low, high
+        sizes = {f"{args.input_paths[f.leaf]} dim {f.dim}": args.input_leaves[f.leaf].shape[f.dim] for f in members}
+        if len(set(sizes.values())) > 1:
+            raise PrecompileError(
+                f"the marks of shape_id {shape_id!r} are one size, but the example inputs have "
+                + ", ".join(f"{name} = {size}" for name, size in sizes.items())
+                + ": pass example inputs whose marked dims agree, or give them different shape_ids"
+            )
+    for free in free_dims:  # the example's own sizes must be sizes the artifact accepts
+        size = args.input_leaves[free.leaf].shape[free.dim]
+        if size < free.low or (free.high is not None and size > free.high):
+            bound = "" if free.shape_id is None else f" (the tightest of the marks of shape_id {free.shape_id!r})"
+            raise PrecompileError(
+                f"{args.input_paths[free.leaf]} dim {free.dim} has size {size} in the example inputs, outside "
+                f"its bounds [{free.low}, {'inf' if free.high is None else free.high}]{bound}: every call would "
+                "be refused; pass an example inside the bounds, or widen them"
+            )
     return free_dims
 
 
@@ -738,10 +864,24 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
-            with torch.enable_grad(), guard, _StateReads.of_fn(recorded.setdefault("reads", {})):
+            with (
+                torch.enable_grad(),
+                guard,
+                _StateReads.of_fn(recorded.setdefault("reads", {})),
+                _tensor_attributes_kept(args),
+            ):
                 result = fn(*call_args)
                 guard.random_draws.finish()
             _check_state_not_rebound(args.modules, mappings)
+        # Flattening the inputs to compare them iterates their dicts: not fn observing their order.
+        observed = [(probe, probe.observed) for probe in probes.values()]
+        rebound = _rebound_inputs(args, call_args, leaves)
+        recorded["rebound_inputs"] = rebound
+        recorded["returned_inputs"] = _returned_inputs(result, call_args, args.user_positions, int(bool(rebound)))
+        for probe, flag in observed:
+            probe.observed = flag
+        if rebound:  # their state after fn is part of what the call gives back (invariant 5)
+            result = (result, tuple(call_args[position] for position in rebound))
         out_leaves, out_spec = pytree.tree_flatten(result)  # an input dict returned: order observed
         out_spec = _without_probes(out_spec)
         _check_recordable_structure("fn's output", out_spec, rebuilt=True)
@@ -752,10 +892,59 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
         recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None]
         recorded["ordered_dicts"] = tuple(path for path, probe in probes.items() if probe.observed)
-        outputs = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+        outputs = _unique_tensors(out_leaves)  # one tensor returned twice is one graph output, as in eager
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
     return flat_fn
+
+
+def _unique_tensors(leaves: list) -> list:
+    """The tensor leaves, each tensor once (first occurrence first)."""
+    return list({id(leaf): leaf for leaf in leaves if isinstance(leaf, torch.Tensor)}.values())
+
+
+def _rebound_inputs(args: _Arguments, call_args: list, leaves: list) -> tuple:
+    """Argument positions whose objects fn changed beyond their tensors' values
+    (Note invariant 5): flattened after fn, another structure or context (an
+    attribute or element added, a plain value changed) or another tensor (an
+    attribute rebound, as transformers' DynamicLayer.update does) than fn got.
+
+    Each must be written back into the caller's object after every call; one
+    that could not be (a tuple, an object without a ``__dict__``) is refused.
+    """
+    rebound, start = [], 0
+    for position, spec in zip(args.user_positions, args.input_spec.children()):
+        given = leaves[start : start + spec.num_leaves]
+        start += spec.num_leaves
+        after_leaves, after_spec = pytree.tree_flatten(call_args[position])
+        after_spec = _without_probes(after_spec)
+        if after_spec == spec and all(map(operator.is_, after_leaves, given)):
+            continue
+        # A dry run on fresh copies, as a call rebuilds them: the argument's object must stay in place.
+        fresh = pytree.tree_unflatten(given, spec)
+        if runtime.write_back(fresh, pytree.tree_unflatten(after_leaves, after_spec)) is not fresh:
+            raise PrecompileError(
+                f"fn changes args[{position}] (a {type(call_args[position]).__qualname__}) in place beyond its "
+                "tensors' values, but a call could not make the caller's object the same: it is immutable or has "
+                "no __dict__. Return the new value from fn instead of changing the argument"
+            )
+        rebound.append(position)
+    return tuple(rebound)
+
+
+def _returned_inputs(result: Any, call_args: list, user_positions: list, first: int) -> tuple:
+    """(output node, argument position, input node) for each node of fn's result that is
+    one of its input objects (a cache fn updated and returned): the call returns the caller's."""
+    owners = {}
+    for position in user_positions:
+        for index, node in enumerate(runtime.preorder_nodes(call_args[position])):
+            if runtime.is_mutable_node(node):
+                owners.setdefault(id(node), (position, index))
+    return tuple(
+        (first + index, *owners[id(node)])
+        for index, node in enumerate(runtime.preorder_nodes(result))
+        if runtime.is_mutable_node(node) and id(node) in owners
+    )
 
 
 def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositions, same: list = ()) -> tuple:
@@ -802,19 +991,31 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, record
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     groups = {i: free.shape_id or f"free{i}" for i, free in enumerate(free_dims)}
-    for _ in range(len(free_dims) + 1):
-        attempt = _SymbolicAttempt(args, free_dims, groups)
+    facts: list = []
+    for _ in range(len(free_dims) + _MAX_SIZE_FACTS + 1):
+        attempt = _SymbolicAttempt(args, free_dims, groups, facts)
         try:
-            return attempt.trace(flat_fn, recorded, decompositions)
+            graph, example, sizes, constants = attempt.trace(flat_fn, recorded, decompositions)
+            recorded["size_facts"] = tuple(facts)
+            return graph, example, sizes, constants
         except GuardOnDataDependentSymNode as error:
             if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
                 raise _data_dependent_error(traceback.extract_tb(error.__traceback__)) from None
             merged = attempt.mergeable(error.cond)
-            if merged is None:
+            if merged is not None:
+                keep, drop = merged
+                groups = {i: groups[keep] if g == groups[drop] else g for i, g in groups.items()}
+                continue
+            fact = attempt.size_fact(error.cond, _user_line(traceback.extract_tb(error.__traceback__)))
+            if fact is None or len(facts) == _MAX_SIZE_FACTS:
                 raise attempt.guard_error(error) from None
-            keep, drop = merged
-            groups = {i: groups[keep] if g == groups[drop] else g for i, g in groups.items()}
-    raise AssertionError("unreachable: each retry merges two shape groups")
+            facts.append(fact)
+    raise AssertionError("unreachable: each retry merges two shape groups or adds a size fact")
+
+
+# A trace that needs more linear facts about its free dims than this is refused
+# (each costs a retrace; a model asking for many is not one graph over these sizes).
+_MAX_SIZE_FACTS = 16
 
 
 def _data_dependent_error(frames: list, how: str = "(`if tensor:`, .item(), bool(), .tolist())") -> PrecompileError:
@@ -830,8 +1031,8 @@ def _data_dependent_error(frames: list, how: str = "(`if tensor:`, .item(), bool
 class _SymbolicAttempt:
     """One symbolic trace: fakes in a fresh ShapeEnv, one symint per marked dim."""
 
-    def __init__(self, args: _Arguments, free_dims: list, groups: dict):
-        self.args, self.free_dims = args, free_dims
+    def __init__(self, args: _Arguments, free_dims: list, groups: dict, facts: list = ()):
+        self.args, self.free_dims, self.facts = args, free_dims, facts
         self.shape_env, self.fake_mode = compat.symbolic_fake_mode()
 
         def fakify(tensor, name, free=()):
@@ -853,6 +1054,9 @@ class _SymbolicAttempt:
         self.symbols = {size.node.expr: i for i, size in enumerate(self.sizes)}
         self.trailing = [fakify(t, f"grad{i}") for i, t in enumerate(_trailing_example_inputs(args))]
         compat.forget_pending_unbacked_symbols(self.shape_env)
+        for fact in facts:  # what earlier attempts found the graph needs, known from the start
+            torch._check(fact.holds(self.sizes), lambda: f"precompile size fact{fact.where}")
+        self.assumed = {id(requirement) for requirement in compat.shape_env_deferred_asserts(self.shape_env)}
 
     def trace(self, flat_fn: Callable, recorded: dict, decompositions) -> tuple:
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -880,16 +1084,17 @@ class _SymbolicAttempt:
 
     def refuse_specialization(self) -> None:
         """Every requirement fn put on a free dim must be a mark bound or a shape group."""
+        equal_by_fact = {i for fact in self.facts if fact.op == "==" for i, _ in fact.terms}
         for symbol, index in self.symbols.items():
             replaced = compat.shape_env_replacements(self.shape_env).get(symbol)
-            if replaced is not None and self.shape_env.simplify(replaced) not in self.symbols:
+            if replaced is not None and index not in equal_by_fact and self.shape_env.simplify(replaced) not in self.symbols:
                 raise PrecompileError(
                     f"fn specializes {self.describe(index)} (marked with mark_unbacked) to "
                     f"{replaced}, e.g. through .view() with literal sizes; use -1 or sizes derived "
                     "from the input's .shape, or remove the mark"
                 )
         for requirement in compat.shape_env_deferred_asserts(self.shape_env):
-            if not self.implied_by_marks(requirement.expr):
+            if id(requirement) not in self.assumed and not self.implied_by_marks(requirement.expr):
                 names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
                 raise PrecompileError(
                     f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
@@ -947,6 +1152,39 @@ class _SymbolicAttempt:
         ]
         return (a, b) if example_sizes[0] == example_sizes[1] and a != b else None
 
+    def size_fact(self, cond, where: str) -> "runtime.SizeFact | None":
+        """The guard ``cond`` on free dims as the fact the example's sizes decide
+        (checked by the driver at every call), or None where it is not linear in them."""
+        import sympy
+
+        if not isinstance(cond, sympy.core.relational.Relational) or not isinstance(
+            cond, (sympy.Eq, sympy.Ne, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge)
+        ):
+            return None
+        expr = self.shape_env.simplify(cond.lhs - cond.rhs)
+        symbols = list(self.symbols)
+        if not expr.free_symbols <= set(symbols):
+            return None
+        try:
+            poly = sympy.Poly(expr, *symbols)
+        except sympy.PolynomialError:
+            return None
+        if poly.total_degree() > 1:
+            return None
+        terms = tuple(
+            (self.symbols[symbol], int(poly.coeff_monomial(symbol)))
+            for symbol in symbols
+            if poly.coeff_monomial(symbol) != 0
+        )
+        if not all(poly.coeff_monomial(symbol).is_Integer for symbol in symbols) or not poly.coeff_monomial(1).is_Integer:
+            return None
+        op = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}[type(cond)]
+        fact = runtime.SizeFact(terms=terms, constant=int(poly.coeff_monomial(1)), op=op, where=where)
+        example = [
+            self.args.input_leaves[free.leaf].shape[free.dim] for free in self.free_dims
+        ]
+        return fact if fact.holds(example) else fact.negated()
+
     def guard_error(self, error) -> PrecompileError:
         names = {
             str(symbol): f"{self.args.input_paths[self.free_dims[i].leaf]} dim {self.free_dims[i].dim}"
@@ -995,6 +1233,7 @@ def _seen_as_export():
 
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
+    _refuse_overlapping_inputs(args, backend)
     free_dims = _read_marks(args, backend)
     if free_dims and args.optimizers:
         raise PrecompileError(
@@ -1033,12 +1272,13 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     named_state = _named_state(args.module_positions, args.lifted)
     _refuse_hooks((), (), [named_state[i] for i in grads["grad_state"]])
 
-    outputs, output_tensors = [], []
-    output_leaves = [leaf for leaf in recorded["out_leaves"] if isinstance(leaf, torch.Tensor)]
+    outputs = []
+    output_leaves = _unique_tensors(recorded["out_leaves"])
+    graph_output = {id(leaf): k for k, leaf in enumerate(output_leaves)}
+    output_tensors = [_output_spec(leaf) for leaf in output_leaves]
     for i, leaf in enumerate(recorded["out_leaves"]):
         if isinstance(leaf, torch.Tensor):
-            outputs.append(LeafSpec(graph_output=len(output_tensors)))
-            output_tensors.append(_output_spec(leaf))
+            outputs.append(LeafSpec(graph_output=graph_output[id(leaf)]))
         else:
             _check_value_leaf(f"fn's output leaf {i}", leaf)
             outputs.append(LeafSpec(value=leaf))
@@ -1108,6 +1348,9 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         signature=_signature_record(fn, example_inputs),
         output_views=output_views,
         same_inputs=tuple(same),
+        rebound_inputs=recorded["rebound_inputs"],
+        size_facts=recorded.get("size_facts", ()),
+        returned_inputs=recorded["returned_inputs"],
     )
     return _Capture(graph, convention, example)
 
@@ -1607,6 +1850,41 @@ def _has_literal(value: Any) -> bool:
     return _value_literal_or_missing(value) is not runtime.MISSING
 
 
+@contextlib.contextmanager
+def _tensor_attributes_kept(args: _Arguments):
+    """Invariant 5: fn storing a tensor in a plain module attribute (``self.cached = y * 2``,
+    as torchvision's RAFT keeps its correlation pyramid) is undone and refused.
+
+    The attribute would keep the trace's tensor and no call would update it,
+    so after a call it would differ from eager's.
+    """
+    named = runtime.named_submodules(args.module_positions, args.modules)
+    before = [(path, vars(sub), dict(vars(sub))) for path, sub in named]
+    try:
+        yield
+    finally:
+        stored = [
+            (path, state, name)
+            for path, state, old in before
+            for name, value in list(state.items())
+            if isinstance(value, torch.Tensor) and old.get(name) is not value
+        ]
+        for path, state, name in stored:  # capture changes nothing (invariant 8)
+            old = next(old for p, s, old in before if s is state)
+            if name in old:
+                state[name] = old[name]
+            else:
+                del state[name]
+    if stored:
+        path, _, name = stored[0]
+        raise PrecompileError(
+            f"fn stores a tensor in {path}.{name}, a plain attribute (not a parameter or buffer): the "
+            "artifact would leave the attribute as it was, so after a call it would differ from eager's. "
+            "Register it as a buffer (self.register_buffer(name, tensor, persistent=False)) and update it "
+            "in place, or return the tensor from fn instead of storing it"
+        )
+
+
 def _check_state_not_rebound(modules: list, mappings: list) -> None:
     # Invariant 5: state updates must be in-place; rebinding an attribute
     # (`self.buf = new`) would be lost when the runnable is called.
@@ -2032,7 +2310,8 @@ def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list
 # ---------------------------------------------------------------------------
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+# With its separator: torchvision's files (site-packages/torchvision/...) are not torch's.
+_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
 # precompile's modules sit together in one directory, outside torch's once installed.
 _PRECOMPILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
@@ -2414,9 +2693,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     num_inputs = len(capture.example_inputs)
-    num_outputs = sum(1 for leaf in capture.convention.outputs if leaf.graph_output is not None) + len(
-        capture.convention.grad_state
-    )
+    num_outputs = len(capture.convention.output_tensors) + len(capture.convention.grad_state)
     _refuse_tensor_subclasses(capture)
     if not compat.INDUCTOR_KEEPS_ROUNDING_CASTS:
         _refuse_float_round_trips(capture.graph)
@@ -2430,6 +2707,14 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
                 f"backend='inductor' needs to decide {error.cond} about a dim marked with "
                 "mark_unbacked while optimizing the graph; give the mark bounds that decide it "
                 "(e.g. mark_unbacked(x, 0, min=1)), remove the mark, or use backend='eager'"
+            ) from error
+        except PrecompileError:
+            raise
+        except Exception as error:  # Inductor's own failure on a graph eager runs (its randperm pattern)
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise PrecompileError(
+                f"backend='inductor' failed to compile fn's graph ({type(error).__name__}: {message}); "
+                "the captured graph itself is sound: precompile with backend='eager'"
             ) from error
     if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs):
         signature = [(inputs, outputs) for _, inputs, outputs in compiled]

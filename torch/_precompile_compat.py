@@ -222,6 +222,18 @@ def dim_marks(tensor: torch.Tensor) -> types.SimpleNamespace:
     )
 
 
+def mark_free_dim(tensor: torch.Tensor, dim: int, shape_id: str | None, low: int, high: int | None) -> None:
+    """``mark_unbacked(tensor, dim, shape_id=, min=, max=)``: torch 2.11-2.14 have it only in the
+    private ``torch._dynamo.decorators``; 2.11's takes neither shape_id nor bounds (then unbounded
+    and unshared: the trace's own equalities merge what must be one size)."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    if TORCH_RELEASE >= (2, 12):
+        mark_unbacked(tensor, dim, shape_id=shape_id, min=low, max=high)
+    else:
+        mark_unbacked(tensor, dim)
+
+
 # ---------------------------------------------------------------------------
 # Symbolic tracing: fake tensors with unbacked dims, ShapeEnv internals
 # ---------------------------------------------------------------------------

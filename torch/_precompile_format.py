@@ -49,10 +49,12 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # like lr (OptimizerSpec.lifted) and structures named by import path; a
 # version-7 convention reads as one without them, an older driver refuses 8.
 # 9: grad_inputs_read_only (zeros kept across calls for a None .grad); an
-# older convention reads as one without it.
+# older convention reads as one without it.  10: rebound_inputs and
+# returned_inputs (input objects fn changes or returns, as a cache); an older
+# convention reads as one without them.
 # load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
 MIN_FORMAT_VERSION = 7
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 
 
 # ---------------------------------------------------------------------------

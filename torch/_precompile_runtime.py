@@ -470,6 +470,37 @@ class OutputView(Record):
     offset: int = 0
 
 
+_SIZE_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_NEGATED_OPS = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+
+class SizeFact(Record):
+    """A linear requirement on the free sizes that the captured graph needs
+    (Note invariant 3): ``sum(c * sizes[i] for i, c in terms) + constant OP 0``,
+    as the example's sizes decided a branch of fn (e.g. a mask one longer than
+    the cache: ``s1 - s0 - 1 == 0``).  Checked at every call."""
+
+    terms: tuple[tuple[Count, int], ...]  # (free size index, coefficient)
+    constant: int
+    op: Literal[tuple(_SIZE_OPS)]
+    where: str = ""  # " at file:line (code)" of the branch that needed it
+
+    def holds(self, sizes: Any) -> Any:
+        """Whether ``sizes`` (ints; SymInts give a SymBool) satisfy it."""
+        return _SIZE_OPS[self.op](sum(c * sizes[i] for i, c in self.terms) + self.constant, 0)
+
+    def negated(self) -> "SizeFact":
+        return SizeFact(terms=self.terms, constant=self.constant, op=_NEGATED_OPS[self.op], where=self.where)
+
+    def describe(self, names: list) -> str:
+        """``2*(a) - (b) + 1 >= 0`` with each free size named."""
+        terms = [(c, f"({names[i]})" if abs(c) == 1 else f"{abs(c)}*({names[i]})") for i, c in self.terms]
+        if self.constant:
+            terms.append((self.constant, str(abs(self.constant))))
+        text = " ".join(f"{'-' if c < 0 else '+'} {term}" for c, term in terms)
+        return f"{text.removeprefix('+ ')} {self.op} 0"
+
+
 class OptimizerSpec(Record):
     """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
 
@@ -587,6 +618,19 @@ class CallingConvention(Record):
     # caller's mode must give it too.
     grad_mode_read: str = ""
     inference_mode_read: str = ""
+    # Argument positions (user inputs) whose objects fn changed beyond their
+    # tensors' values (an attribute rebound, as a DynamicCache's update does; an
+    # element added): output_spec is then of (fn's result, (each such argument
+    # as fn left it, ...)), written into the caller's objects after the graph
+    # ran (write_back), as eager leaves them.
+    rebound_inputs: tuple[Count, ...] = ()
+    # (output node, argument position, input node): pytree nodes of fn's result
+    # that were one of its input objects, by pre-order index (preorder_nodes),
+    # returned as the caller's object there, as in eager.
+    returned_inputs: tuple[tuple[Count, Count, Count], ...] = ()
+    # Linear requirements between the free sizes (indices into ``sizes``) that
+    # the graph took from the example's sizes (a mask one longer than a cache).
+    size_facts: tuple[SizeFact, ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)
@@ -858,8 +902,8 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
 
 
 for _record in (
-    TensorSpec, StateSpec, DataParallelSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, OptimizerSpec,
-    CallingConvention,
+    TensorSpec, StateSpec, DataParallelSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, SizeFact,
+    OptimizerSpec, CallingConvention,
 ):
     _DECODERS[_record] = _record_decoder(_record)
 del _record
@@ -1039,7 +1083,8 @@ def validate_convention(c: "CallingConvention") -> None:
     for index, leaf in enumerate(c.outputs):
         if leaf.tensor is not None or (leaf.graph_output is None) != leaf.is_value:
             fail(f"outputs[{index}]", leaf, "expected exactly one of graph_output, value")
-    graph_outputs = [leaf.graph_output for leaf in c.outputs if leaf.graph_output is not None]
+    # A tensor fn returns twice is one graph output: the first uses of each count up from 0.
+    graph_outputs = list(dict.fromkeys(leaf.graph_output for leaf in c.outputs if leaf.graph_output is not None))
     if graph_outputs != list(range(len(graph_outputs))):
         fail("outputs", graph_outputs, "graph_output indices must count up from 0")
     if c.output_spec.num_leaves != len(c.outputs):
@@ -1059,6 +1104,21 @@ def validate_convention(c: "CallingConvention") -> None:
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
     check_indices("mutated", c.mutated, range(num_tensors))
     check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
+    user_positions = c.user_positions
+    check_indices("rebound_inputs", c.rebound_inputs, user_positions)
+    for fact in c.size_facts:
+        if not fact.terms or not all(i < len(c.sizes) for i, _ in fact.terms):
+            fail("size_facts", fact, f"expected terms over the {len(c.sizes)} free sizes")
+    result_spec, first = c.output_spec, 0
+    if c.rebound_inputs:
+        children = c.output_spec.children()
+        if c.output_spec.type is not tuple or len(children) != 2 or len(children[1].children()) != len(c.rebound_inputs):
+            fail("output_spec", c.output_spec, "expected (result, (one tree per rebound input))")
+        result_spec, first = children[0], 1
+    result_nodes = range(first, first + len(_spec_nodes(result_spec)))
+    for entry in c.returned_inputs:
+        if entry[0] not in result_nodes or entry[1] not in user_positions:
+            fail("returned_inputs", entry, "expected (node of fn's result, user argument position, node)")
     for pair in c.same_inputs:
         if not len(c.state) <= pair[0] < pair[1] < num_tensors:
             fail("same_inputs", pair, f"expected user tensor inputs i < j in [{len(c.state)}, {num_tensors})")
@@ -1223,17 +1283,91 @@ def _decode_named_node(literal: str, node: Any) -> pytree.TreeSpec:
 def leaf_paths(spec: pytree.TreeSpec) -> list[tuple]:
     """The pytree key path of each leaf of ``spec``.
 
-    Read through the node types' ``flatten_with_keys_fn``; a node registered
-    without one, or a context only compared (ContextRepr), is named by
-    position (by field for a namedtuple, by key for a dict).
+    Read through the node types' ``flatten_with_keys_fn`` on a copy of the
+    tree rebuilt with a distinct placeholder tensor per leaf (not None: a
+    node type may flatten None into its context, as transformers' caches do,
+    and come back with fewer leaves).  Where that copy does not give back
+    exactly the placeholders, in order (a node registered without keys, a
+    context only compared, an unflatten that computes), each leaf is named
+    by position (by field for a namedtuple, by key for a dict).
     """
+    placeholders = [torch.empty(()) for _ in range(spec.num_leaves)]
     try:
-        skeleton = pytree.tree_unflatten([None] * spec.num_leaves, spec)
-        return [path for path, _ in pytree.tree_flatten_with_path(skeleton)[0]]
+        keyed = pytree.tree_flatten_with_path(pytree.tree_unflatten(placeholders, spec))[0]
+        if len(keyed) == len(placeholders) and all(map(operator.is_, (leaf for _, leaf in keyed), placeholders)):
+            return [path for path, _ in keyed]
     except Exception:  # whatever a node's unflatten or missing flatten_with_keys_fn raises
-        paths: list = []
-        _walk_leaf_paths(spec, (), paths)
-        return paths
+        pass
+    paths: list = []
+    _walk_leaf_paths(spec, (), paths)
+    return paths
+
+
+def preorder_nodes(tree: Any) -> list:
+    """Every node of ``tree``, leaves included, in the order of its TreeSpec's pre-order walk."""
+    nodes: list = []
+    pytree.tree_flatten(tree, is_leaf=lambda node: nodes.append(node))  # append returns None: never a leaf
+    return nodes
+
+
+def is_mutable_node(node: Any) -> bool:
+    """A pytree container whose identity a caller can observe (not None, a leaf or a tuple)."""
+    return node is not None and not isinstance(node, tuple) and not pytree.tree_is_leaf(node)
+
+
+def _spec_nodes(spec: pytree.TreeSpec) -> list:
+    """Every node of ``spec`` in pre-order, leaves included (as preorder_nodes visits a tree)."""
+    return [spec, *(node for child in spec.children() for node in _spec_nodes(child))]
+
+
+def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
+    """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
+    index in ``substitutes`` is that object instead of a rebuilt one."""
+    leaves, counter = iter(leaves), itertools.count()
+
+    def build(node_spec: pytree.TreeSpec) -> Any:
+        index = next(counter)
+        if node_spec.is_leaf():
+            return next(leaves)
+        children = [build(child) for child in node_spec.children()]
+        if index in substitutes:
+            return substitutes[index]
+        return pytree.SUPPORTED_NODES[node_spec.type].unflatten_fn(children, node_spec.context)
+
+    return build(spec)
+
+
+def write_back(target: Any, source: Any) -> Any:
+    """Make ``target`` (the caller's input object) hold what ``source`` (the same
+    argument as fn left it, rebuilt from the graph's outputs) holds.
+
+    Objects of the same type are updated in place, recursively (lists and dicts
+    by element, other objects by their ``__dict__``), so the caller's references
+    to them stay valid as in eager; anything else (a tensor fn rebound, an
+    immutable value) is replaced.  Returns the object the parent must hold:
+    ``target`` where it was updated in place.
+    """
+    if type(target) is not type(source) or isinstance(target, torch.Tensor):
+        return source
+    if isinstance(target, list):
+        merged = [write_back(t, s) for t, s in zip(target, source)] + list(source[len(target) :])
+        target[:] = merged
+    elif isinstance(target, dict):
+        merged = {k: write_back(target[k], v) if k in target else v for k, v in source.items()}
+        target.clear()
+        target.update(merged)
+    elif isinstance(target, tuple):
+        merged = [write_back(t, s) for t, s in zip(target, source)]
+        same = len(target) == len(source) and all(map(operator.is_, merged, target))
+        return target if same else source
+    elif type(getattr(target, "__dict__", None)) is dict:
+        state = vars(target)
+        merged = {k: write_back(state[k], v) if k in state else v for k, v in vars(source).items()}
+        state.clear()
+        state.update(merged)
+    else:
+        return source
+    return target
 
 
 def _walk_leaf_paths(spec: pytree.TreeSpec, path: tuple, paths: list) -> None:
@@ -1405,6 +1539,12 @@ def _structure_counter() -> list:
     ``_parameters`` / ``_buffers`` dict); replacing ``model.fc1`` or registering a
     new parameter must invalidate that, or stale weights are used silently.
     One counter per process, shared by every artifact.
+
+    Not bumped while Dynamo traces (Note invariant 10): torch.compile would
+    guard on the counter and recompile at every call of a model that
+    registers modules in its forward (``self.layers[:n]`` slices a
+    ModuleList); a registration that outlives the compiled frame is replayed
+    by Dynamo's side-effect code, which bumps it for real.
     """
     import torch.nn.modules.module as module_module
 
@@ -1413,7 +1553,9 @@ def _structure_counter() -> list:
         counter = [0]
 
         def bump(*_: Any) -> None:  # returns None: the registration is unchanged
-            counter[0] += 1
+            # Looked up per call: in-tree, torch.compiler does not exist yet when this runs.
+            if not torch.compiler.is_dynamo_compiling():
+                counter[0] += 1
 
         module_module.register_module_module_registration_hook(bump)
         module_module.register_module_parameter_registration_hook(bump)
@@ -1463,7 +1605,11 @@ class _ModuleCache(Record):
     watched_keys: list  # ... the entry's name
     watched_values: list  # ... the value object checked (or MISSING), compared by identity (a changed value of equal == is caught)
     children: list  # the watched _modules dicts (and DDP comm hook lists)
-    lengths: list  # len() of each child container
+    # len() of each child container; for a _modules dict the tuple of its
+    # submodules, compared by identity: a replacement that bypasses the
+    # registration hooks (a ``_modules`` write; Dynamo's replay of one made in
+    # a compiled frame, which the structure counter does not see) is caught.
+    lengths: list
     # [hook_epoch()] when a scan of these modules last found no hook, [-1] before
     # one: a rebuilt entry (another instance, a swapped submodule) is rescanned.
     hooks_clean_at: list
@@ -1500,18 +1646,30 @@ def _lifted_tensors(cached: _ModuleCache) -> list:
 _ABSENT = itertools.repeat(MISSING)  # dict.get's and getattr's default, for map()
 
 
+def _size_or_values(container: Any) -> Any:
+    """What the module cache compares of a watched container: a dict's values (its
+    ``_modules``' submodules, by identity), else its length."""
+    return tuple(container.values()) if type(container) is dict else len(container)
+
+
 def _entries_unchanged_in_python(owners: list, keys: list, values: list, sized: list, lengths: list, missing: Any) -> bool:
-    """``owners[i].get(keys[i], missing) is values[i]`` for each i and ``len(sized[j]) == lengths[j]`` for each j.
+    """``owners[i].get(keys[i], missing) is values[i]`` for each i and, for each j,
+    ``len(sized[j]) == lengths[j]`` or, where that is a tuple, ``sized[j]``'s values are its elements.
 
     By identity: a new value object of equal ``==`` differs.  ``_entries_unchanged``
     is this, or the same loop in C++ where the extension is built.
     """
-    return all(map(operator.is_, map(dict.get, owners, keys, itertools.repeat(missing)), values)) and [
-        *map(len, sized)
-    ] == lengths
+    return all(map(operator.is_, map(dict.get, owners, keys, itertools.repeat(missing)), values)) and all(
+        len(c) == len(want) and all(map(operator.is_, c.values(), want)) if type(want) is tuple else len(c) == want
+        for c, want in zip(sized, lengths)
+    )
 
 
-_entries_unchanged = _C.entries_unchanged if _C is not None else _entries_unchanged_in_python
+# The extension's ABI 2 compares a tuple entry of lengths by values; an older build (a
+# checkout not yet rebuilt) does not: the Python loop then.
+_entries_unchanged = _C.entries_unchanged if getattr(_C, "ABI_VERSION", 1) >= 2 else _entries_unchanged_in_python
+
+
 NO_PATH = object()  # an attribute path whose owner is gone: matches no recorded value
 
 
@@ -1857,7 +2015,7 @@ class PrecompiledFunction:
         self._pick_user_args = _picker(self._user_positions)
         self._input_spec = convention.input_spec
         self._ordered_dicts = frozenset(convention.ordered_dicts)
-        self._output_spec = convention.output_spec
+        self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
         # the guard and value checks below catch a container passed instead.
         self._flat_inputs = self._input_spec.type is tuple and all(
@@ -1870,7 +2028,7 @@ class PrecompiledFunction:
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
         self._sizes = convention.sizes
-        self._num_outputs = sum(1 for leaf in convention.outputs if leaf.graph_output is not None)
+        self._num_outputs = len(convention.output_tensors)  # a tensor fn returns twice is one graph output
         self._num_graph_outputs = self._num_outputs + len(convention.grad_state)
         self._writes_grads = bool(convention.grad_state or convention.grads_cleared)
         self._grads_assigned = frozenset(convention.grads_assigned)
@@ -2008,7 +2166,7 @@ class PrecompiledFunction:
             return outputs[0]
         if self._plain_outputs:
             return tuple([outputs[i] for i in self._output_indices])
-        return self._rebuild_outputs(outputs)
+        return self._rebuild_outputs(outputs, args)
 
     def _store_results(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
         """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
@@ -2242,7 +2400,7 @@ class PrecompiledFunction:
             watched_keys=[name for _, name in watched],
             watched_values=watched_values,
             children=watched_values[len(watched) - len(sized) :],  # the sized entries come last
-            lengths=[*map(len, watched_values[len(watched) - len(sized) :])],
+            lengths=[_size_or_values(c) for c in watched_values[len(watched) - len(sized) :]],
             hooks_clean_at=[-1],
             class_owners=[owner for owner, _ in classes],
             class_names=[name for _, name in classes],
@@ -2413,7 +2571,17 @@ class PrecompiledFunction:
                         f"{self._input_path(first[1])} dim {first[2]} has size {first[0]}; the "
                         "captured graph requires them equal"
                     )
-        return [leaves[index].shape[dim] for index, dim in self._sizes]
+        sizes = [leaves[index].shape[dim] for index, dim in self._sizes]
+        for fact in self.convention.size_facts:
+            if not fact.holds(sizes):
+                names = [f"{self._input_path(index)} dim {dim}" for index, dim in self._sizes]
+                got = ", ".join(f"{names[i]} is {sizes[i]}" for i, _ in fact.terms)
+                raise PrecompileError(
+                    f"the captured graph requires {fact.describe(names)}, decided by the example "
+                    f"inputs{fact.where}, but {got}: pass sizes that satisfy it, or precompile "
+                    "with example inputs whose sizes take the branch these do"
+                )
+        return sizes
 
     # -- the slow path -------------------------------------------------------
 
@@ -2512,12 +2680,24 @@ class PrecompiledFunction:
             )
         return outputs
 
-    def _rebuild_outputs(self, outputs: Any) -> Any:
+    def _rebuild_outputs(self, outputs: Any, args: tuple) -> Any:
         leaves = [
             outputs[leaf.graph_output] if leaf.graph_output is not None else leaf.value
             for leaf in self.convention.outputs
         ]
-        return pytree.tree_unflatten(leaves, self._output_spec)
+        rebound, returned = self.convention.rebound_inputs, self.convention.returned_inputs
+        if not (rebound or returned):
+            return pytree.tree_unflatten(leaves, self._output_spec)
+        # Invariant 5: the caller's input objects, as eager leaves and returns them.
+        nodes = {position: preorder_nodes(args[position]) for position in {p for _, p, _ in returned}}
+        substitutes = {index: nodes[position][node] for index, position, node in returned}
+        result = unflatten_substituting(leaves, self._output_spec, substitutes)
+        if not rebound:
+            return result
+        result, after = result
+        for position, argument in zip(rebound, after):
+            write_back(args[position], argument)
+        return result
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.

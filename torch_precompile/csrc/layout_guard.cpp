@@ -21,7 +21,12 @@
 //
 //   entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool
 //     owners[i].get(keys[i], missing) is values[i] for each i, and
-//     len(sized[j]) == lengths[j] for each j.
+//     len(sized[j]) == lengths[j] for each j, where lengths[j] is an int;
+//     where it is a tuple, sized[j] is a dict holding exactly those values,
+//     in order, by identity (the submodules under a _modules dict).
+//
+// ABI_VERSION (a module int) moves whenever a signature or meaning changes:
+// 2 added the tuple form of lengths[j].  The driver uses what it knows.
 //
 // Built by setup.py against the installed torch, whose version names the
 // module (venvs with different torch may share an editable checkout) and is
@@ -292,8 +297,27 @@ PyObject* entries_unchanged(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
     }
   }
   for (Py_ssize_t j = 0; j < PyList_GET_SIZE(sized); ++j) {
+    PyObject* expected = PyList_GET_ITEM(lengths, j);
+    if (PyTuple_Check(expected)) {
+      PyObject* dict = PyList_GET_ITEM(sized, j);
+      if (!PyDict_Check(dict)) {
+        PyErr_SetString(PyExc_TypeError, "entries_unchanged: a tuple of values is for a dict");
+        return nullptr;
+      }
+      if (PyDict_GET_SIZE(dict) != PyTuple_GET_SIZE(expected)) {
+        Py_RETURN_FALSE;
+      }
+      Py_ssize_t position = 0, i = 0;
+      PyObject *key, *value;
+      while (PyDict_Next(dict, &position, &key, &value)) {  // insertion order, as dict.values()
+        if (value != PyTuple_GET_ITEM(expected, i++)) {
+          Py_RETURN_FALSE;
+        }
+      }
+      continue;
+    }
     Py_ssize_t length = PyObject_Length(PyList_GET_ITEM(sized, j));
-    Py_ssize_t want = PyLong_AsSsize_t(PyList_GET_ITEM(lengths, j));
+    Py_ssize_t want = PyLong_AsSsize_t(expected);
     if ((length == -1 || want == -1) && PyErr_Occurred()) {
       return nullptr;
     }
@@ -308,7 +332,8 @@ PyMethodDef module_methods[] = {
     {"entries_unchanged", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(entries_unchanged)),
      METH_FASTCALL,
      "entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool: "
-     "owners[i].get(keys[i], missing) is values[i], and len(sized[j]) == lengths[j]"},
+     "owners[i].get(keys[i], missing) is values[i], and len(sized[j]) == lengths[j] (an int) or "
+     "tuple(sized[j].values()) are lengths[j] (a tuple), by identity"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyMethodDef LayoutGuard_methods[] = {
@@ -376,6 +401,10 @@ PyMODINIT_FUNC PRECOMPILE_INIT(PRECOMPILE_MODULE)(void) {
   Py_INCREF(&LayoutGuardType);
   if (PyModule_AddObject(module, "LayoutGuard", reinterpret_cast<PyObject*>(&LayoutGuardType)) < 0) {
     Py_DECREF(&LayoutGuardType);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  if (PyModule_AddIntConstant(module, "ABI_VERSION", 2) < 0) {
     Py_DECREF(module);
     return nullptr;
   }
