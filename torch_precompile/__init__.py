@@ -51,12 +51,12 @@ if not os.path.isfile(os.path.join(__path__[0], "_precompile.py")) and not os.pa
 
 
 def __getattr__(name: str):
-    if name not in ("precompile", "load", "PrecompileError", "files"):
+    if name not in ("precompile", "load", "PrecompileError", "files", "generation"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    if name == "files":  # the submodule alias, imported at first access like the rest
-        return importlib.import_module(__name__ + ".files")
+    if name in ("files", "generation"):  # the submodule aliases, imported at first access like the rest
+        return importlib.import_module(f"{__name__}.{name}")
     module = importlib.import_module(_MODULE)
     return module.precompile.load if name == "load" else getattr(module, name)
 

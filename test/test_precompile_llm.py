@@ -1,0 +1,529 @@
+# Owner(s): ["module: dynamo"]
+"""Language-model inference as people write it (Note invariants 3, 5 and 10).
+
+Hugging Face caches in and out: any class registered as a pytree node is an
+input or output (transformers registers its caches with
+``register_cache_pytrees_for_model``, whose flatten turns ``None`` attributes
+into context); its tensors are lifted, the rest of its state is its context,
+checked at every call.  A cache fn grows (``DynamicCache``: each layer's
+tensors rebound) is written back into the caller's object, and a cache fn
+returns is the caller's object, as in eager; a ``StaticCache`` is written in
+place by the graph.  Free dims whose branches the example sizes decide (a
+mask one longer than the cache) become size facts checked at every call.
+torch.compile in the same process is unaffected by the package.
+
+Tiny random Llama (2 layers x 32), compared with eager; inductor artifacts
+are compiled once per process.
+"""
+
+import copy
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import transformers
+from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
+from torch._dynamo.decorators import mark_unbacked
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+import torch_precompile
+from torch_precompile import generation, PrecompileError
+from _precompile_testing import Artifacts, load, needs_mark_bounds
+
+
+logging.getLogger("torch_precompile._precompile").setLevel(logging.ERROR)  # load() warns by design
+BACKENDS = ("eager", "inductor")
+TOLERANCE = {"rtol": 1e-4, "atol": 2e-5}
+ARTIFACTS = Artifacts()
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _config():
+    return transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+
+
+def _llama():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config()).eval()
+    register_cache_pytrees_for_model(model)
+    return model
+
+
+def _prompt(batch=2, length=6, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 100, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[0, : length // 3] = 0  # left padding
+    return ids, mask
+
+
+def _prefill(model, ids, mask):
+    return model(input_ids=ids, attention_mask=mask)
+
+
+def _decode(model, token, positions, cache):
+    return model(input_ids=token, position_ids=positions, past_key_values=cache)
+
+
+def _forward(model, kwargs):
+    return model(**kwargs)
+
+
+def _dynamic_cache(model, ids, mask):
+    with torch.no_grad():
+        return _prefill(model, ids, mask).past_key_values
+
+
+def _static_cache(model, ids, mask):
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+    return cache
+
+
+def _assert_same_cache(test, got, expected):
+    test.assertIs(type(got), type(expected))
+    test.assertEqual([type(layer) for layer in got.layers], [type(layer) for layer in expected.layers])
+    for ours, theirs in zip(got.layers, expected.layers):
+        for name, value in vars(theirs).items():
+            if isinstance(value, torch.Tensor):
+                torch.testing.assert_close(getattr(ours, name), value, **TOLERANCE)
+            else:
+                test.assertEqual(getattr(ours, name), value, msg=name)
+
+
+class TestCacheObjects(TestCase):
+    @parametrize("backend", BACKENDS)
+    def test_prefill_returns_the_model_output_and_its_cache(self, backend):
+        model, (ids, mask) = _llama(), _prompt()
+        runnable = load(ARTIFACTS("prefill", _prefill, model, ids, mask, backend=backend))
+        for seed in range(2):
+            ids, mask = _prompt(seed=seed)
+            with torch.no_grad():
+                ours, theirs = runnable(model, ids, mask), _prefill(model, ids, mask)
+            self.assertIs(type(ours), transformers.modeling_outputs.CausalLMOutputWithPast)
+            torch.testing.assert_close(ours.logits, theirs.logits, **TOLERANCE)
+            _assert_same_cache(self, ours.past_key_values, theirs.past_key_values)
+
+    @parametrize("backend", BACKENDS)
+    def test_static_cache_is_written_in_place_and_returned(self, backend):
+        model, (ids, mask) = _llama(), _prompt()
+        cache = _static_cache(model, ids, mask)
+        token, positions = ids[:, :1].contiguous(), torch.full((2, 1), 6)  # argmax's layout, as the next tokens
+        runnable = load(ARTIFACTS("static_decode", _decode, model, token, positions, copy.deepcopy(cache), backend=backend))
+        ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+        for step in range(3):
+            positions = torch.full((2, 1), 6 + step)
+            with torch.no_grad():
+                out, expected = runnable(model, token, positions, ours), _decode(model, token, positions, theirs)
+            torch.testing.assert_close(out.logits, expected.logits, **TOLERANCE)
+            self.assertIs(out.past_key_values, ours)  # eager returns the cache it was given
+            _assert_same_cache(self, ours, theirs)
+            token = expected.logits[:, -1:].argmax(-1)
+
+    def test_dynamic_cache_grown_by_the_call_is_the_callers(self):
+        model, (ids, mask) = _llama(), _prompt()
+        cache = _dynamic_cache(model, ids, mask)
+        token, positions = ids[:, :1], torch.full((2, 1), 6)
+        runnable = load(ARTIFACTS("dynamic_decode", _decode, model, token, positions, copy.deepcopy(cache), backend="eager"))
+        ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+        layers = list(ours.layers)
+        with torch.no_grad():
+            out, expected = runnable(model, token, positions, ours), _decode(model, token, positions, theirs)
+        torch.testing.assert_close(out.logits, expected.logits, **TOLERANCE)
+        self.assertIs(out.past_key_values, ours)
+        self.assertEqual(ours.get_seq_length(), 7)
+        self.assertTrue(all(a is b for a, b in zip(ours.layers, layers)))  # updated in place, like eager
+        _assert_same_cache(self, ours, theirs)
+        # The grown cache no longer fits the static artifact: refused, nothing written.
+        with self.assertRaisesRegex(PrecompileError, r"args\[3\]\[0\]: expected shape \(2, 2, 6, 8\), got \(2, 2, 7, 8\)"):
+            runnable(model, token, positions, ours)
+        self.assertEqual(ours.get_seq_length(), 7)
+
+    def test_cache_state_is_checked_at_every_call(self):
+        model, (ids, mask) = _llama(), _prompt()
+        cache = _static_cache(model, ids, mask)
+        token, positions = ids[:, :1].contiguous(), torch.full((2, 1), 6)
+        runnable = load(ARTIFACTS("static_decode", _decode, model, token, positions, copy.deepcopy(cache), backend="eager"))
+        other = copy.deepcopy(cache)
+        other.layers[1].max_cache_len = 32  # context, not a tensor: part of the checked structure
+        with self.assertRaisesRegex(PrecompileError, r"args\[3\]: input structure differs from the captured one"):
+            runnable(model, token, positions, other)
+
+    def test_unregistered_objects_are_refused_saying_how_to_register(self):
+        class Holder:
+            def __init__(self, t):
+                self.t = t
+
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"args\[1\]: unsupported leaf of type Holder; .* register it: "
+            r"torch.utils._pytree.register_pytree_node\(",
+        ):
+            torch_precompile.precompile(lambda m, h: m(h.t), nn.Linear(2, 2), Holder(torch.randn(2)), backend="eager")
+        # A transformers cache before register_cache_pytrees_for_model (a fresh process: registration is global).
+        script = textwrap.dedent(
+            """
+            import torch, transformers, torch_precompile
+            torch.manual_seed(0)
+            config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+            model = transformers.LlamaForCausalLM(config).eval()
+            try:
+                torch_precompile.precompile(lambda m, i: m(input_ids=i), model, torch.ones(1, 4, dtype=torch.long),
+                                            backend="eager")
+            except torch_precompile.PrecompileError as error:
+                print(error)
+            """
+        )
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=HERE, timeout=300)
+        self.assertIn(
+            "fn's output leaf 1: unsupported leaf of type DynamicCache; outputs must be pytrees of tensors, int, "
+            "float, bool, str or None. DynamicCache is a transformers cache, not registered as a pytree node: call "
+            "transformers.exporters.exporter_dynamo.register_cache_pytrees_for_model(model)",
+            result.stdout,
+            msg=result.stderr[-2000:],
+        )
+
+
+class NoneInContext:
+    """A node whose flatten turns None attributes into context, as transformers' caches do."""
+
+    def __init__(self, a, b=None):
+        self.a, self.b = a, b
+
+
+def _flatten_none_in_context(node):
+    children = [v for v in (node.a, node.b) if v is not None]
+    return children, (node.b is None)
+
+
+def _unflatten_none_in_context(children, b_is_none):
+    return NoneInContext(children[0], None if b_is_none else children[1])
+
+
+pytree.register_pytree_node(
+    NoneInContext,
+    _flatten_none_in_context,
+    _unflatten_none_in_context,
+    serialized_type_name=f"{__name__}.NoneInContext",
+    flatten_with_keys_fn=lambda node: (
+        [(pytree.GetAttrKey(k), v) for k, v in (("a", node.a), ("b", node.b)) if v is not None],
+        node.b is None,
+    ),
+)
+
+
+class DisagreeingKeys:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+pytree.register_pytree_node(
+    DisagreeingKeys,
+    lambda node: ([node.a, node.b], None),
+    lambda children, _: DisagreeingKeys(*children),
+    serialized_type_name=f"{__name__}.DisagreeingKeys",
+    flatten_with_keys_fn=lambda node: ([(pytree.GetAttrKey("a"), node.a)], None),
+)
+
+
+class TestInputTrees(TestCase):
+    def test_leaf_paths_come_from_the_tree_itself(self):
+        model = nn.Linear(4, 4)
+        node = NoneInContext(torch.randn(4))
+        runnable = load(torch_precompile.precompile(lambda m, n: m(n.a), model, node, backend="eager"))
+        torch.testing.assert_close(runnable(model, NoneInContext(torch.ones(4))), model(torch.ones(4)))
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]\.a: expected shape \(4,\), got \(3,\)"):
+            runnable(model, NoneInContext(torch.ones(3)))
+
+    def test_non_dense_inputs_keep_their_layout(self):
+        torch.manual_seed(0)
+        model, wide = nn.Linear(4, 4), torch.randn(3, 6)
+        x = wide[:, 1:5]  # strides (6, 1): Inductor must compile for these, not a contiguous copy's
+        runnable = load(torch_precompile.precompile(lambda m, x: m(x) * 2, model, x, backend="inductor"))
+        with torch.no_grad():
+            torch.testing.assert_close(runnable(model, x), model(x) * 2)
+            other = torch.randn(3, 6)[:, 2:]
+            torch.testing.assert_close(runnable(model, other), model(other) * 2)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected strides \(6, 1\), got \(4, 1\)"):
+            runnable(model, torch.randn(3, 4))
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[1\] has elements sharing memory \(strides \(0, 1\) for shape \(3, 4\)"
+        ):
+            torch_precompile.precompile(lambda m, x: m(x), model, torch.randn(4).expand(3, 4), backend="inductor")
+
+    def test_disagreeing_flattens_are_refused_naming_the_type(self):
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"args\[1\] holds a test_precompile_llm.DisagreeingKeys, whose pytree registration flattens it to "
+            r"2 leaves without keys but 1 with keys",
+        ):
+            torch_precompile.precompile(
+                lambda m, n: m(n.a + n.b), nn.Linear(4, 4), DisagreeingKeys(torch.randn(4), torch.randn(4)),
+                backend="eager",
+            )
+
+    @parametrize("backend", BACKENDS)
+    def test_input_objects_fn_changes_are_written_back(self, backend):
+        model = nn.Linear(4, 4)
+
+        def fn(model, history, state):
+            history.append(model(history[-1]))
+            state["steps"] = state["steps"] + 1
+            state["last"] = history[-1]
+            return history[-1].sum()
+
+        x = torch.randn(4)
+        runnable = load(torch_precompile.precompile(fn, model, [x], {"steps": 0, "last": x}, backend=backend))
+        ours, theirs = ([x], {"steps": 0, "last": x}), ([x], {"steps": 0, "last": x})
+        history = ours[0]
+        with torch.no_grad():
+            torch.testing.assert_close(runnable(model, *ours), fn(model, *theirs))
+        self.assertIs(ours[0], history)
+        self.assertEqual(len(ours[0]), 2)
+        self.assertEqual(ours[1]["steps"], 1)
+        torch.testing.assert_close(ours[0][1], theirs[0][1])
+        self.assertIs(ours[1]["last"], ours[0][1])
+        # The caller's objects now differ from the capture's: refused, nothing written.
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: input structure differs from the captured one"):
+            runnable(model, *ours)
+        self.assertEqual(len(ours[0]), 2)
+
+    def test_an_input_that_cannot_be_written_back_is_refused(self):
+        def fn(model, pair):
+            pair[1].append(model(pair[0]))
+            return pair[1][-1]
+
+        # The list inside the tuple is updated in place: honoured.
+        x = torch.randn(4)
+        model = nn.Linear(4, 4)
+        ours = (x, [])
+        runnable = load(torch_precompile.precompile(fn, model, (x, []), backend="eager"))
+        with torch.no_grad():
+            out = runnable(model, ours)
+        self.assertEqual(len(ours[1]), 1)
+        self.assertIs(ours[1][0], out)
+
+        class Slotted:
+            __slots__ = ("t",)
+
+        pytree.register_pytree_node(
+            Slotted, lambda s: ([s.t], None), lambda c, _: _slotted(Slotted, c[0]),
+            serialized_type_name=f"{__name__}.Slotted",
+        )
+
+        def rebinds(model, s):
+            s.t = model(s.t)
+            return s.t
+
+        with self.assertRaisesRegex(
+            PrecompileError, r"fn changes args\[1\] \(a .*Slotted\) in place beyond its tensors' values"
+        ):
+            torch_precompile.precompile(rebinds, model, _slotted(Slotted, x), backend="eager")
+
+
+def _slotted(cls, t):
+    s = cls()
+    s.t = t
+    return s
+
+
+def _decode_kwargs(token, cache, mask):
+    # In the order generate() passes them: fn's model(**kwargs) observes it.
+    return {"input_ids": token, "past_key_values": cache, "attention_mask": mask, "use_cache": True}
+
+
+class TestSizeFacts(TestCase):
+    """Decode with a DynamicCache: the kv length is free, the mask one longer than it."""
+
+    def _decode_artifact(self, model, cache, mask):
+        kwargs = _decode_kwargs(torch.ones(2, 1, dtype=torch.long), copy.deepcopy(cache), mask.clone())
+        for layer in kwargs["past_key_values"].layers:
+            for tensor in (layer.keys, layer.values):
+                mark_unbacked(tensor, 2, shape_id="kv", min=1, max=60)
+        mark_unbacked(kwargs["attention_mask"], 1, min=2, max=61)
+        return load(ARTIFACTS("free_decode", _forward, model, kwargs, backend="inductor"))
+
+    @needs_mark_bounds
+    def test_decode_with_free_kv_length(self):
+        model, (ids, mask) = _llama(), _prompt()
+        cache = _dynamic_cache(model, ids, mask)
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        runnable = self._decode_artifact(model, cache, mask)
+        facts = runnable.convention.size_facts
+        self.assertTrue(facts and all("masking_utils.py" in fact.where for fact in facts), facts)
+        ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+        token = ids[:, -1:].contiguous()
+        for step in range(4):
+            with torch.no_grad():
+                out = runnable(model, _decode_kwargs(token, ours, mask))
+                expected = _forward(model, _decode_kwargs(token, theirs, mask))
+            torch.testing.assert_close(out.logits, expected.logits, **TOLERANCE)
+            self.assertIs(out.past_key_values, ours)
+            _assert_same_cache(self, ours, theirs)
+            token = expected.logits[:, -1:].argmax(-1)
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        # A mask two longer than the cache breaks a fact the graph took from the example: refused.
+        too_long = torch.ones(2, ours.get_seq_length() + 2, dtype=torch.long)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"the captured graph requires .*\(args\[1\]\['attention_mask'\] dim 1\).*decided by the example "
+            r"inputs at .*masking_utils.py:\d+ .*but args\[1\]\['past_key_values'\]\[\d+\] dim 2 is 10, "
+            r"args\[1\]\['attention_mask'\] dim 1 is 12",
+        ):
+            runnable(model, _decode_kwargs(token, ours, too_long))
+        self.assertEqual(ours.get_seq_length(), 10)
+
+
+_COMPILE_COUNT = textwrap.dedent(
+    """
+    import sys, torch, transformers
+    use_package = sys.argv[1] == "1"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(3, 100, (1, 8))
+    if use_package:
+        import torch_precompile
+        pair = torch_precompile.precompile(lambda m, i: m(input_ids=i, use_cache=False).logits, model, ids,
+                                           backend="eager")
+        torch_precompile.load(*pair)(model, ids)
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    with torch.no_grad():
+        for _ in range(12):
+            compiled(input_ids=ids, use_cache=False)
+    print("graphs", counter.frame_count, "recompiles", sum(counters["recompiles"].values()))
+    """
+)
+
+
+class TestTorchCompileCoexists(TestCase):
+    def test_torch_compile_compiles_as_often_with_the_package_used(self):
+        runs = [
+            subprocess.run([sys.executable, "-c", _COMPILE_COUNT, flag], capture_output=True, text=True, cwd=HERE,
+                           timeout=600)
+            for flag in ("0", "1")
+        ]
+        lines = [run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:] for run in runs]
+        self.assertEqual(lines[0], "graphs 1 recompiles 0")
+        self.assertEqual(lines[1], lines[0])
+
+    def test_a_submodule_replaced_inside_torch_compile_is_seen(self):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        x = torch.randn(3, 4)
+        runnable = load(torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager"))
+        runnable(model, x)  # the module cache is built and armed
+
+        @torch.compile(backend="eager")
+        def replace(model, x):
+            model[2] = nn.Linear(4, 2)  # Dynamo replays this as a write into _modules
+            return x + 1
+
+        replace(model, x)
+        torch.testing.assert_close(runnable(model, x), model(x))
+
+
+_GENERATED: dict = {}
+
+
+def _served(cache_kind: str):
+    """(model, runnables) for generate() with a DynamicCache or a StaticCache, saved and loaded once."""
+    if cache_kind not in _GENERATED:
+        model, (ids, mask) = _llama(), _prompt()
+        extra = {"past_key_values": _fresh_static_cache(model)} if cache_kind == "static" else {}
+        pairs = generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, **extra)
+        with tempfile.TemporaryDirectory() as directory:
+            generation.save(pairs, directory)
+            self_check = sorted(os.listdir(directory))
+            assert self_check == ["decode.cache", "decode.py", "prefill.cache", "prefill.py"], self_check
+            _GENERATED[cache_kind] = (model, generation.load(directory, model))
+    return _GENERATED[cache_kind]
+
+
+def _fresh_static_cache(model):
+    return transformers.StaticCache(config=model.config, max_cache_len=32)
+
+
+class TestGenerate(TestCase):
+    """generate() with the model's forward served by precompiled prefill and decode artifacts."""
+
+    def _assert_same_tokens(self, model, runnables, ids, mask, cache_kind="dynamic", **options):
+        def generate():
+            extra = {"past_key_values": _fresh_static_cache(model)} if cache_kind == "static" else {}
+            torch.manual_seed(11)
+            return model.generate(ids, attention_mask=mask, max_new_tokens=12, **options, **extra)
+
+        expected = generate()
+        with generation.serving(model, runnables):
+            tokens = generate()
+        self.assertEqual(tokens.tolist(), expected.tolist())
+        self.assertNotIn("forward", vars(model))  # serving() restored the model
+
+    @needs_mark_bounds
+    def test_dynamic_cache_greedy_and_sampling_any_batch_and_prompt(self):
+        model, runnables = _served("dynamic")
+        sampling = {"do_sample": True, "top_k": 20}
+        for batch, length, options in [(2, 6, {}), (3, 11, {}), (1, 4, {}), (4, 5, sampling)]:
+            with self.subTest(batch=batch, length=length, **options):
+                ids, mask = _prompt(batch, length, seed=batch)
+                self._assert_same_tokens(model, runnables, ids, mask, **({"do_sample": False} | options))
+
+    @needs_mark_bounds
+    def test_a_prompt_outside_the_size_facts_is_refused(self):
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt(2, 1)
+        with generation.serving(model, runnables):
+            with self.assertRaisesRegex(
+                PrecompileError,
+                r"the captured graph requires \(args\[1\]\['(input_ids|attention_mask)'\] dim 1\) - 1 > 0, decided by the "
+                r"example inputs at .*sdpa_attention.py:\d+ .*q_length > 1",
+            ):
+                model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+        self.assertNotIn("forward", vars(model))
+
+    def test_static_cache(self):
+        model, runnables = _served("static")
+        for length in (6, 9):
+            with self.subTest(length=length):
+                ids, mask = _prompt(2, length, seed=length)
+                self._assert_same_tokens(model, runnables, ids, mask, cache_kind="static", do_sample=False)
+        # Allocated for batch 2: another batch is refused by the artifact, not computed.
+        ids, mask = _prompt(3, 6)
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(2, \*\), got \(3, 6\)"
+        ):
+            model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+
+    def test_example_generates_in_a_fresh_process(self):
+        example = os.path.join(os.path.dirname(HERE), "examples", "generate.py")
+        result = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=900)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertEqual(result.stdout.count("same as eager"), 3, result.stdout)
+
+
+instantiate_parametrized_tests(TestCacheObjects)
+instantiate_parametrized_tests(TestInputTrees)
+
+if __name__ == "__main__":
+    run_tests()
