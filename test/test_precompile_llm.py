@@ -155,6 +155,29 @@ class TestCacheObjects(TestCase):
             runnable(model, token, positions, ours)
         self.assertEqual(ours.get_seq_length(), 7)
 
+    def test_encoder_decoder_cache_comes_back_exactly(self):
+        torch.manual_seed(0)
+        config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                       decoder_start_token_id=0)
+        model = transformers.T5ForConditionalGeneration(config).eval()
+        register_cache_pytrees_for_model(model)
+        ids, mask = _prompt(length=8)
+
+        def fn(model, ids, mask, decoder_ids):
+            return model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids)
+
+        args = (ids, mask, ids[:, :4].contiguous())
+        runnable = load(torch_precompile.precompile(fn, model, *args, backend="eager"))
+        with torch.no_grad():
+            ours, theirs = runnable(model, *args), fn(model, *args)
+        cache, expected = ours.past_key_values, theirs.past_key_values
+        self.assertIs(type(cache), transformers.EncoderDecoderCache)
+        # JSON would turn is_updated's layer indices into str: the structure is recorded exactly.
+        self.assertEqual(cache.is_updated, expected.is_updated)
+        self.assertEqual(pytree.tree_structure(cache), pytree.tree_structure(expected))
+        for part in ("self_attention_cache", "cross_attention_cache"):
+            _assert_same_cache(self, getattr(cache, part), getattr(expected, part))
+
     def test_cache_state_is_checked_at_every_call(self):
         model, (ids, mask) = _llama(), _prompt()
         cache = _static_cache(model, ids, mask)

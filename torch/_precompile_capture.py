@@ -253,11 +253,8 @@ def _check_recordable_structure(what: str, spec: pytree.TreeSpec, rebuilt: bool)
     context must be a literal or a class; an input's is only compared with
     the caller's, by repr, which must then not name an address.
     """
-    try:
-        pytree.treespec_dumps(spec)
+    if runtime.dumps_exactly(spec) is not None:
         return
-    except (NotImplementedError, TypeError, ValueError):
-        pass
     try:
         node = runtime.named_node(spec)
     except runtime.Unnameable as error:

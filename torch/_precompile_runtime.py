@@ -1181,10 +1181,26 @@ class Unnameable(Exception):
 
 
 def encode_tree_spec(spec: pytree.TreeSpec) -> str:
+    dumped = dumps_exactly(spec)
+    return dumped if dumped is not None else NAMED_SPEC_PREFIX + repr(named_node(spec))
+
+
+def dumps_exactly(spec: pytree.TreeSpec) -> str | None:
+    """``treespec_dumps(spec)`` where it reads back as ``spec``, else None.
+
+    Not where nothing is registered to serialize a node, nor where JSON would
+    change a context (a dict's int keys come back as str: transformers'
+    EncoderDecoderCache keeps ``is_updated`` by layer index).
+    """
     try:
-        return pytree.treespec_dumps(spec)
-    except (NotImplementedError, TypeError, ValueError):  # nothing registered to serialize a node
-        return NAMED_SPEC_PREFIX + repr(named_node(spec))
+        dumped = pytree.treespec_dumps(spec)
+    except (NotImplementedError, TypeError, ValueError):
+        return None
+    try:
+        same = pytree.treespec_loads(dumped) == spec
+    except Exception:  # whatever a node's from_dumpable_context raises
+        same = False
+    return dumped if same else None
 
 
 def named_node(spec: pytree.TreeSpec) -> Any:
