@@ -153,6 +153,25 @@ class TestHookGuards(TestCase):
         self.assertStepLikeEager(g, hooked, x)
 
     @parametrize("backend", BACKENDS)
+    def test_hooks_written_into_the_hook_dicts_are_refused(self, backend):
+        """A hook put straight into a module's (or the global) hook dict, without a handle, after a clean call."""
+        x = torch.randn(2, 4)
+        f = load(_artifact("forward", _forward, _mlp(), x, backend=backend))
+        model = _mlp()
+        torch.testing.assert_close(f(model, x), model(x))
+        model[2]._forward_hooks[12345] = lambda module, args, out: out * 2
+        self.assertRefused(r"args\[0\]\.2 has a forward hook, which was not there at capture", lambda: f(model, x), model)
+        del model[2]._forward_hooks[12345]
+        torch.testing.assert_close(f(model, x), model(x))
+        hooks = torch.nn.modules.module._global_forward_pre_hooks
+        hooks[12345] = lambda module, args: None
+        try:
+            self.assertRefused(r"a global module forward pre-hook", lambda: f(model, x), model)
+        finally:
+            del hooks[12345]
+        torch.testing.assert_close(f(model, x), model(x))
+
+    @parametrize("backend", BACKENDS)
     def test_accumulate_grad_node_hooks_are_refused(self, backend):
         """Row 7: Horovod-style hooks on a parameter's AccumulateGrad node, by a step that accumulates it."""
         x = torch.randn(2, 4)

@@ -155,7 +155,37 @@ class TestCacheObjects(TestCase):
             runnable(model, token, positions, ours)
         self.assertEqual(ours.get_seq_length(), 7)
 
-    def test_encoder_decoder_cache_comes_back_exactly(self):
+    @parametrize("backend", BACKENDS)
+    @parametrize("name", ["sliding", "hybrid"])
+    def test_sliding_window_and_hybrid_caches(self, name, backend):
+        torch.manual_seed(0)
+        sizes = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, sliding_window=4)
+        if name == "sliding":  # every layer a sliding window
+            model = transformers.MistralForCausalLM(transformers.MistralConfig(**sizes))
+        else:  # sliding and full layers alternate
+            model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**sizes, head_dim=8))
+        model.eval()
+        register_cache_pytrees_for_model(model)
+        ids, mask = _prompt(length=8)
+        cache = _dynamic_cache(model, ids, mask)
+        layer_kinds = {"sliding": ["DynamicSlidingWindowLayer"] * 2, "hybrid": ["DynamicSlidingWindowLayer", "DynamicLayer"]}
+        self.assertEqual([type(layer).__name__ for layer in cache.layers], layer_kinds[name])
+
+        def step(model, token, cache):
+            return model(input_ids=token, past_key_values=cache)
+
+        token = ids[:, -1:].contiguous()
+        runnable = load(torch_precompile.precompile(step, model, token, copy.deepcopy(cache), backend=backend))
+        ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+        with torch.no_grad():
+            out, expected = runnable(model, token, ours), step(model, token, theirs)
+        torch.testing.assert_close(out.logits, expected.logits, **TOLERANCE)
+        self.assertIs(out.past_key_values, ours)
+        _assert_same_cache(self, ours, theirs)  # the window kept its length, the full layer grew
+
+    @parametrize("backend", BACKENDS)
+    def test_encoder_decoder_cache_comes_back_exactly(self, backend):
         torch.manual_seed(0)
         config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                        decoder_start_token_id=0)
@@ -167,9 +197,10 @@ class TestCacheObjects(TestCase):
             return model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids)
 
         args = (ids, mask, ids[:, :4].contiguous())
-        runnable = load(torch_precompile.precompile(fn, model, *args, backend="eager"))
+        runnable = load(torch_precompile.precompile(fn, model, *args, backend=backend))
         with torch.no_grad():
             ours, theirs = runnable(model, *args), fn(model, *args)
+        torch.testing.assert_close(ours.logits, theirs.logits, **TOLERANCE)
         cache, expected = ours.past_key_values, theirs.past_key_values
         self.assertIs(type(cache), transformers.EncoderDecoderCache)
         # JSON would turn is_updated's layer indices into str: the structure is recorded exactly.
@@ -537,6 +568,13 @@ class TestGenerate(TestCase):
             PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(2, \*\), got \(3, 6\)"
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+
+    def test_precompile_generate_needs_free_dims(self):
+        model, (ids, mask) = _llama(), _prompt()
+        with self.assertRaisesRegex(PrecompileError, r"precompile_generate\(backend='eager'\): the decode step's cache length"):
+            generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, backend="eager")
+        with self.assertRaisesRegex(PrecompileError, r"called the model's forward 1 time\(s\).*max_new_tokens >= 2"):
+            generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=1)
 
     def test_example_generates_in_a_fresh_process(self):
         example = os.path.join(os.path.dirname(HERE), "examples", "generate.py")

@@ -301,7 +301,10 @@ says who guarantees it and, where it is enforced, which tests (in
      instance; rebuilt when a submodule or parameter is swapped in) is
      scanned when built and again only when a hook was registered anywhere
      since its last clean scan, so a second instance or a submodule hooked
-     before an earlier clean call is seen (test_hooks_are_refused;
+     before an earlier clean call is seen; every module hook dict and the
+     global ones are also watched empty, so a hook written straight into one
+     (no handle) is seen too (test_hooks_are_refused;
+     test_precompile_hook_guards.py test_hooks_written_into_the_hook_dicts_are_refused;
      test_precompile_hook_guards.py
      test_hooks_on_another_instance_or_a_swapped_submodule_are_refused,
      test_accumulate_grad_node_hooks_are_refused).  Not seen: hooks added

@@ -1300,6 +1300,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                     (name, sub.training if module_reads.read_mode(sub) else None) for name, sub in m.named_modules()
                 ),
                 classes=tuple(runtime.class_name(type(sub)) for _, sub in m.named_modules()),
+                called=tuple(i for i, (_, sub) in enumerate(m.named_modules()) if module_reads.called(sub)),
                 attributes=tuple(
                     (name, path, value)
                     for name, sub in m.named_modules()
@@ -1623,6 +1624,7 @@ def _traced_value(tensor: torch.Tensor) -> bool:
 # driver checks structure and hooks itself, these are not values fn computes with.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | frozenset(dir(torch.nn.Module))
 _SKIPPED = ("skipped", None)  # a read that is code, a tensor, or computed by a descriptor
+_CALLED = object()  # the value noted for a module whose hook dicts fn's call of it read
 
 
 class _ModuleReads:
@@ -1671,7 +1673,7 @@ class _ModuleReads:
         check = runtime.ValueReads()
         for name, (kind, what) in sorted(self.reads.get(id(obj), {}).items()):
             path = prefix + name
-            if kind == "skipped":
+            if kind in ("skipped", "called"):  # "called": a hook dict, watched as the module's (ModuleSpec.called)
                 continue
             if kind == "refused":
                 raise PrecompileError(
@@ -1730,9 +1732,15 @@ class _ModuleReads:
         if name not in reads:
             reads[name] = log._classify(obj, name, value)
 
+    def called(self, module: torch.nn.Module) -> bool:
+        """Whether fn called ``module`` (its hook dicts were read): a hook added later would run in eager."""
+        return self.reads.get(id(module), {}).get(runtime.MODULE_HOOK_DICTS[0]) == ("called", None)
+
     def _classify(self, obj: Any, name: str, value: Any) -> tuple:
         """What a first read of ``obj.name`` is: ("literal", its literal), ("object", a plain
         object whose reads are followed), ("refused", why) or _SKIPPED."""
+        if value is _CALLED:
+            return ("called", None)
         if value is runtime.MISSING:  # found absent (getattr with a default, hasattr): guarded absent
             return ("literal", runtime.value_literal(value))
         values = object.__getattribute__(obj, "__dict__")
@@ -1792,6 +1800,8 @@ class _ModuleReads:
                     raise
                 if name[:2] != "__" and name not in internals:
                     cls._note_read(obj, name, value)
+                elif name in runtime.MODULE_HOOK_DICTS:  # nn.Module.__call__ looks for hooks: fn calls it
+                    cls._note_read(obj, runtime.MODULE_HOOK_DICTS[0], _CALLED)
                 return value
 
             namespace = {"__getattribute__": getattribute}
@@ -2707,7 +2717,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
             ) from error
         except PrecompileError:
             raise
-        except Exception as error:  # Inductor's own failure on a graph eager runs (its randperm pattern)
+        except RuntimeError as error:  # Inductor's own failure on a graph eager runs (its randperm pattern)
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise PrecompileError(
                 f"backend='inductor' failed to compile fn's graph ({type(error).__name__}: {message}); "

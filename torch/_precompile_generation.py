@@ -139,16 +139,21 @@ def precompile_generate(
 
     ``max_length`` bounds the prompt and cache lengths (default: the model's
     ``max_position_embeddings``); ``max_batch`` the batch.  Free dims need
-    backend='inductor'; with backend='eager' every size is the example's.
+    backend='inductor' (backend='eager' specializes every size, and the cache
+    grows at every step).
     """
+    if backend != "inductor":
+        raise PrecompileError(
+            f"precompile_generate(backend={backend!r}): the decode step's cache length changes at every "
+            "token, which only backend='inductor' leaves free; use backend='inductor'"
+        )
     register_caches(model)
     if max_length is None:
         max_length = getattr(model.config, "max_position_embeddings", None) or 2048
     recorded = record_forward_calls(model, *args, **generate_kwargs)
     pairs = {}
     for phase, kwargs in recorded.items():
-        if backend == "inductor":
-            mark_free_dims(kwargs, phase, max_batch, max_length)
+        mark_free_dims(kwargs, phase, max_batch, max_length)
         pairs[phase] = precompile(_call_forward, model, kwargs, backend=backend)
     return pairs
 

@@ -101,6 +101,7 @@ _MODULE_HOOKS = {
     "_backward_hooks": "backward hook",
 }
 _TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
+MODULE_HOOK_DICTS = tuple(_MODULE_HOOKS)  # what nn.Module.__call__ reads of a module it calls
 
 
 def _global_module_hooks(attribute: str) -> Any:
@@ -420,6 +421,9 @@ class ModuleSpec(Record):
     # (submodule name, attribute, value) of each plain attribute fn read (eps, p, ...).
     attributes: tuple[tuple[str, str, PyValue], ...] = ()
     data_parallel: DataParallelSpec | None = None  # the module is a DistributedDataParallel
+    # Indices into ``submodules`` of those fn called (nn.Module.__call__ read their hook
+    # dicts): a hook written into one of their dicts would run in eager, so they are watched.
+    called: tuple[Count, ...] = ()
 
 
 # LeafSpec.value when the leaf is not a baked value: Ellipsis is no leaf value
@@ -1049,6 +1053,7 @@ def validate_convention(c: "CallingConvention") -> None:
         positions.add(m.position)
         if not m.submodules or m.submodules[0][0] != "":
             fail(f"{where}.submodules", m.submodules, "expected the module itself ('') first")
+        check_indices(f"{where}.called", m.called, range(len(m.submodules)))
         if len(m.classes) != len(m.submodules):
             fail(f"{where}.classes", m.classes, f"expected one class per submodule ({len(m.submodules)})")
         submodule_names = {name for name, _ in m.submodules}
@@ -1084,9 +1089,10 @@ def validate_convention(c: "CallingConvention") -> None:
         if leaf.tensor is not None or (leaf.graph_output is None) != leaf.is_value:
             fail(f"outputs[{index}]", leaf, "expected exactly one of graph_output, value")
     # A tensor fn returns twice is one graph output: the first uses of each count up from 0.
-    graph_outputs = list(dict.fromkeys(leaf.graph_output for leaf in c.outputs if leaf.graph_output is not None))
+    uses = [leaf.graph_output for leaf in c.outputs if leaf.graph_output is not None]
+    graph_outputs = list(dict.fromkeys(uses))
     if graph_outputs != list(range(len(graph_outputs))):
-        fail("outputs", graph_outputs, "graph_output indices must count up from 0")
+        fail("outputs", uses, "graph_output indices must count up from 0")
     if c.output_spec.num_leaves != len(c.outputs):
         fail("output_spec", c.output_spec, f"expected {len(c.outputs)} leaves")
     if len(c.output_tensors) != len(graph_outputs):
@@ -1620,7 +1626,7 @@ class _ModuleCache(Record):
     watched_vars: list  # vars() of the submodule or object holding each watched entry
     watched_keys: list  # ... the entry's name
     watched_values: list  # ... the value object checked (or MISSING), compared by identity (a changed value of equal == is caught)
-    children: list  # the watched _modules dicts (and DDP comm hook lists)
+    children: list  # the watched _modules dicts (and DDP comm hook lists), then every (empty) hook dict
     # len() of each child container; for a _modules dict the tuple of its
     # submodules, compared by identity: a replacement that bypasses the
     # registration hooks (a ``_modules`` write; Dynamo's replay of one made in
@@ -1663,9 +1669,10 @@ _ABSENT = itertools.repeat(MISSING)  # dict.get's and getattr's default, for map
 
 
 def _size_or_values(container: Any) -> Any:
-    """What the module cache compares of a watched container: a dict's values (its
-    ``_modules``' submodules, by identity), else its length."""
-    return tuple(container.values()) if type(container) is dict else len(container)
+    """What the module cache compares of a watched container: a dict's version and values
+    (its ``_modules``' submodules, by identity; the version skips the comparison while the
+    dict is not written), else its length."""
+    return (_dict_version(container), *container.values()) if type(container) is dict else len(container)
 
 
 def _entries_unchanged_in_python(owners: list, keys: list, values: list, sized: list, lengths: list, missing: Any) -> bool:
@@ -1676,14 +1683,16 @@ def _entries_unchanged_in_python(owners: list, keys: list, values: list, sized: 
     is this, or the same loop in C++ where the extension is built.
     """
     return all(map(operator.is_, map(dict.get, owners, keys, itertools.repeat(missing)), values)) and all(
-        len(c) == len(want) and all(map(operator.is_, c.values(), want)) if type(want) is tuple else len(c) == want
+        len(c) == len(want) - 1 and all(map(operator.is_, c.values(), want[1:])) if type(want) is tuple else len(c) == want
         for c, want in zip(sized, lengths)
     )
 
 
-# The extension's ABI 2 compares a tuple entry of lengths by values; an older build (a
-# checkout not yet rebuilt) does not: the Python loop then.
-_entries_unchanged = _C.entries_unchanged if getattr(_C, "ABI_VERSION", 1) >= 2 else _entries_unchanged_in_python
+# The extension's ABI 2 compares a tuple entry of lengths by version and values; an older
+# build (a checkout not yet rebuilt) does not: the Python loop then, which ignores versions.
+_ABI_2 = getattr(_C, "ABI_VERSION", 1) >= 2
+_entries_unchanged = _C.entries_unchanged if _ABI_2 else _entries_unchanged_in_python
+_dict_version = _C.dict_version if _ABI_2 else lambda d: 0
 
 
 NO_PATH = object()  # an attribute path whose owner is gone: matches no recorded value
@@ -2401,6 +2410,17 @@ class PrecompiledFunction:
             + sized
         )
         watched_values = [values.get(name, MISSING) for values, name in watched]
+        # The hook dicts of each submodule fn calls, and the global ones, stay empty (hooks are
+        # refused): a hook written into one directly, past register_forward_hook's handle, is seen.
+        called = [named[i][1] for (_, named, _, _), spec in zip(walked, self.convention.modules) for i in spec.called]
+        hook_dicts = [
+            hooks
+            for hooks in (
+                *(getattr(sub, attribute, None) for sub in called for attribute in _MODULE_HOOKS),
+                *(map(_global_module_hooks, _MODULE_HOOKS) if called else ()),
+            )
+            if type(hooks) in (dict, collections.OrderedDict) and not hooks
+        ]
         classes = list(reads.classes.values())
         class_values = [getattr(owner, name, MISSING) for owner, name in classes]
         containers = list(reads.containers.values())
@@ -2415,8 +2435,8 @@ class PrecompiledFunction:
             watched_vars=[values for values, _ in watched],
             watched_keys=[name for _, name in watched],
             watched_values=watched_values,
-            children=watched_values[len(watched) - len(sized) :],  # the sized entries come last
-            lengths=[_size_or_values(c) for c in watched_values[len(watched) - len(sized) :]],
+            children=[*watched_values[len(watched) - len(sized) :], *hook_dicts],  # the sized entries come last
+            lengths=[*map(_size_or_values, watched_values[len(watched) - len(sized) :]), *[0] * len(hook_dicts)],
             hooks_clean_at=[-1],
             class_owners=[owner for owner, _ in classes],
             class_names=[name for _, name in classes],

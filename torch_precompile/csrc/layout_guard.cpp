@@ -22,11 +22,18 @@
 //   entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool
 //     owners[i].get(keys[i], missing) is values[i] for each i, and
 //     len(sized[j]) == lengths[j] for each j, where lengths[j] is an int;
-//     where it is a tuple, sized[j] is a dict holding exactly those values,
-//     in order, by identity (the submodules under a _modules dict).
+//     where it is a tuple (version, *values), sized[j] is a dict holding
+//     exactly those values, in order, by identity (the submodules under a
+//     _modules dict).  version is dict_version(sized[j]) when recorded: equal,
+//     the dict was not written since, and its values are not compared.
+//
+//   dict_version(d) -> int
+//     CPython's per-dict version tag (PEP 509; changes with every write to
+//     the dict) where this Python has one, else 0 (never equal: values compared).
 //
 // ABI_VERSION (a module int) moves whenever a signature or meaning changes:
-// 2 added the tuple form of lengths[j].  The driver uses what it knows.
+// 2 added the tuple form of lengths[j] and dict_version.  The driver uses
+// what it knows.
 //
 // Built by setup.py against the installed torch, whose version names the
 // module (venvs with different torch may share an editable checkout) and is
@@ -267,6 +274,27 @@ PyObject* LayoutGuard_gather(LayoutGuard* self, PyObject* const* args, Py_ssize_
   return gathered;
 }
 
+// PEP 509's tag: public (deprecated since 3.12) through CPython 3.13; 0 where absent.
+uint64_t dict_version(PyObject* dict) {
+#if PY_VERSION_HEX < 0x030E0000
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#pragma GCC diagnostic pop
+#else
+  (void)dict;
+  return 0;
+#endif
+}
+
+PyObject* dict_version_of(PyObject*, PyObject* dict) {
+  if (!PyDict_Check(dict)) {
+    PyErr_SetString(PyExc_TypeError, "dict_version(d): expected a dict");
+    return nullptr;
+  }
+  return PyLong_FromUnsignedLongLong(dict_version(dict));
+}
+
 PyObject* entries_unchanged(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 6 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
       !PyList_Check(args[3]) || !PyList_Check(args[4])) {
@@ -304,10 +332,17 @@ PyObject* entries_unchanged(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "entries_unchanged: a tuple of values is for a dict");
         return nullptr;
       }
-      if (PyDict_GET_SIZE(dict) != PyTuple_GET_SIZE(expected)) {
+      if (PyTuple_GET_SIZE(expected) < 1 || PyDict_GET_SIZE(dict) != PyTuple_GET_SIZE(expected) - 1) {
         Py_RETURN_FALSE;
       }
-      Py_ssize_t position = 0, i = 0;
+      uint64_t version = dict_version(dict);
+      if (version != 0 && version == PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(expected, 0))) {
+        continue;  // not written since it was recorded
+      }
+      if (PyErr_Occurred()) {
+        return nullptr;
+      }
+      Py_ssize_t position = 0, i = 1;
       PyObject *key, *value;
       while (PyDict_Next(dict, &position, &key, &value)) {  // insertion order, as dict.values()
         if (value != PyTuple_GET_ITEM(expected, i++)) {
@@ -333,7 +368,9 @@ PyMethodDef module_methods[] = {
      METH_FASTCALL,
      "entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool: "
      "owners[i].get(keys[i], missing) is values[i], and len(sized[j]) == lengths[j] (an int) or "
-     "tuple(sized[j].values()) are lengths[j] (a tuple), by identity"},
+     "tuple(sized[j].values()) are lengths[j][1:] (a tuple), by identity"},
+    {"dict_version", reinterpret_cast<PyCFunction>(dict_version_of), METH_O,
+     "dict_version(d) -> int: the dict's PEP 509 version tag, or 0 where this Python has none"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyMethodDef LayoutGuard_methods[] = {
