@@ -223,7 +223,14 @@ def _contiguous(kwargs: dict) -> dict:
     only reads the arguments and rebinds the cache's tensors, so contiguous copies compute the same;
     the cache's are rebound in place (it is the caller's object, which the call updates)."""
     cache = kwargs.get("past_key_values")
-    if cache is not None:
+    layers = getattr(cache, "layers", None)
+    if type(layers) is list:  # transformers' caches: each layer's keys and values, without a flatten per token
+        for layer in layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+                    setattr(layer, name, tensor.contiguous())
+    elif cache is not None:
         leaves, spec = pytree.tree_flatten(cache)
         if not all(leaf.is_contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)):
             leaves = [leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]

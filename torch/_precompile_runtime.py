@@ -1351,12 +1351,33 @@ def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dic
         index = next(counter)
         if node_spec.is_leaf():
             return next(leaves)
-        children = [build(child) for child in node_spec.children()]
-        if index in substitutes:
+        if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
+            _skip(leaves, node_spec.num_leaves)
+            _skip(counter, node_spec.num_nodes - 1)
             return substitutes[index]
+        children = [build(child) for child in node_spec.children()]
         return pytree.SUPPORTED_NODES[node_spec.type].unflatten_fn(children, node_spec.context)
 
     return build(spec)
+
+
+def _skip(iterator: Any, count: int) -> None:
+    if count > 0:
+        next(itertools.islice(iterator, count - 1, None), None)
+
+
+def node_at(tree: Any, spec: pytree.TreeSpec, index: int) -> Any:
+    """The node of ``tree`` (whose structure is ``spec``) at pre-order ``index`` (as
+    preorder_nodes numbers them), flattening only the nodes on the way to it."""
+    while index:
+        index -= 1
+        children = pytree.SUPPORTED_NODES[spec.type].flatten_fn(tree)[0]
+        for child, child_spec in zip(children, spec.children()):
+            if index < child_spec.num_nodes:
+                tree, spec = child, child_spec
+                break
+            index -= child_spec.num_nodes
+    return tree
 
 
 def write_back(target: Any, source: Any) -> Any:
@@ -2725,8 +2746,8 @@ class PrecompiledFunction:
         if not (rebound or returned):
             return pytree.tree_unflatten(leaves, self._output_spec)
         # Invariant 5: the caller's input objects, as eager leaves and returns them.
-        nodes = {position: preorder_nodes(args[position]) for position in {p for _, p, _ in returned}}
-        substitutes = {index: nodes[position][node] for index, position, node in returned}
+        specs = dict(zip(self._user_positions, self._input_spec.children()))
+        substitutes = {index: node_at(args[position], specs[position], node) for index, position, node in returned}
         result = unflatten_substituting(leaves, self._output_spec, substitutes)
         if not rebound:
             return result
