@@ -39,7 +39,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_precompile
-from torch_precompile import generation, PrecompileError
+from torch_precompile import _precompile_inspect as inspect_artifact, generation, PrecompileError
 from _precompile_testing import Artifacts, load, needs_mark_bounds
 
 
@@ -412,16 +412,20 @@ class TestSizeFacts(TestCase):
             for tensor in (layer.keys, layer.values):
                 mark_unbacked(tensor, 2, shape_id="kv", min=1, max=60)
         mark_unbacked(kwargs["attention_mask"], 1, min=2, max=61)
-        return load(ARTIFACTS("free_decode", _forward, model, kwargs, backend="inductor"))
+        return ARTIFACTS("free_decode", _forward, model, kwargs, backend="inductor")
 
     @needs_mark_bounds
     def test_decode_with_free_kv_length(self):
         model, (ids, mask) = _llama(), _prompt()
         cache = _dynamic_cache(model, ids, mask)
         mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
-        runnable = self._decode_artifact(model, cache, mask)
+        pair = self._decode_artifact(model, cache, mask)
+        runnable = load(pair)
         facts = runnable.convention.size_facts
         self.assertTrue(facts and all("masking_utils.py" in fact.where for fact in facts), facts)
+        listed = inspect_artifact.describe(*pair)["size_facts"]  # the inspector lists them, named
+        self.assertEqual(len(listed), len(facts))
+        self.assertRegex(listed[0], r"\(args\[1\]\['attention_mask'\] dim 1\).* at .*masking_utils.py:\d+")
         ours, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
         token = ids[:, -1:].contiguous()
         for step in range(4):

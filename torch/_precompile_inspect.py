@@ -124,6 +124,8 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         "buffers": _state_report(convention, "buffer"),
         "tied": [[_state_name(convention, n) for n in s.names] for s in state if len(s.names) > 1],
         "inputs": _inputs_report(convention),
+        "size_facts": _size_facts_report(convention),
+        "rebound_inputs": [f"args[{position}]" for position in convention.rebound_inputs],
         "outputs": _outputs_report(convention),
         "grad_params": [
             {"name": _state_name(convention, state[i].names[0]), **_tensor_report(state[i].tensor)}
@@ -201,6 +203,13 @@ def _inputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
             entry.update(kind="value", value=repr(leaf.value))
         report.append(entry)
     return report
+
+
+def _size_facts_report(convention: CallingConvention) -> list[str]:
+    """Each requirement between free sizes the graph took from the example, with the line that needed it."""
+    paths = [entry["path"] for entry in _inputs_report(convention)]
+    names = [f"{paths[leaf]} dim {dim}" for leaf, dim in convention.sizes]
+    return [fact.describe(names) + fact.where for fact in convention.size_facts]
 
 
 def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
@@ -336,6 +345,10 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
     for entry in report["inputs"]:
         detail = _tensor_text(entry) if entry["kind"] == "tensor" else f"value {entry['value']} (baked)"
         row("input", f"{entry['path']}: {detail}")
+    for fact in report["size_facts"]:
+        row("size fact", fact)
+    for path in report["rebound_inputs"]:
+        row("written back", f"{path}: fn changes the object; the call writes its new state into the caller's")
     for entry in report["outputs"]:
         detail = (
             f"{_shape_text(entry['shape'])} {entry['dtype']} {entry['device']} (graph output {entry['graph_output']})"

@@ -502,7 +502,8 @@ class SizeFact(Record):
         if self.constant:
             terms.append((self.constant, str(abs(self.constant))))
         text = " ".join(f"{'-' if c < 0 else '+'} {term}" for c, term in terms)
-        return f"{text.removeprefix('+ ')} {self.op} 0"
+        text = text[2:] if text[0] == "+" else "-" + text[2:]  # no sign before a first positive term
+        return f"{text} {self.op} 0"
 
 
 class OptimizerSpec(Record):
