@@ -304,25 +304,18 @@ class TestHookGuards(TestCase):
     @needs_mark_bounds
     def test_shape_id_examples_must_agree_and_fit_the_bounds(self):
         mark_unbacked = torch._dynamo.decorators.mark_unbacked
-        x, y = torch.randn(3, 3), torch.randn(5, 3)
-        mark_unbacked(x, 0, shape_id="n")
-        mark_unbacked(y, 0, shape_id="n", max=8)
-        with self.assertRaisesRegex(
-            PrecompileError,
-            r"the marks of shape_id 'n' are one size, but the example inputs have args\[0\] dim 0 = 3, "
-            r"args\[1\] dim 0 = 5",
-        ):
-            torch_precompile.precompile(_sum_rows, x, y, backend="inductor")
-        x, y = torch.randn(10, 3), torch.randn(10, 3)
-        mark_unbacked(x, 0, shape_id="n")
-        mark_unbacked(y, 0, shape_id="n", max=8)
-        with self.assertRaisesRegex(
-            PrecompileError,
-            r"args\[0\] dim 0 has size 10 in the example inputs, outside its bounds \[0, 8\] \(the tightest "
-            r"of the marks of shape_id 'n'\): every call would be refused",
-        ):
-            torch_precompile.precompile(_sum_rows, x, y, backend="inductor")
-
+        refusals = [
+            (3, 5, r"the marks of shape_id 'n' are one size, but the example inputs have args\[0\] dim 0 = 3, "
+                   r"args\[1\] dim 0 = 5"),
+            (10, 10, r"args\[0\] dim 0 has size 10 in the example inputs, outside its bounds \[0, 8\] \(the "
+                     r"tightest of the marks of shape_id 'n'\): every call would be refused"),
+        ]
+        for rows_x, rows_y, message in refusals:
+            x, y = torch.randn(rows_x, 3), torch.randn(rows_y, 3)
+            mark_unbacked(x, 0, shape_id="n")
+            mark_unbacked(y, 0, shape_id="n", max=8)
+            with self.assertRaisesRegex(PrecompileError, message):
+                torch_precompile.precompile(_sum_rows, x, y, backend="inductor")
 
     @parametrize("backend", BACKENDS)
     def test_one_tensor_passed_twice_and_written(self, backend):
