@@ -929,18 +929,30 @@ def _rebound_inputs(args: _Arguments, call_args: list, leaves: list) -> tuple:
     return tuple(rebound)
 
 
+def _preorder_nodes(tree: Any) -> list:
+    """Every node of ``tree``, leaves included, in the order of its TreeSpec's pre-order walk."""
+    nodes: list = []
+    pytree.tree_flatten(tree, is_leaf=lambda node: nodes.append(node))  # append returns None: never a leaf
+    return nodes
+
+
+def _is_mutable_node(node: Any) -> bool:
+    """A pytree container whose identity a caller can observe (not None, a leaf or a tuple)."""
+    return node is not None and not isinstance(node, tuple) and not pytree.tree_is_leaf(node)
+
+
 def _returned_inputs(result: Any, call_args: list, user_positions: list, first: int) -> tuple:
     """(output node, argument position, input node) for each node of fn's result that is
     one of its input objects (a cache fn updated and returned): the call returns the caller's."""
     owners = {}
     for position in user_positions:
-        for index, node in enumerate(runtime.preorder_nodes(call_args[position])):
-            if runtime.is_mutable_node(node):
+        for index, node in enumerate(_preorder_nodes(call_args[position])):
+            if _is_mutable_node(node):
                 owners.setdefault(id(node), (position, index))
     return tuple(
         (first + index, *owners[id(node)])
-        for index, node in enumerate(runtime.preorder_nodes(result))
-        if runtime.is_mutable_node(node) and id(node) in owners
+        for index, node in enumerate(_preorder_nodes(result))
+        if _is_mutable_node(node) and id(node) in owners
     )
 
 
@@ -1151,35 +1163,29 @@ class _SymbolicAttempt:
 
     def size_fact(self, cond, where: str) -> "runtime.SizeFact | None":
         """The guard ``cond`` on free dims as the fact the example's sizes decide
-        (checked by the driver at every call), or None where it is not linear in them."""
+        (checked by the driver at every call), or None where it is not linear in them
+        with integer coefficients."""
         import sympy
 
-        if not isinstance(cond, sympy.core.relational.Relational) or not isinstance(
-            cond, (sympy.Eq, sympy.Ne, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge)
-        ):
-            return None
-        expr = self.shape_env.simplify(cond.lhs - cond.rhs)
+        ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
+        op = ops.get(type(cond))
         symbols = list(self.symbols)
-        if not expr.free_symbols <= set(symbols):
+        expr = self.shape_env.simplify(cond.lhs - cond.rhs) if op is not None else None
+        if expr is None or not expr.free_symbols <= set(symbols):
             return None
         try:
             poly = sympy.Poly(expr, *symbols)
         except sympy.PolynomialError:
             return None
-        if poly.total_degree() > 1:
+        coefficients = [poly.coeff_monomial(symbol) for symbol in symbols]
+        constant = poly.coeff_monomial(1)
+        if poly.total_degree() > 1 or not all(c.is_Integer for c in (*coefficients, constant)):
             return None
-        terms = tuple(
-            (self.symbols[symbol], int(poly.coeff_monomial(symbol)))
-            for symbol in symbols
-            if poly.coeff_monomial(symbol) != 0
-        )
-        if not all(poly.coeff_monomial(symbol).is_Integer for symbol in symbols) or not poly.coeff_monomial(1).is_Integer:
+        terms = tuple((self.symbols[s], int(c)) for s, c in zip(symbols, coefficients) if c != 0)
+        if not terms:
             return None
-        op = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}[type(cond)]
-        fact = runtime.SizeFact(terms=terms, constant=int(poly.coeff_monomial(1)), op=op, where=where)
-        example = [
-            self.args.input_leaves[free.leaf].shape[free.dim] for free in self.free_dims
-        ]
+        fact = runtime.SizeFact(terms=terms, constant=int(constant), op=op, where=where)
+        example = [self.args.input_leaves[free.leaf].shape[free.dim] for free in self.free_dims]
         return fact if fact.holds(example) else fact.negated()
 
     def guard_error(self, error) -> PrecompileError:

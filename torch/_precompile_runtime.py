@@ -630,8 +630,8 @@ class CallingConvention(Record):
     # ran (write_back), as eager leaves them.
     rebound_inputs: tuple[Count, ...] = ()
     # (output node, argument position, input node): pytree nodes of fn's result
-    # that were one of its input objects, by pre-order index (preorder_nodes),
-    # returned as the caller's object there, as in eager.
+    # that were one of its input objects, by index in the TreeSpec's pre-order
+    # walk (leaves included), returned as the caller's object there, as in eager.
     returned_inputs: tuple[tuple[Count, Count, Count], ...] = ()
     # Linear requirements between the free sizes (indices into ``sizes``) that
     # the graph took from the example's sizes (a mask one longer than a cache).
@@ -1122,7 +1122,7 @@ def validate_convention(c: "CallingConvention") -> None:
         if c.output_spec.type is not tuple or len(children) != 2 or len(children[1].children()) != len(c.rebound_inputs):
             fail("output_spec", c.output_spec, "expected (result, (one tree per rebound input))")
         result_spec, first = children[0], 1
-    result_nodes = range(first, first + len(_spec_nodes(result_spec)))
+    result_nodes = range(first, first + result_spec.num_nodes)
     for entry in c.returned_inputs:
         if entry[0] not in result_nodes or entry[1] not in user_positions:
             fail("returned_inputs", entry, "expected (node of fn's result, user argument position, node)")
@@ -1326,23 +1326,6 @@ def leaf_paths(spec: pytree.TreeSpec) -> list[tuple]:
     return paths
 
 
-def preorder_nodes(tree: Any) -> list:
-    """Every node of ``tree``, leaves included, in the order of its TreeSpec's pre-order walk."""
-    nodes: list = []
-    pytree.tree_flatten(tree, is_leaf=lambda node: nodes.append(node))  # append returns None: never a leaf
-    return nodes
-
-
-def is_mutable_node(node: Any) -> bool:
-    """A pytree container whose identity a caller can observe (not None, a leaf or a tuple)."""
-    return node is not None and not isinstance(node, tuple) and not pytree.tree_is_leaf(node)
-
-
-def _spec_nodes(spec: pytree.TreeSpec) -> list:
-    """Every node of ``spec`` in pre-order, leaves included (as preorder_nodes visits a tree)."""
-    return [spec, *(node for child in spec.children() for node in _spec_nodes(child))]
-
-
 def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
     """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
     index in ``substitutes`` is that object instead of a rebuilt one."""
@@ -1368,8 +1351,8 @@ def _skip(iterator: Any, count: int) -> None:
 
 
 def node_at(tree: Any, spec: pytree.TreeSpec, index: int) -> Any:
-    """The node of ``tree`` (whose structure is ``spec``) at pre-order ``index`` (as
-    preorder_nodes numbers them), flattening only the nodes on the way to it."""
+    """The node of ``tree`` (whose structure is ``spec``) at ``index`` in the spec's pre-order
+    walk (leaves included), flattening only the nodes on the way to it."""
     while index:
         index -= 1
         children = pytree.SUPPORTED_NODES[spec.type].flatten_fn(tree)[0]
