@@ -1873,25 +1873,21 @@ def _tensor_attributes_kept(args: _Arguments):
     """
     named = runtime.named_submodules(args.module_positions, args.modules)
     before = [(path, vars(sub), dict(vars(sub))) for path, sub in named]
+    stored = []
     try:
         yield
     finally:
-        stored = [
-            (path, state, name)
-            for path, state, old in before
-            for name, value in list(state.items())
-            if isinstance(value, torch.Tensor) and old.get(name) is not value
-        ]
-        for path, state, name in stored:  # capture changes nothing (invariant 8)
-            old = next(old for p, s, old in before if s is state)
-            if name in old:
-                state[name] = old[name]
-            else:
-                del state[name]
+        for path, state, old in before:
+            for name, value in list(state.items()):
+                if isinstance(value, torch.Tensor) and old.get(name) is not value:
+                    stored.append(f"{path}.{name}")
+                    if name in old:  # capture changes nothing (invariant 8)
+                        state[name] = old[name]
+                    else:
+                        del state[name]
     if stored:
-        path, _, name = stored[0]
         raise PrecompileError(
-            f"fn stores a tensor in {path}.{name}, a plain attribute (not a parameter or buffer): the "
+            f"fn stores a tensor in {stored[0]}, a plain attribute (not a parameter or buffer): the "
             "artifact would leave the attribute as it was, so after a call it would differ from eager's. "
             "Register it as a buffer (self.register_buffer(name, tensor, persistent=False)) and update it "
             "in place, or return the tensor from fn instead of storing it"
