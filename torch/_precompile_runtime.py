@@ -2044,6 +2044,7 @@ class PrecompiledFunction:
         self._pick_modules = _picker(self._module_positions)
         self._pick_user_args = _picker(self._user_positions)
         self._input_spec = convention.input_spec
+        self._argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
         self._ordered_dicts = frozenset(convention.ordered_dicts)
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
@@ -2730,7 +2731,7 @@ class PrecompiledFunction:
         if not (rebound or returned):
             return pytree.tree_unflatten(leaves, self._output_spec)
         # Invariant 5: the caller's input objects, as eager leaves and returns them.
-        specs = dict(zip(self._user_positions, self._input_spec.children()))
+        specs = self._argument_specs
         substitutes = {index: node_at(args[position], specs[position], node) for index, position, node in returned}
         result = unflatten_substituting(leaves, self._output_spec, substitutes)
         if not rebound:
