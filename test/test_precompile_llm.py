@@ -16,13 +16,16 @@ Tiny random Llama (2 layers x 32), compared with eager; inductor artifacts
 are compiled once per process.
 """
 
+import collections
 import copy
+import gc
 import logging
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
+import weakref
 
 import transformers
 from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
@@ -390,6 +393,146 @@ class TestInputTrees(TestCase):
             PrecompileError, r"fn changes args\[1\] \(a .*Slotted\) in place beyond its tensors' values"
         ):
             torch_precompile.precompile(rebinds, model, _slotted(Slotted, x), backend="eager")
+
+
+class _Box:
+    """A pytree node (its ``steps`` the context) whose flattens are counted."""
+
+    flattens = 0
+
+    def __init__(self, t, steps=0):
+        self.t, self.steps = t, steps
+
+
+def _flatten_box(box):
+    _Box.flattens += 1
+    order = vars(box).get("order")
+    return [box.t], (box.steps, None if order is None else tuple(order.items()))
+
+
+def _unflatten_box(leaves, context):
+    box = _Box(leaves[0], context[0])
+    if context[1] is not None:
+        box.order = collections.OrderedDict(context[1])
+    return box
+
+
+pytree.register_pytree_node(_Box, _flatten_box, _unflatten_box, serialized_type_name=f"{__name__}._Box")
+
+
+class _UnregisteredBox(_Box):
+    """Not a pytree node: a leaf."""
+
+
+def _advance(model, box):
+    box.t = model(box.t)  # rebinds the tensor, leaves the structure as it was
+    return box.t.sum()
+
+
+class TestArgumentsLeftAsWritten(TestCase):
+    """An argument fn rebinds tensors of, its structure unchanged: the call writes each new
+    tensor where the old one sat, and the next call that finds it as that write left it does
+    not flatten it again (Note invariant 5).  Whatever the caller changed in between is seen."""
+
+    def test_an_unchanged_argument_is_read_where_the_last_call_wrote(self):
+        model, x = nn.Linear(4, 4), torch.randn(2, 4)
+        runnable = load(ARTIFACTS("advance", _advance, model, _Box(x), backend="eager"))
+        ours, theirs = _Box(x), _Box(x)
+
+        def call_both():
+            with torch.no_grad():
+                torch.testing.assert_close(runnable(model, ours), _advance(model, theirs))
+            torch.testing.assert_close(ours.t, theirs.t)
+
+        call_both()
+        flattens = _Box.flattens
+        call_both()
+        call_both()
+        self.assertEqual(_Box.flattens, flattens)  # found as written: not flattened
+        changes = {
+            "tensor rebound": lambda box, t: setattr(box, "t", t),
+            "__dict__ replaced": lambda box, t: setattr(box, "__dict__", {"t": t, "steps": 0}),
+        }
+        for what, change in changes.items():
+            with self.subTest(what):
+                t = torch.randn(2, 4)
+                change(ours, t)
+                change(theirs, t.clone())
+                call_both()
+                self.assertEqual(_Box.flattens, flattens + 1)  # changed since: flattened again
+                flattens = _Box.flattens
+        refused = {  # structures the artifact was not captured with: a context, a class
+            "steps changed": lambda box: setattr(box, "steps", 1),
+            "class changed": lambda box: setattr(box, "__class__", _UnregisteredBox),
+        }
+        for what, change in refused.items():
+            with self.subTest(what):
+                before = ours.t
+                change(ours)
+                with self.assertRaisesRegex(PrecompileError, r"args\[1\]: input structure differs from the captured one"):
+                    runnable(model, ours)
+                self.assertIs(ours.t, before)  # refused before anything was written
+                ours.__class__, ours.steps = _Box, 0
+                call_both()  # watched again from here
+
+    def test_a_reordered_ordered_dict_is_seen(self):
+        model, x = nn.Linear(4, 4), torch.randn(2, 4)
+
+        def box():
+            box = _Box(x)
+            box.order = collections.OrderedDict(a=1, b=2)  # its order is in the box's context
+            return box
+
+        runnable = load(ARTIFACTS("advance_ordered", _advance, model, box(), backend="eager"))
+        ours = box()
+        with torch.no_grad():
+            runnable(model, ours)
+            runnable(model, ours)
+        ours.order.move_to_end("a")  # moves no dict version: an OrderedDict is never taken as unchanged
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: input structure differs from the captured one"):
+            runnable(model, ours)
+
+    def test_an_argument_the_caller_dropped_is_not_kept(self):
+        model, x = nn.Linear(4, 4), torch.randn(2, 4)
+        runnable = load(ARTIFACTS("advance", _advance, model, _Box(x), backend="eager"))
+        box = _Box(x)
+        with torch.no_grad():
+            runnable(model, box)
+            runnable(model, box)
+        dead_box, dead_tensor = weakref.ref(box), weakref.ref(box.t)
+        del box
+        gc.collect()
+        self.assertIsNone(dead_box())
+        self.assertIsNone(dead_tensor())  # the tensors the last call wrote are released too
+
+    @needs_mark_bounds
+    def test_a_dynamic_cache_changed_between_decode_steps(self):
+        """generate() with the caller changing the cache between steps: the tokens are eager's, and
+        the last step's tensors are in the layer objects the cache holds then."""
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt()
+        changes = {
+            "layer replaced": lambda cache: cache.layers.__setitem__(0, copy.deepcopy(cache.layers[0])),
+            "keys rebound": lambda cache: setattr(cache.layers[1], "keys", cache.layers[1].keys.clone()),
+            "layer __dict__ replaced": lambda cache: setattr(cache.layers[1], "__dict__", dict(vars(cache.layers[1]))),
+        }
+        for what, change in changes.items():
+            with self.subTest(what):
+                seen = []
+
+                def decode(model, kwargs, cache):
+                    seen.append(cache)
+                    if len(seen) == 3:
+                        change(cache)
+                    return runnables["decode"](model, kwargs, cache)
+
+                expected = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+                with generation.serving(model, {"prefill": runnables["prefill"], "decode": decode}):
+                    tokens = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+                self.assertEqual(tokens.tolist(), expected.tolist())
+                cache = seen[-1]
+                self.assertTrue(all(c is cache for c in seen))
+                self.assertEqual([layer.keys.shape[2] for layer in cache.layers], [ids.shape[1] + 5] * 2)
 
 
 def _slotted(cls, t):

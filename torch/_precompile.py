@@ -99,7 +99,12 @@ says who guarantees it and, where it is enforced, which tests (in
    output) and written back into the caller's object after every call,
    objects of the same type updated in place (``write_back``), so the
    caller's references stay valid as in eager; one that cannot be (a tuple,
-   an object without ``__dict__``) is refused at capture.  A pytree node of
+   an object without ``__dict__``) is refused at capture.  Where fn leaves
+   its structure as it was (only tensors rebound), each new tensor is
+   written where the old one sat (``leaf_places``), and the next call that
+   finds the argument as that write left it (``LeftAsWritten``: dict
+   versions, classes, list elements; the argument held weakly) reads its
+   leaves there instead of flattening it again.  A pytree node of
    fn's result that was one of its input objects (a cache it returns) is the
    caller's object (``convention.returned_inputs``), and a tensor fn returns
    twice is one tensor.  Enforced (TestCaptureContract, TestCapture;

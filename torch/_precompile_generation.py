@@ -59,9 +59,11 @@ class _Recorded(Exception):
     """Stops the recording generate() once the forward calls it needs were seen."""
 
 
-def _call_forward(model: torch.nn.Module, kwargs: dict) -> Any:
-    """What ``generate()`` runs for each step: fn of every artifact this module makes."""
-    return model(**kwargs)
+def _call_forward(model: torch.nn.Module, kwargs: dict, cache: Any) -> Any:
+    """What ``generate()`` runs for each step: fn of every artifact this module makes.  The
+    cache is an argument of its own: the same object at every step, which a call that left it
+    unchanged since the last one's write does not flatten again."""
+    return model(**kwargs, past_key_values=cache)
 
 
 def register_caches(model: torch.nn.Module) -> None:
@@ -154,7 +156,8 @@ def precompile_generate(
     pairs = {}
     for phase, kwargs in recorded.items():
         mark_free_dims(kwargs, phase, max_batch, max_length)
-        pairs[phase] = precompile(_call_forward, model, kwargs, backend=backend)
+        cache = kwargs.pop("past_key_values", None)
+        pairs[phase] = precompile(_call_forward, model, kwargs, cache, backend=backend)
     return pairs
 
 
@@ -187,8 +190,8 @@ def serving(model: torch.nn.Module, runnables: dict):
 
     def forward(**kwargs: Any) -> Any:
         kwargs = _contiguous(kwargs)
-        phase = "prefill" if _cache_length(kwargs.get("past_key_values")) == 0 else "decode"
-        return runnables[phase](model, kwargs)
+        cache = kwargs.pop("past_key_values", None)
+        return runnables["prefill" if _cache_length(cache) == 0 else "decode"](model, kwargs, cache)
 
     config = getattr(model, "generation_config", None)
     disabled = getattr(config, "disable_compile", None)

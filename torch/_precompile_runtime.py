@@ -1329,20 +1329,21 @@ def leaf_paths(spec: pytree.TreeSpec) -> list[tuple]:
 def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
     """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
     index in ``substitutes`` is that object instead of a rebuilt one."""
-    leaves, counter = iter(leaves), itertools.count()
+    return _build_substituting(spec, iter(leaves), itertools.count(), substitutes)
 
-    def build(node_spec: pytree.TreeSpec) -> Any:
-        index = next(counter)
-        if node_spec.is_leaf():
-            return next(leaves)
-        if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
-            _skip(leaves, node_spec.num_leaves)
-            _skip(counter, node_spec.num_nodes - 1)
-            return substitutes[index]
-        children = [build(child) for child in node_spec.children()]
-        return pytree.SUPPORTED_NODES[node_spec.type].unflatten_fn(children, node_spec.context)
 
-    return build(spec)
+def _build_substituting(spec: pytree.TreeSpec, leaves: Any, counter: Any, substitutes: dict) -> Any:
+    # A module-level function, not a closure calling itself: that would be a reference
+    # cycle keeping ``substitutes`` (the caller's objects) alive until a garbage collection.
+    index = next(counter)
+    if spec.is_leaf():
+        return next(leaves)
+    if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
+        _skip(leaves, spec.num_leaves)
+        _skip(counter, spec.num_nodes - 1)
+        return substitutes[index]
+    children = [_build_substituting(child, leaves, counter, substitutes) for child in spec.children()]
+    return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
 
 
 def _skip(iterator: Any, count: int) -> None:
@@ -1395,6 +1396,164 @@ def write_back(target: Any, source: Any) -> Any:
     else:
         return source
     return target
+
+
+def leaf_slots(spec: pytree.TreeSpec) -> list | None:
+    """Where each leaf of ``spec`` sits in an object its unflatten builds: per leaf, the
+    steps ``(through_dict_attribute, key)`` from the root through dict items, list items and
+    plain objects' ``__dict__`` entries.  None where some leaf sits elsewhere (in a tuple,
+    twice, or somewhere the walk does not enter), or the unflatten needs more than
+    placeholder tensors.  What a call follows (``leaf_places``) instead of unflatten + write_back."""
+    placeholders = [torch.empty(()) for _ in range(spec.num_leaves)]
+    try:
+        template = pytree.tree_unflatten(placeholders, spec)
+        again = pytree.tree_leaves(template)  # a flatten gives each leaf back from where it sits
+    except Exception:  # whatever a node's unflatten raises on placeholders
+        return None
+    if len(again) != len(placeholders) or not all(map(operator.is_, again, placeholders)):
+        return None
+    where = {id(placeholder): index for index, placeholder in enumerate(placeholders)}
+    slots: list = [None] * len(placeholders)
+    seen: set = set()
+    pending = [(template, ())]
+    while pending:
+        node, path = pending.pop()
+        if id(node) in where:
+            if slots[where[id(node)]] is not None or not path:
+                return None
+            slots[where[id(node)]] = path
+        elif not isinstance(node, torch.Tensor) and id(node) not in seen:
+            seen.add(id(node))
+            if isinstance(node, (list, dict)):
+                items, through_dict = (node.items() if isinstance(node, dict) else enumerate(node)), False
+            elif type(getattr(node, "__dict__", None)) is dict:
+                items, through_dict = vars(node).items(), True
+            else:
+                continue
+            pending.extend((child, (*path, (through_dict, key))) for key, child in items)
+    return None if any(slot is None for slot in slots) else slots
+
+
+def leaf_places(target: Any, slots: list, before: list) -> list | None:
+    """The (container, key) holding each ``before`` leaf in ``target``, found along ``slots``
+    (from ``leaf_slots``); None where some slot does not hold its leaf."""
+    places = []
+    for path, old in zip(slots, before):
+        node = target
+        try:
+            for through_dict, key in path:
+                container = vars(node) if through_dict else node
+                if not isinstance(container, (list, dict)):
+                    return None
+                node = container[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+        if node is not old:
+            return None
+        places.append((container, key))
+    return places
+
+
+def write_places(places: list, leaves: list) -> None:
+    """What ``write_back`` does when fn left an argument's structure as it was: each new leaf where the old one sat."""
+    for (container, key), leaf in zip(places, leaves):
+        container[key] = leaf
+
+
+# Values whose state is their identity: a dict or list holding them changes only by a write.
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class LeftAsWritten:
+    """A rebound argument as the last call's write left it, for the next call to see in a
+    few C calls that nothing changed it since: then its leaves are where that call wrote
+    them and its structure is the captured one, so it is not flattened again (Note
+    invariant 5).  Sound for node types whose flatten reads only the argument's objects,
+    dicts, lists and tuples, which this watches: each dict's PEP 509 version (which
+    every write moves), each object's class and ``__dict__``, each list's elements.
+    The argument is held weakly; its death drops the entry."""
+
+    def __init__(self, ref: Any, root: Any, places: list, objects: list, dicts: list, lists: list) -> None:
+        self.root, self.root_class, self.root_dict = ref, type(root), vars(root)  # held weakly, by ref
+        self.places = places  # (container, key) of each leaf
+        self.objects = objects  # (object, class, __dict__) of each object below the root
+        self.dicts = dicts
+        self.lists = lists
+        self.refresh()
+
+    @classmethod
+    def watch(cls, root: Any, places: list, forget: Callable) -> "LeftAsWritten | None":
+        """An entry for ``root`` (just written at ``places``), or None where its state holds
+        something this cannot watch (a set, an object without ``__dict__``, ...), this
+        Python has no dict versions, or ``root`` cannot be held weakly or reaches itself."""
+        if not _dict_version({}) or type(getattr(root, "__dict__", None)) is not dict:
+            return None
+        try:
+            ref = weakref.ref(root, forget)
+        except TypeError:
+            return None
+        objects, dicts, lists = [], [], []
+        seen: set = set()
+        pending = [root]
+        while pending:
+            node = pending.pop()
+            if type(node) in _ATOMS or isinstance(node, (type, torch.Tensor)):
+                continue
+            if id(node) in seen:
+                if node is root:  # held through its own state, it would never die
+                    return None
+                continue
+            seen.add(id(node))
+            if type(node) is dict:
+                dicts.append(node)
+                pending.extend(node.values())
+            elif type(node) is list:
+                lists.append(node)
+                pending.extend(node)
+            elif isinstance(node, tuple) and not hasattr(node, "__dict__"):  # tuples, torch.Size, namedtuples
+                pending.extend(node)
+            elif isinstance(node, (dict, list)):  # a subclass: an OrderedDict's order moves no version
+                return None
+            elif type(getattr(node, "__dict__", None)) is dict and not _has_slots(type(node)):
+                if node is not root:
+                    objects.append((node, type(node), vars(node)))
+                dicts.append(vars(node))
+                pending.extend(vars(node).values())
+            else:
+                return None
+        return cls(ref, root, places, objects, dicts, lists)
+
+    def unchanged(self, argument: Any) -> bool:
+        """Whether ``argument`` is the watched one, as the last write left it."""
+        return (
+            self.root() is argument
+            and type(argument) is self.root_class
+            and vars(argument) is self.root_dict
+            and [*map(_dict_version, self.dicts)] == self.versions
+            and all(map(_same_elements, self.lists, self.elements))
+            and all(type(node) is cls and vars(node) is state for node, cls, state in self.objects)
+        )
+
+    def leaves(self) -> list:
+        return [container[key] for container, key in self.places]
+
+    def refresh(self) -> None:
+        """Record the state just written as the state to compare with."""
+        self.versions = [*map(_dict_version, self.dicts)]
+        self.elements = [*map(tuple, self.lists)]
+
+
+def _same_elements(items: list, kept: tuple) -> bool:
+    return len(items) == len(kept) and all(map(operator.is_, items, kept))
+
+
+def _has_slots(cls: type) -> bool:
+    """Whether instances keep state in slots (beyond ``__dict__``; ``abc.ABC``'s empty ``__slots__`` keep none)."""
+    for base in cls.__mro__:
+        slots = vars(base).get("__slots__", ())
+        if set((slots,) if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
+            return True
+    return False
 
 
 def _walk_leaf_paths(spec: pytree.TreeSpec, path: tuple, paths: list) -> None:
@@ -1789,6 +1948,11 @@ def _forget(cache: dict, key: tuple, _dead_ref: Any) -> None:
     cache.pop(key, None)
 
 
+def _forget_written(written: dict, position: int, dead_ref: Any) -> None:
+    if getattr(written.get(position), "root", None) is dead_ref:  # not a later argument's entry
+        del written[position]
+
+
 def _picker(positions: Any) -> Callable[[Any], tuple]:
     """``seq -> tuple(seq[i] for i in positions)`` as one C call (the driver's hot path)."""
     if not positions:
@@ -2047,6 +2211,8 @@ class PrecompiledFunction:
         self._argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
         self._ordered_dicts = frozenset(convention.ordered_dicts)
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
+        self._rebound_in_place = self._plan_rebound_writes()
+        self._written: dict[int, LeftAsWritten] = {}  # by position: rebound arguments as the last call wrote them
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
         # the guard and value checks below catch a container passed instead.
         self._flat_inputs = self._input_spec.type is tuple and all(
@@ -2057,7 +2223,11 @@ class PrecompiledFunction:
         self._pick_tensor_inputs = _picker(self._tensor_inputs)
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
-        self._free_inputs = [(i, inputs[i].tensor) for i in self._tensor_inputs if inputs[i].tensor.free_dims]
+        self._free_inputs = [
+            (i, MEMORY_FORMATS[inputs[i].tensor.memory_format], inputs[i].tensor.free_dims)
+            for i in self._tensor_inputs
+            if inputs[i].tensor.free_dims
+        ]
         self._sizes = convention.sizes
         self._num_outputs = len(convention.output_tensors)  # a tensor fn returns twice is one graph output
         self._num_graph_outputs = self._num_outputs + len(convention.grad_state)
@@ -2197,7 +2367,7 @@ class PrecompiledFunction:
             return outputs[0]
         if self._plain_outputs:
             return tuple([outputs[i] for i in self._output_indices])
-        return self._rebuild_outputs(outputs, args)
+        return self._rebuild_outputs(outputs, args, leaves)
 
     def _store_results(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
         """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
@@ -2548,12 +2718,32 @@ class PrecompiledFunction:
     # -- user inputs ---------------------------------------------------------
 
     def _flatten(self, user_args: tuple) -> list:
+        if self._written:
+            leaves = self._flatten_unless_written(user_args)
+            if leaves is not None:
+                return leaves
         # The captured spec on the left: a ContextRepr in it compares first.
         leaves, spec = pytree.tree_flatten(tuple(user_args))
         if self._input_spec != spec:
             leaves, spec = pytree.tree_flatten(self._conform_dict_order(user_args))
             if self._input_spec != spec:
                 self._raise_structure_mismatch(user_args)
+        return leaves
+
+    def _flatten_unless_written(self, user_args: tuple) -> list | None:
+        """The leaves, read where the last call wrote them for each argument nothing changed
+        since (``LeftAsWritten``), the other arguments flattened; None where one of those has
+        another structure (the full flatten conforms dict order or names the difference)."""
+        leaves, written, specs = [], self._written, self._argument_specs
+        for position, argument in zip(self._user_positions, user_args):
+            entry = written.get(position)
+            if entry is not None and entry.unchanged(argument):
+                leaves += entry.leaves()
+                continue
+            argument_leaves, spec = pytree.tree_flatten(argument)
+            if specs[position] != spec:
+                return None
+            leaves += argument_leaves
         return leaves
 
     def _conform_dict_order(self, user_args: tuple) -> tuple:
@@ -2596,24 +2786,21 @@ class PrecompiledFunction:
         return _leaf_path(self._user_positions[positional.idx], tuple(rest))
 
     def _free_sizes(self, leaves: list) -> list:
-        """Sizes of the free dims (graph inputs), after checking bounds and shape groups."""
-        groups: dict[int, tuple[int, int, int]] = {}  # group -> (size, leaf, dim)
-        for index, spec in self._free_inputs:
+        """Sizes of the free dims (graph inputs, the convention's ``sizes`` order), after
+        checking layouts, bounds and shape groups."""
+        sizes, by_group = [], {}
+        for index, memory_format, free_dims in self._free_inputs:
             tensor = leaves[index]
-            if not tensor.is_contiguous(memory_format=MEMORY_FORMATS[spec.memory_format]):
-                check_tensor(self._input_path(index), tensor, spec, self.convention.backend)
-            for dim, group, low, high in spec.free_dims:
-                size = tensor.shape[dim]
+            if not tensor.is_contiguous(memory_format=memory_format):
+                self._check_free_input(index, leaves)
+            shape = tensor.shape
+            for dim, group, low, high in free_dims:
+                size = shape[dim]
                 if size < low or (high is not None and size > high):
-                    check_tensor(self._input_path(index), tensor, spec, self.convention.backend)
-                first = groups.setdefault(group, (size, index, dim))
-                if first[0] != size:
-                    raise PrecompileError(
-                        f"{self._input_path(index)} dim {dim} has size {size} but "
-                        f"{self._input_path(first[1])} dim {first[2]} has size {first[0]}; the "
-                        "captured graph requires them equal"
-                    )
-        sizes = [leaves[index].shape[dim] for index, dim in self._sizes]
+                    self._check_free_input(index, leaves)
+                if by_group.setdefault(group, size) != size:
+                    self._raise_unequal_group(index, dim, group, leaves)
+                sizes.append(size)
         for fact in self.convention.size_facts:
             if not fact.holds(sizes):
                 names = [f"{self._input_path(index)} dim {dim}" for index, dim in self._sizes]
@@ -2624,6 +2811,21 @@ class PrecompiledFunction:
                     "with example inputs whose sizes take the branch these do"
                 )
         return sizes
+
+    def _check_free_input(self, index: int, leaves: list) -> None:
+        """The full check of a free-dim input the fast test doubted (a PrecompileError naming it, if it fails)."""
+        check_tensor(self._input_path(index), leaves[index], self.convention.inputs[index].tensor, self.convention.backend)
+
+    def _raise_unequal_group(self, index: int, dim: int, group: int, leaves: list) -> None:
+        """Names ``index``'s ``dim`` and the first dim of ``group``, whose sizes differ."""
+        first, first_dim = next(
+            (i, d) for i, _, free_dims in self._free_inputs for d, g, _, _ in free_dims if g == group
+        )
+        raise PrecompileError(
+            f"{self._input_path(index)} dim {dim} has size {leaves[index].shape[dim]} but "
+            f"{self._input_path(first)} dim {first_dim} has size {leaves[first].shape[first_dim]}; "
+            "the captured graph requires them equal"
+        )
 
     # -- the slow path -------------------------------------------------------
 
@@ -2722,7 +2924,35 @@ class PrecompiledFunction:
             )
         return outputs
 
-    def _rebuild_outputs(self, outputs: Any, args: tuple) -> Any:
+    def _plan_rebound_writes(self) -> dict:
+        """Per rebound argument that fn leaves with its captured structure (only tensors
+        rebound, as a DynamicCache's layers are): (its node in the output spec, its first
+        output leaf, its first input leaf, its leaf slots), so that a call writes the new
+        leaves straight into the caller's object instead of rebuilding and merging it."""
+        rebound = self.convention.rebound_inputs
+        if not rebound:
+            return {}
+        result_spec, after_spec = self._output_spec.children()
+        node, out_start = 2 + result_spec.num_nodes, result_spec.num_leaves  # the root, result, the tuple
+        starts = dict(zip(self._user_positions, itertools.accumulate(
+            (spec.num_leaves for spec in self._input_spec.children()), initial=0)))
+        plans = {}
+        for position, spec in zip(rebound, after_spec.children()):
+            slots = leaf_slots(spec) if spec == self._argument_specs[position] else None
+            if slots is not None:
+                plans[position] = (node, out_start, starts[position], slots)
+            node, out_start = node + spec.num_nodes, out_start + spec.num_leaves
+        return plans
+
+    def _watch_written(self, position: int, argument: Any, places: list) -> None:
+        forget = functools.partial(_forget_written, self._written, position)
+        entry = LeftAsWritten.watch(argument, places, forget)
+        if entry is None:
+            self._written.pop(position, None)
+        else:
+            self._written[position] = entry
+
+    def _rebuild_outputs(self, outputs: Any, args: tuple, inputs: list) -> Any:
         leaves = [
             outputs[leaf.graph_output] if leaf.graph_output is not None else leaf.value
             for leaf in self.convention.outputs
@@ -2733,12 +2963,28 @@ class PrecompiledFunction:
         # Invariant 5: the caller's input objects, as eager leaves and returns them.
         specs = self._argument_specs
         substitutes = {index: node_at(args[position], specs[position], node) for index, position, node in returned}
+        written = set()
+        for position, (node, out_start, in_start, slots) in self._rebound_in_place.items():
+            argument, count = args[position], len(slots)
+            entry = self._written.get(position)
+            if entry is not None and entry.unchanged(argument):
+                write_places(entry.places, leaves[out_start : out_start + count])
+                entry.refresh()
+            else:
+                places = leaf_places(argument, slots, inputs[in_start : in_start + count])
+                if places is None:
+                    continue
+                write_places(places, leaves[out_start : out_start + count])
+                self._watch_written(position, argument, places)
+            substitutes[node] = None  # not rebuilt
+            written.add(position)
         result = unflatten_substituting(leaves, self._output_spec, substitutes)
         if not rebound:
             return result
         result, after = result
         for position, argument in zip(rebound, after):
-            write_back(args[position], argument)
+            if position not in written:
+                write_back(args[position], argument)
         return result
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
