@@ -990,7 +990,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositi
 
 
 def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, recorded: dict, decompositions) -> tuple:
-    """Symbolic make_fx with marked dims as unbacked symints (design.md section 2).
+    """Symbolic make_fx with marked dims as unbacked symints (Note invariant 3).
 
     A data-dependent guard ``Eq(a, b)`` between two marked dims whose example
     sizes agree means the graph requires them equal: they are merged into one
@@ -2490,7 +2490,7 @@ def _keep_user_frames(graph: torch.fx.Graph) -> None:
         node.stack_trace = "".join(traceback.format_list([frame])) if frame else None
 
 
-# Inductor config pinned for lowering (see ../shared/design.md section 2): kernels
+# Inductor config pinned for lowering: kernels
 # size their scratch by the runtime thread count, Python wrapper only, and
 # random ops use ATen's RNG so results match eager under torch.manual_seed.
 _INDUCTOR_CONFIG = {

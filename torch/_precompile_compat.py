@@ -2,8 +2,8 @@
 
 Supported: torch 2.11 to 2.14 (``SUPPORTED_TORCH``); importing this module on
 another release raises ImportError naming it.  Every private torch API that
-``torch/_precompile.py``, ``torch/_precompile_capture.py`` (and the
-entry-point shim ``torch_precompile.py``) use goes through one name here,
+``torch/_precompile*.py`` module outside the driver uses (and the installed
+package ``torch_precompile``, which re-exports them) goes through one name here,
 with a line saying what torch lacks and what there is instead; where an
 internal differs between releases, each path names the releases it covers
 (``TORCH_RELEASE``).

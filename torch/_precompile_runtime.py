@@ -39,11 +39,11 @@ from torch.utils.hooks import RemovableHandle
 
 
 # ---------------------------------------------------------------------------
-# --- torch 2.13 internals the driver relies on (see torch/_precompile_compat.py) ---
+# --- torch 2.11-2.14 internals the driver relies on (see torch/_precompile_compat.py) ---
 # The driver runs inside artifacts where only torch is installed, so it cannot
 # import the compat module: every private torch name it uses is bound here,
 # once, at module level (the per-call path pays no extra lookup), with what
-# 2.13 lacks.  test/test_precompile_compat.py pins each against the installed
+# those releases lack.  test/test_precompile_compat.py pins each against the installed
 # torch and checks that the rest of this file uses none of them directly.
 # ---------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def _owner_dict(module: torch.nn.Module, fqn: str, kind: str) -> tuple[dict, str
 
 
 # Hooks run by eager but not by the graph (Note invariant 11); keyed by the
-# attribute holding them.  torch 2.13 registers hooks publicly but cannot list
+# attribute holding them.  torch 2.11-2.14 register hooks publicly but cannot list
 # them: private attributes of nn.Module, Tensor, torch.nn.modules.module
 # (``_global`` + the module attribute) and Optimizer.
 _MODULE_HOOKS = {
@@ -219,7 +219,7 @@ def _resolve_process_group(group_name: str) -> Any:
 _DDP_BUFFER_SYNC = ("forward_sync_buffers", "broadcast_buffers")
 
 
-# --- end of torch 2.13 internals ---
+# --- end of torch 2.11-2.14 internals ---
 
 
 _PrecompileError = None
