@@ -2,7 +2,7 @@
 """The private torch internals torch.compiler.precompile relies on, pinned (each supported release: 2.11-2.14).
 
 One test per shim in ``torch/_precompile_compat.py`` (capture) and in the
-driver's section "torch 2.13 internals the driver relies on"
+driver's section "torch 2.11-2.14 internals the driver relies on"
 (``torch/_precompile_runtime.py``): each asserts that the internal exists in
 the installed torch with the signature and behaviour precompile relies on,
 so a torch upgrade that moves or changes one fails here, in one place.
@@ -64,8 +64,8 @@ PRIVATE_NAMES = {
 }
 COMPAT = REPO / "torch" / "_precompile_compat.py"
 DRIVER = REPO / "torch" / "_precompile_runtime.py"
-SECTION_START = "# --- torch 2.13 internals the driver relies on"
-SECTION_END = "# --- end of torch 2.13 internals ---"
+SECTION_START = "# --- torch 2.11-2.14 internals the driver relies on"
+SECTION_END = "# --- end of torch 2.11-2.14 internals ---"
 
 
 def _private_uses(source: str, skip_lines: range = range(0)) -> list[str]:

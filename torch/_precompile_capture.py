@@ -4,7 +4,7 @@
 so a warm start imports only ``torch._precompile`` (the API, the artifact
 format and the load pipeline) and the driver.  The contract it enforces is
 Note [precompile programming model] in ``torch/_precompile.py``; the private
-torch 2.13 internals it relies on go through ``torch/_precompile_compat.py``.
+torch 2.11-2.14 internals it relies on go through ``torch/_precompile_compat.py``.
 """
 
 import ast

@@ -14,7 +14,7 @@ or changes one fails there, in one place, rather than deep inside a capture.
 
 The driver (``torch/_precompile_runtime.py``) is embedded in every artifact
 and runs where only torch is installed, so it cannot import this module: its
-own private uses are gathered in its section "torch 2.13 internals the driver
+own private uses are gathered in its section "torch 2.11-2.14 internals the driver
 relies on", pinned by the same test file.
 
 Importing this module is cheap (the shim imports it during ``import torch``):
