@@ -16,6 +16,7 @@ import datetime
 import importlib.util
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -187,7 +188,35 @@ def example_models() -> dict:
 
     models["fsdp"] = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
     models["fully_shard"] = fully_shard(make_model())
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module, RowwiseParallel
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    MESH.append(init_device_mesh("cpu", (dist.get_world_size(),)))
+    models["tensor_parallel"] = parallelize_module(make_model(), MESH[0], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     return models
+
+
+MESH = []  # every rank's device mesh over the world, made with the models
+
+
+def all_reduces(model, x, y):
+    loss = step(model, x, y)
+    dist.all_reduce(loss)
+    return loss
+
+
+def all_reduces_functionally(model, x, y):
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(F.cross_entropy(model(x), y), "sum", dist.group.WORLD)
+
+
+def redistributes(model, x, y):
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    sharded = DTensor.from_local(model(x), MESH[0], [Shard(0)], run_check=False)
+    return F.cross_entropy(sharded.redistribute(sharded.device_mesh, [Replicate()]).to_local(), y.repeat(2))
 
 
 def precompile_all(backend: str, models: dict) -> dict:
@@ -274,6 +303,16 @@ def capture_refusals(backend: str, models: dict) -> dict:
         out["buffers_in_no_sync"] = refusal(
             lambda: torch_precompile.precompile(step, models["batchnorm"], x, y, backend=backend)
         )
+    # Collectives in fn: refused at once, though rank 1 is not capturing (it waits in a barrier).
+    for name, fn, model in (
+        ("all_reduce", all_reduces, make_model()),
+        ("functional_all_reduce", all_reduces_functionally, make_model()),
+        ("redistribute", redistributes, make_model()),
+        ("tensor_parallel", step, models["tensor_parallel"]),
+    ):
+        started = time.monotonic()
+        out[name] = refusal(lambda: torch_precompile.precompile(fn, model, x, y, backend=backend))
+        out[f"{name}_seconds"] = time.monotonic() - started
     return out
 
 

@@ -261,6 +261,28 @@ class TestDataParallel(_JobResults):
         )
         self.assertRegex(refusals["fsdp"], r"^args\[0\] is a FullyShardedDataParallel \(FSDP\)")
         self.assertRegex(refusals["fully_shard"], r"^args\[0\] is a FSDPSequential \(FSDP\)")
+        self.assertRegex(
+            refusals["tensor_parallel"],
+            r"^args\[0\]\.0\.weight is a DTensor \(\(Shard\(dim=0\),\) on a 1-D device mesh\), as tensor parallel",
+        )
+        self.assertNotIn("Remove it", refusals["tensor_parallel"])  # its hooks carry the sharding
+
+    def test_capture_runs_no_collective(self):
+        """Rank 0 captures alone while rank 1 waits elsewhere: a collective in fn is refused at once
+        (the other rank never joins it), naming the op and fn's line."""
+        refusals = self.ranks[0]["capture_refusals"]
+        for name, op in (
+            ("all_reduce", r"c10d\.allreduce_\.default"),
+            ("functional_all_reduce", r"_c10d_functional\.all_reduce\.default"),
+            ("redistribute", r"_c10d_functional\.all_gather_into_tensor\.default"),
+        ):
+            self.assertRegex(
+                refusals[name],
+                rf"^fn runs the collective {op} at .*_precompile_ddp_worker\.py:\d+ .*while it is captured\. "
+                r"Capture runs in one process",
+            )
+        for name in ("all_reduce", "functional_all_reduce", "redistribute", "tensor_parallel"):
+            self.assertLess(refusals[f"{name}_seconds"], 10, name)
 
 
 @needs_gloo

@@ -524,7 +524,11 @@ says who guarantees it and, where it is enforced, which tests (in
    so a ``.grad`` of None passes zeros the runnable makes once and keeps
    (``grad_inputs_read_only``).
    gradient_as_bucket_view and the bucket cap are recorded; values do not
-   depend on them.  Tested on 2
+   depend on them.  Any other collective fn runs (``torch.distributed``'s,
+   functional collectives, a DTensor's redistribution) is refused when the
+   trace reaches it, before it communicates: the other ranks do not join a
+   capture.  Sharded tensors (DTensor arguments or module state, from tensor
+   parallel or FSDP2; FSDP wrappers) are refused before any trace.  Tested on 2
    gloo ranks against eager DDP, per rank, on both backends
    (test_precompile_distributed.py TestDataParallel).
 """

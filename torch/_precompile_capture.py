@@ -141,6 +141,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     # gradient-accumulator hooks must skip the DDP arguments' parameters).
     for position, module in zip(module_positions, modules):
         ddp.refuse_sharded_wrappers(f"args[{position}]", module)
+    _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
     data_parallel = [
         ddp.data_parallel_argument(index, f"args[{position}]", module, lifted)
         for index, (position, module) in enumerate(zip(module_positions, modules))
@@ -559,6 +560,14 @@ class _CaptureGuard(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
+        if func.namespace in _COLLECTIVE_NAMESPACES:
+            raise _collective_error(func)
+        if _holds_dtensor((args, kwargs)):  # made inside fn: an op on it may communicate inside its dispatch
+            raise PrecompileError(
+                f"fn computes with a DTensor ({func}){_user_line(traceback.extract_stack())}: an op on a "
+                "DTensor may run collectives, which the other ranks do not join at capture, and sharded "
+                "tensors are not supported. Keep DTensors outside fn (pass .to_local() results)"
+            )
         self._refuse_untracked_writes(func, args, kwargs)
         if torch.Tag.dynamic_output_shape in func.tags and _sized_by_values(func, args, kwargs):
             raise _data_dependent_size_error(func)
@@ -586,6 +595,44 @@ class _CaptureGuard(TorchDispatchMode):
                 f"fn writes in place ({func}) to {what}{_user_line(traceback.extract_stack())}, through a "
                 "reference precompile does not trace: the artifact would not repeat the write. "
                 "Update state through fn's module arguments (or its inputs), or do it outside fn"
+            )
+
+
+# Communication ops (torch.distributed's and its functional collectives).  DDP's all-reduce is
+# traced through stand-in ops (_precompile_ddp), which compute nothing at capture.
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
+
+
+def _collective_error(func) -> PrecompileError:
+    return PrecompileError(
+        f"fn runs the collective {func}{_user_line(traceback.extract_stack())} while it is captured. "
+        "Capture runs in one process, and the other ranks do not join it, so the collective would wait "
+        "until the process group times out. Inside fn, only DistributedDataParallel's gradient all-reduce "
+        "is supported: pass the DDP-wrapped model. Run other collectives outside fn"
+    )
+
+
+def _dtensor_class() -> type | None:
+    module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
+    return None if module is None else module.DTensor
+
+
+def _holds_dtensor(tree: Any) -> bool:
+    dtensor = _dtensor_class()
+    return dtensor is not None and any(isinstance(leaf, dtensor) for leaf in pytree.tree_leaves(tree))
+
+
+def _refuse_dtensors(named_tensors: list) -> None:
+    """DTensor arguments and module state (tensor parallel, FSDP2), named before any hook
+    check or trace: their hooks carry the sharding, and ops on them communicate."""
+    dtensor = _dtensor_class()
+    for what, tensor in named_tensors if dtensor is not None else ():
+        if isinstance(tensor, dtensor):
+            raise PrecompileError(
+                f"{what} is a DTensor ({tuple(tensor.placements)} on a {tensor.device_mesh.ndim}-D device "
+                "mesh), as tensor parallel (parallelize_module) and FSDP2 (fully_shard) make: sharded "
+                "tensors are not supported. Precompile the unsharded model (DistributedDataParallel is "
+                "supported), or run this one eagerly or with torch.compile"
             )
 
 
