@@ -263,7 +263,7 @@ class TestDataParallel(_JobResults):
         self.assertRegex(refusals["fully_shard"], r"^args\[0\] is a FSDPSequential \(FSDP\)")
         self.assertRegex(
             refusals["tensor_parallel"],
-            r"^args\[0\]\.0\.weight is a DTensor \(\(Shard\(dim=0\),\) on a 1-D device mesh\), as tensor parallel",
+            r"^args\[0\]\.0\.weight is a DTensor \(\(Shard\(dim=0\),\) on a device mesh of 2 ranks\), as tensor parallel",
         )
         self.assertNotIn("Remove it", refusals["tensor_parallel"])  # its hooks carry the sharding
 

@@ -565,6 +565,20 @@ class TestTensorSubclasses(TestCase):
         self.assertEqual(type(out).__name__, "DTensor")
         torch.testing.assert_close(out.full_tensor(), model(x).full_tensor())
 
+    def test_tensor_parallel_is_refused_without_advising_to_remove_its_hooks(self):
+        from torch.distributed.tensor import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (1,))
+        model = parallelize_module(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)), mesh, {"0": ColwiseParallel()})
+        for backend in ("eager", "inductor"):
+            with self.assertRaisesRegex(
+                PrecompileError,
+                r"^args\[0\]\.0 is parallelized by torch\.distributed \(a hook from torch\.distributed\.[\w.]+ "
+                r"redistributes what it computes.*\): tensor parallel and FSDP are not supported",
+            ):
+                torch_precompile.precompile(_infer, model, torch.randn(2, 4), backend=backend)
+
     def test_dtensor_inductor_refused(self):
         model, x = self._dtensor_case()
         with self.assertRaisesRegex(PrecompileError, r"parameter 'weight' is a DTensor: .*backend='eager'"):

@@ -527,8 +527,9 @@ says who guarantees it and, where it is enforced, which tests (in
    depend on them.  Any other collective fn runs (``torch.distributed``'s,
    functional collectives, a DTensor's redistribution) is refused when the
    trace reaches it, before it communicates: the other ranks do not join a
-   capture.  Sharded tensors (DTensor arguments or module state, from tensor
-   parallel or FSDP2; FSDP wrappers) are refused before any trace.  Tested on 2
+   capture.  Tensors sharded over ranks (DTensor arguments or module state on
+   a mesh of several ranks, from tensor parallel or FSDP2; FSDP wrappers) are
+   refused before any trace.  Tested on 2
    gloo ranks against eager DDP, per rank, on both backends
    (test_precompile_distributed.py TestDataParallel).
 """

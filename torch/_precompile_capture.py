@@ -142,6 +142,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     for position, module in zip(module_positions, modules):
         ddp.refuse_sharded_wrappers(f"args[{position}]", module)
     _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
+    _refuse_parallelized(runtime.named_submodules(module_positions, modules))
     data_parallel = [
         ddp.data_parallel_argument(index, f"args[{position}]", module, lifted)
         for index, (position, module) in enumerate(zip(module_positions, modules))
@@ -562,11 +563,11 @@ class _CaptureGuard(TorchDispatchMode):
             _refuse_optimizer_call(args[0])
         if func.namespace in _COLLECTIVE_NAMESPACES:
             raise _collective_error(func)
-        if _holds_dtensor((args, kwargs)):  # made inside fn: an op on it may communicate inside its dispatch
+        if any(map(_is_spread_dtensor, pytree.tree_leaves((args, kwargs)))):  # made inside fn
             raise PrecompileError(
-                f"fn computes with a DTensor ({func}){_user_line(traceback.extract_stack())}: an op on a "
-                "DTensor may run collectives, which the other ranks do not join at capture, and sharded "
-                "tensors are not supported. Keep DTensors outside fn (pass .to_local() results)"
+                f"fn computes with a DTensor over several ranks ({func}){_user_line(traceback.extract_stack())}: "
+                "an op on it may run collectives, which the other ranks do not join at capture, and sharded "
+                "tensors are not supported. Keep such DTensors outside fn (pass .to_local() results)"
             )
         self._refuse_untracked_writes(func, args, kwargs)
         if torch.Tag.dynamic_output_shape in func.tags and _sized_by_values(func, args, kwargs):
@@ -612,28 +613,41 @@ def _collective_error(func) -> PrecompileError:
     )
 
 
-def _dtensor_class() -> type | None:
+def _is_spread_dtensor(value: Any) -> bool:
+    """A DTensor whose mesh spans more than this process: ops on it may communicate, inside
+    DTensor's dispatch, where no trace sees them.  (One on a one-rank mesh, all local, is traced
+    as DTensor ops on backend='eager'.)"""
     module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
-    return None if module is None else module.DTensor
-
-
-def _holds_dtensor(tree: Any) -> bool:
-    dtensor = _dtensor_class()
-    return dtensor is not None and any(isinstance(leaf, dtensor) for leaf in pytree.tree_leaves(tree))
+    return module is not None and isinstance(value, module.DTensor) and value.device_mesh.size() > 1
 
 
 def _refuse_dtensors(named_tensors: list) -> None:
-    """DTensor arguments and module state (tensor parallel, FSDP2), named before any hook
-    check or trace: their hooks carry the sharding, and ops on them communicate."""
-    dtensor = _dtensor_class()
-    for what, tensor in named_tensors if dtensor is not None else ():
-        if isinstance(tensor, dtensor):
+    """DTensor arguments and module state over several ranks (tensor parallel, FSDP2), named
+    before any hook check or trace: their hooks carry the sharding, and ops on them communicate."""
+    for what, tensor in named_tensors:
+        if _is_spread_dtensor(tensor):
             raise PrecompileError(
-                f"{what} is a DTensor ({tuple(tensor.placements)} on a {tensor.device_mesh.ndim}-D device "
-                "mesh), as tensor parallel (parallelize_module) and FSDP2 (fully_shard) make: sharded "
-                "tensors are not supported. Precompile the unsharded model (DistributedDataParallel is "
+                f"{what} is a DTensor ({tuple(tensor.placements)} on a device mesh of {tensor.device_mesh.size()} "
+                "ranks), as tensor parallel (parallelize_module) and FSDP2 (fully_shard) make: tensors sharded "
+                "over ranks are not supported. Precompile the unsharded model (DistributedDataParallel is "
                 "supported), or run this one eagerly or with torch.compile"
             )
+
+
+def _refuse_parallelized(named_modules: list) -> None:
+    """A module hook of torch.distributed's (tensor parallel's input and output redistribution):
+    part of what the model computes, so not one to advise removing (the generic hook check's fix)."""
+    for path, module in named_modules:
+        for attribute in runtime.MODULE_HOOK_DICTS:
+            for hook in (getattr(module, attribute, None) or {}).values():
+                defined_in = getattr(getattr(hook, "func", hook), "__module__", None) or ""
+                if defined_in.startswith("torch.distributed"):
+                    raise PrecompileError(
+                        f"{path} is parallelized by torch.distributed (a hook from {defined_in} redistributes "
+                        "what it computes, as tensor parallel's parallelize_module installs): tensor parallel "
+                        "and FSDP are not supported. Precompile the unparallelized model "
+                        "(DistributedDataParallel is supported), or run this one eagerly or with torch.compile"
+                    )
 
 
 def _sized_by_values(func, args: tuple, kwargs: dict) -> bool:
