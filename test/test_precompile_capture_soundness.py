@@ -14,6 +14,7 @@ import importlib.util
 import os
 import re
 import shutil
+import types
 
 import torch
 import torch.nn as nn
@@ -122,6 +123,30 @@ class TestCaptureSoundness(TestCase):
                 precompile(fn, m, x, backend=backend)
             self.assertUnchanged(before, _snapshot(m, optimizer))
         self.assertEqual(counter.item(), 0)
+
+    @parametrize("backend", BACKENDS)
+    def test_write_to_module_state_through_another_reference_says_so(self, backend):
+        # As transformers' TorchExportableModuleWithStaticCache does: a buffer also held by a plain-attribute object.
+        class KeepsAnAlias(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+                self.register_buffer("calls", torch.zeros(()))
+                self.holder = types.SimpleNamespace(calls=self.calls)
+
+            def forward(self, x):
+                self.holder.calls.add_(1)
+                return self.lin(x)
+
+        model = KeepsAnAlias()
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"fn writes in place \(aten\.add_\.Tensor\) to args\[0\]\.calls \(buffer\) at {THIS_FILE}:\d+ .*"
+            r"this write reached the same tensor through another reference .*pass the object holding the tensor "
+            r"as an argument of fn",
+        ):
+            precompile(lambda m, x: m(x), model, torch.randn(2, 4), backend=backend)
+        self.assertEqual(model.calls.item(), 0)
 
     def test_rebinding_caller_grad_refused_and_restored(self):
         m, optimizer, x, y = self._trained()

@@ -592,10 +592,17 @@ class _CaptureGuard(TorchDispatchMode):
             what = self.caller_tensors.get(_storage_address(tensor)) or (
                 f"a tensor of shape {tuple(tensor.shape)} that is neither an argument of fn nor created inside it"
             )
+            fix = "Update state through fn's module arguments (or its inputs), or do it outside fn"
+            if what.endswith(("(parameter)", "(buffer)")):  # module state, reached another way
+                fix = (
+                    "The trace follows the module's own attribute; this write reached the same tensor through "
+                    "another reference (an object the module keeps in a plain attribute, a closure, a global). "
+                    "Write through the module's attribute, or pass the object holding the tensor as an "
+                    "argument of fn (for a transformers cache: past_key_values=cache)"
+                )
             raise PrecompileError(
                 f"fn writes in place ({func}) to {what}{_user_line(traceback.extract_stack())}, through a "
-                "reference precompile does not trace: the artifact would not repeat the write. "
-                "Update state through fn's module arguments (or its inputs), or do it outside fn"
+                f"reference precompile does not trace: the artifact would not repeat the write. {fix}"
             )
 
 
