@@ -360,6 +360,20 @@ class TestCaptureInternals(TestCase):
         (x * 3).sum().backward()
         self.assertEqual(ran, [6.0])  # after backward, with the gradient accumulated
 
+    @unittest.skipUnless(torch.distributed.is_available(), "needs torch.distributed")
+    def test_collective_namespaces_hold_the_collectives(self):
+        import torch.distributed._functional_collectives  # noqa: F401  (registers the autograd forms)
+
+        ops = {
+            "c10d": ("allreduce_", "broadcast_", "allgather_", "barrier"),
+            "_c10d_functional": ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor"),
+            "_c10d_functional_autograd": ("all_to_all_single",),
+        }
+        for namespace, names in ops.items():
+            self.assertIn(namespace, compat.COLLECTIVE_NAMESPACES)
+            for name in names:
+                self.assertEqual(getattr(getattr(torch.ops, namespace), name).default.namespace, namespace)
+
     def test_mode_queries_are_wrapped_on_both_modules_and_restored(self):
         originals = {name: getattr(torch, name) for name in compat.MODE_QUERIES}
         for name, modules in compat.MODE_QUERIES.items():

@@ -561,7 +561,7 @@ class _CaptureGuard(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
-        if func.namespace in _COLLECTIVE_NAMESPACES:
+        if func.namespace in compat.COLLECTIVE_NAMESPACES:  # DDP's all-reduce is traced through stand-ins
             raise _collective_error(func)
         if any(map(_is_spread_dtensor, pytree.tree_leaves((args, kwargs)))):  # made inside fn
             raise PrecompileError(
@@ -604,11 +604,6 @@ class _CaptureGuard(TorchDispatchMode):
                 f"fn writes in place ({func}) to {what}{_user_line(traceback.extract_stack())}, through a "
                 f"reference precompile does not trace: the artifact would not repeat the write. {fix}"
             )
-
-
-# Communication ops (torch.distributed's and its functional collectives).  DDP's all-reduce is
-# traced through stand-in ops (_precompile_ddp), which compute nothing at capture.
-_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
 
 
 def _collective_error(func) -> PrecompileError:

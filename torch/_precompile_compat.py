@@ -28,9 +28,9 @@ Not routed here, on purpose: op introspection (``torch._ops.OpOverload`` /
 uses and 2.13 offers no public alternative for.  Atomic writes: 2.13 has only
 private helpers (``torch._inductor.codecache.write_atomic``, which imports
 Inductor, and ``torch._dynamo.aot_compile.atomic_write_binary``), so the
-kernel store keeps its own ``_write_atomically`` (the load path must not
-import Inductor).  MKLDNN: the public ``torch.backends.mkldnn.flags`` is used
-directly.
+kernel store (``torch/_precompile_kernel_store.py``) keeps its own
+``write_atomically`` (the load path must not import Inductor).  MKLDNN: the
+public ``torch.backends.mkldnn.flags`` is used directly.
 """
 
 import contextlib
@@ -648,6 +648,12 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run ``callback`` once the current backward pass finishes (DDP's python reducer does
     the same); torch 2.11-2.14 have no public API for it."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+# The op namespaces of torch.distributed's communication, same in 2.11-2.14: ProcessGroup's
+# ops (``c10d``), the functional collectives and their legacy and autograd forms.  torch has
+# no public list of them (nor a tag on the ops).
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
 
 
 def data_parallel_collectives() -> tuple[Any, Any, Any]:
