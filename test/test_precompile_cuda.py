@@ -40,6 +40,7 @@ from torch_precompile import (
     _precompile as precompile_module,
     _precompile_compat as compat_module,
     _precompile_format as format_module,
+    _precompile_kernel_store as kernel_store,
     _precompile_runtime as runtime,
     PrecompileError,
 )
@@ -303,7 +304,7 @@ class TestCudaCacheLayout(TestCase):
 
     def test_store_names_gpu_kernels_by_their_kind(self):
         with tempfile.TemporaryDirectory() as tmp:
-            files = precompile_module._place_kernels(
+            files = kernel_store.place_kernels(
                 tmp, {"a" * 64 + ".cubin": ("1" * 64, b"\x7fELF"), "a" * 64 + ".json": ("2" * 64, b"{}"), "b" * 64: ("3" * 64, b"so")}
             )
             self.assertEqual(

@@ -30,6 +30,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 import torch_precompile
 import torch_precompile._precompile as precompile_module
 import torch_precompile._precompile_format as format_module
+import torch_precompile._precompile_kernel_store as kernel_store
 from torch_precompile import PrecompileError
 
 
@@ -124,7 +125,7 @@ class _StoreTestCase(TestCase):
             str(caught[0].message),
             f"not using the kernel store {re.escape(self.store)} \\(.*({cause}).*\\); using the private directory",
         )
-        fallback = precompile_module._fallback_directory()
+        fallback = kernel_store.fallback_directory()
         self.assertTrue(all(os.path.dirname(path) == fallback for path in files.values()), files)
         self.assertEqual(stat.S_IMODE(os.stat(fallback).st_mode), 0o700)
         self.assert_loads_correctly()
@@ -215,7 +216,7 @@ class TestUntrustedStore(_StoreTestCase):
     def test_group_writable_directories_of_a_private_group_are_used(self):
         # umask 0002 with user private groups: Inductor's directories are 0775.
         gid = os.getegid()
-        if not precompile_module._is_private_group(gid):
+        if not kernel_store._is_private_group(gid):
             self.skipTest("this user's group is not a user private group")
         os.makedirs(self.store)
         for directory in (self.root, self.store):
@@ -276,9 +277,9 @@ class TestStoreLocation(TestCase):
         for variable in set(variables) - set(environment):
             os.environ.pop(variable, None)
         with mock.patch.object(tempfile, "tempdir", None):  # where gettempdir() caches its answer
-            self.assertEqual(precompile_module._user_name(), getpass.getuser())
+            self.assertEqual(kernel_store._user_name(), getpass.getuser())
             self.assertEqual(
-                precompile_module._kernel_directory(), os.path.join(default_cache_dir(), "precompile_kernels")
+                kernel_store.kernel_directory(), os.path.join(default_cache_dir(), "precompile_kernels")
             )
 
 
@@ -296,7 +297,7 @@ class TestUnwritableStore(_StoreTestCase):
                 raise OSError(28, "No space left on device")
             return real_replace(src, dst)
 
-        with mock.patch.object(precompile_module.os, "replace", replace):
+        with mock.patch.object(kernel_store.os, "replace", replace):
             self.assert_uses_fallback("No space left on device")
 
     @contextlib.contextmanager
@@ -323,8 +324,8 @@ class TestUnwritableStore(_StoreTestCase):
 
     def test_no_writable_location_is_a_precompile_error(self):
         with self.tmpfs("size=1m,mode=0700,ro"):
-            precompile_module._fallback_directory.cache_clear()
-            self.addCleanup(precompile_module._fallback_directory.cache_clear)
+            kernel_store.fallback_directory.cache_clear()
+            self.addCleanup(kernel_store.fallback_directory.cache_clear)
             with mock.patch.object(tempfile, "tempdir", self.root):
                 with self.assertRaisesRegex(
                     PrecompileError,

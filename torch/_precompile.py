@@ -545,7 +545,6 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-import atexit
 import contextlib
 import functools
 import gc
@@ -556,11 +555,7 @@ import logging
 import marshal
 import os
 import pprint
-import re
-import shutil
-import stat
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -568,7 +563,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _precompile_compat as compat, _precompile_runtime as runtime
+from . import _precompile_compat as compat, _precompile_kernel_store as kernel_store, _precompile_runtime as runtime
 from ._precompile_format import (
     _BYTECODE_MAGIC,
     _build_environment,
@@ -686,10 +681,6 @@ def _copy_of(value: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-class _StoreUnusable(Exception):
-    """A kernel store directory cannot be used; the message names the path and cause."""
-
-
 @functools.lru_cache(maxsize=None)
 def _warn_once(message: str) -> None:
     # Called by load()'s helpers: the warning points at load()'s caller.
@@ -753,57 +744,19 @@ def _bound_kernels(kernels: dict[str, bytes], digests: dict[str, str], hashes: d
     return bound
 
 
-def _kernel_directory() -> str:
-    # Mirrors torch._inductor.runtime.cache_dir_utils.cache_dir() without importing Inductor.
-    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if root is None:
-        root = os.path.join(_temp_directory(), "torchinductor_" + _user_name().translate(_PATH_UNSAFE))
-    return os.path.abspath(os.path.join(root, "precompile_kernels"))
-
-
-def _temp_directory() -> str:
-    """``tempfile.gettempdir()`` without the probe of its first call, which writes
-    and removes a file (~0.3 ms of a warm load): the first of its candidate
-    directories (TMPDIR, TEMP, TMP, then the system's) that this process may write."""
-    if tempfile.tempdir is None and os.name == "posix":
-        candidates = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")]
-        for candidate in [*filter(None, candidates), "/tmp", "/var/tmp", "/usr/tmp"]:
-            candidate = os.path.abspath(candidate)
-            if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
-                return candidate
-    return tempfile.gettempdir()
-
-
-_PATH_UNSAFE = str.maketrans(dict.fromkeys('\\/:*?"<>|', "_"))  # what Inductor replaces by "_"
-
-
-def _user_name() -> str:
-    """``getpass.getuser()``, as Inductor names its directory: importing getpass
-    (and termios with it) would cost a warm load ~0.8 ms."""
-    for variable in ("LOGNAME", "USER", "LNAME", "USERNAME"):
-        if os.environ.get(variable):
-            return os.environ[variable]
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (KeyError, ModuleNotFoundError):
-        return f"uid_{os.getuid()}"
-
-
 def _prime_kernels(kernels: dict) -> dict[str, str]:
     """Place the verified kernels in a private store; key -> path of a file holding exactly its bytes."""
     if not kernels:
         return {}
-    preferred = _kernel_directory()
+    preferred = kernel_store.kernel_directory()
     try:
-        return _place_kernels(_private_directory(preferred), kernels)
-    except _StoreUnusable as problem:
+        return kernel_store.place_kernels(kernel_store.private_directory(preferred), kernels)
+    except kernel_store.StoreUnusable as problem:
         store_problem = str(problem)
     try:
-        fallback = _fallback_directory()
-        files = _place_kernels(fallback, kernels)
-    except _StoreUnusable as problem:
+        fallback = kernel_store.fallback_directory()
+        files = kernel_store.place_kernels(fallback, kernels)
+    except kernel_store.StoreUnusable as problem:
         raise PrecompileError(
             f"cannot write the cache's compiled kernels, neither to the kernel store ({store_problem}) nor to "
             f"a private temporary directory ({problem}); set TORCHINDUCTOR_CACHE_DIR to a writable directory"
@@ -813,170 +766,6 @@ def _prime_kernels(kernels: dict) -> dict[str, str]:
         f"using the private directory {fallback} for this process"
     )
     return files
-
-
-def _private_directory(path: str) -> str:
-    """``path`` as a directory no other user can change, created (0700) if missing."""
-    try:
-        _make_private_dirs(path)
-        problem = _untrusted_reason(path)
-    except OSError as error:
-        raise _StoreUnusable(f"{error.filename or path}: {error.strerror or error}") from None
-    if problem is not None:
-        raise _StoreUnusable(f"{path} {problem}")
-    return path
-
-
-def _make_private_dirs(path: str) -> None:
-    if os.path.lexists(path):
-        return
-    _make_private_dirs(os.path.dirname(path))
-    with contextlib.suppress(FileExistsError):  # a concurrent loader made it
-        os.mkdir(path, 0o700)
-
-
-def _untrusted_reason(path: str) -> str | None:
-    """Why another local user could change what ``path`` holds; None if nobody can.
-
-    The store must be ours and writable only by us, and every directory above
-    it ours or root's and, if others can write it, sticky (like /tmp): else
-    someone could swap a verified file, or the whole store, before it loads.
-    """
-    uid = os.geteuid()
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        return "is a symlink"
-    if not stat.S_ISDIR(info.st_mode):
-        return "is not a directory"
-    if info.st_uid != uid:
-        return f"is owned by uid {info.st_uid}, not this user ({uid})"
-    if _writable_by_others(info):
-        return f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
-    parent = os.path.dirname(path)
-    while True:
-        info = os.stat(parent)
-        if info.st_uid not in (uid, 0):
-            return f"lies in {parent}, owned by uid {info.st_uid}"
-        if _writable_by_others(info) and not info.st_mode & stat.S_ISVTX:
-            return f"lies in {parent}, which group or others can write"
-        if parent == os.path.dirname(parent):
-            return None
-        parent = os.path.dirname(parent)
-
-
-def _writable_by_others(info: os.stat_result) -> bool:
-    if info.st_mode & stat.S_IWOTH:
-        return True
-    return bool(info.st_mode & stat.S_IWGRP) and not _is_private_group(info.st_gid)
-
-
-@functools.lru_cache(maxsize=None)
-def _is_private_group(gid: int) -> bool:
-    """Whether ``gid`` is this user's private group (named after the user, no other members).
-
-    With user private groups (the Debian/Fedora default, umask 0002), the
-    directories Inductor creates are group-writable by this user alone.
-    """
-    try:
-        import grp
-        import pwd
-
-        user = pwd.getpwuid(os.geteuid()).pw_name
-        group = grp.getgrgid(gid)
-    except (ImportError, KeyError):
-        return False
-    return group.gr_name == user and set(group.gr_mem) <= {user}
-
-
-@functools.lru_cache(maxsize=None)
-def _fallback_directory() -> str:
-    """A private directory for this process, removed at exit."""
-    try:
-        directory = tempfile.mkdtemp(prefix="torch_precompile_kernels_")
-    except OSError as error:
-        raise _StoreUnusable(f"{error.filename or tempfile.gettempdir()}: {error.strerror or error}") from None
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    return directory
-
-
-def _place_kernels(directory: str, kernels: dict) -> dict[str, str]:
-    files, cleaned = {}, False
-    for key, (digest, blob) in kernels.items():
-        path = os.path.join(directory, digest + (os.path.splitext(key)[1] or ".so"))
-        if not _holds(path, blob):  # missing, planted, damaged, a symlink: (re)write it
-            try:
-                if not cleaned:
-                    _remove_stale_temporaries(directory)
-                    cleaned = True
-                _write_atomically(directory, path, blob)
-            except OSError as error:
-                raise _StoreUnusable(f"{path}: {error.strerror or error}") from None
-        files[key] = path
-    return files
-
-
-def _holds(path: str, blob: bytes) -> bool:
-    """Whether ``path`` is a regular file, not a symlink, holding exactly ``blob``."""
-    try:
-        # O_NONBLOCK: a FIFO planted at the path must not hang the open.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != len(blob):
-            return False
-        with open(fd, "rb", closefd=False) as f:
-            return f.read(len(blob) + 1) == blob
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-# mkstemp names, with the writer's pid (older versions wrote tmpXXXXXXXX.tmp without one).
-_TEMPORARY = r"tmp(?:-(\d+)-)?\w+\.tmp"
-_STALE_AFTER_S = 600
-
-
-def _write_atomically(directory: str, path: str, blob: bytes) -> None:
-    # Atomic: concurrent loaders never see a half-written file; the pid in the
-    # temp name lets a later loader remove it if this process dies mid-write.
-    fd, temporary = tempfile.mkstemp(prefix=f"tmp-{os.getpid()}-", suffix=".tmp", dir=directory)
-    try:
-        with open(fd, "wb") as f:
-            f.write(blob)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def _remove_stale_temporaries(directory: str) -> None:
-    """Remove temp files of loaders that died mid-write: their pid is gone, or they are old."""
-    now = time.time()
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            match = re.fullmatch(_TEMPORARY, entry.name)
-            if match is None:
-                continue
-            try:
-                dead = match.group(1) is not None and not _pid_alive(int(match.group(1)))
-                if dead or now - entry.stat(follow_symlinks=False).st_mtime > _STALE_AFTER_S:
-                    os.unlink(entry.path)
-            except OSError:
-                pass  # its writer finished it, or another loader removed it
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _exec_artifact(

@@ -35,8 +35,9 @@ import os
 from typing import Any, Callable
 
 from . import _precompile_inspect as inspect_artifact
-from ._precompile import _write_atomically, BACKENDS, precompile
+from ._precompile import BACKENDS, precompile
 from ._precompile_format import describe_arguments
+from ._precompile_kernel_store import write_atomically
 from ._precompile_runtime import CallingConvention, PrecompileError
 
 
@@ -169,7 +170,7 @@ class Capture:
             )
         python_code, cache = self._pair
         for path, blob in ((self.cache_path, cache), (self.artifact_path, python_code.encode("utf-8"))):
-            _write_atomically(os.path.dirname(path), path, blob)
+            write_atomically(os.path.dirname(path), path, blob)
         self._saved = True
 
     def summary(self) -> "PrecompileSummary":

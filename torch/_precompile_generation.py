@@ -46,7 +46,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _precompile_compat as compat
-from ._precompile import _write_atomically, precompile
+from ._precompile import precompile
+from ._precompile_kernel_store import write_atomically
 from ._precompile_runtime import PrecompileError, write_back
 
 
@@ -165,8 +166,8 @@ def save(pairs: dict, directory: str) -> None:
     """Write each phase's pair as ``<phase>.py`` and ``<phase>.cache`` in ``directory``."""
     os.makedirs(directory, exist_ok=True)
     for phase, (python_code, cache) in pairs.items():
-        _write_atomically(directory, os.path.join(directory, f"{phase}.py"), python_code.encode())
-        _write_atomically(directory, os.path.join(directory, f"{phase}.cache"), cache)
+        write_atomically(directory, os.path.join(directory, f"{phase}.py"), python_code.encode())
+        write_atomically(directory, os.path.join(directory, f"{phase}.cache"), cache)
 
 
 def load(directory: str, model: torch.nn.Module) -> dict:
