@@ -185,6 +185,27 @@ class TestLayoutGuard(TestCase):
         self.assertIn(f"torch_precompile._C was built against torch {torch.__version__} but torch 9.9.9 is running", result.stdout)
         self.assertIn("pip install --no-build-isolation", result.stdout)
 
+    def test_an_extension_of_an_abi_the_driver_does_not_name_is_not_used(self):
+        script = textwrap.dedent(f"""
+            import importlib, torch
+            extension = importlib.import_module({runtime._LayoutGuard.__module__!r})
+            extension.ABI_VERSION = 99  # built from a newer checkout whose signatures moved
+            import torch_precompile._precompile_runtime as runtime
+            assert 99 not in runtime.DRIVER_ABIS
+            assert runtime._LayoutGuard is None
+            assert runtime._entries_unchanged is runtime._entries_unchanged_in_python
+            model, x = torch.nn.Linear(3, 2), torch.randn(4, 3)
+            import torch_precompile
+            f = torch_precompile.load(*torch_precompile.precompile(lambda m, x: m(x), model, x, backend="eager"))
+            torch.testing.assert_close(f(model, x), model(x))
+            assert isinstance(f._guard, runtime._TensorGuardsGather)
+            print("fell back")
+        """)
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("fell back", result.stdout)
+        self.assertIn(getattr(runtime._C, "ABI_VERSION", 1), runtime.DRIVER_ABIS)  # this build's is named
+
 
 if __name__ == "__main__":
     run_tests()

@@ -60,6 +60,12 @@ try:
     _C = importlib.import_module("torch_precompile._C_" + "".join(c if c.isalnum() else "_" for c in torch.__version__))
 except ImportError:
     _C = None
+# The extension's ABIs this driver was written against (its ABI_VERSION moves with any change
+# of a signature or meaning): 1 (LayoutGuard, entries_unchanged), 2 (tuple lengths,
+# dict_version).  Any other, a build newer than the driver an artifact carries, is not used.
+DRIVER_ABIS = (1, 2)
+if getattr(_C, "ABI_VERSION", 1) not in DRIVER_ABIS:
+    _C = None
 _LayoutGuard = _C.LayoutGuard if _C is not None else None
 # Whether two tensors share a storage (overlapping or not); no public API as of 2.13.
 _is_alias_of = torch._C._is_alias_of

@@ -33,8 +33,10 @@
 //     the dict) where this Python has one, else 0 (never equal: values compared).
 //
 // ABI_VERSION (a module int) moves whenever a signature or meaning changes:
-// 2 added the tuple form of lengths[j] and dict_version.  The driver uses
-// what it knows.
+// 2 added the tuple form of lengths[j] and dict_version.  A driver (the copy
+// an artifact carries included) uses the extension only at an ABI it names
+// (DRIVER_ABIS in torch/_precompile_runtime.py); at any other it checks with
+// TensorGuards and Python loops, as without the extension.
 //
 // Built by setup.py against the installed torch, whose version names the
 // module (venvs with different torch may share an editable checkout) and is
