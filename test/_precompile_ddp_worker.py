@@ -219,6 +219,13 @@ def redistributes(model, x, y):
     return F.cross_entropy(sharded.redistribute(sharded.device_mesh, [Replicate()]).to_local(), y.repeat(2))
 
 
+def computes_with_a_dtensor(model, x, y):
+    from torch.distributed.tensor import DTensor, Shard
+
+    sharded = DTensor.from_local(model(x), MESH[0], [Shard(0)], run_check=False)
+    return F.cross_entropy((sharded * 2).to_local(), y)
+
+
 def precompile_all(backend: str, models: dict) -> dict:
     (x, y), = make_data(0)[0]
     ddp = models["ddp"]
@@ -308,6 +315,7 @@ def capture_refusals(backend: str, models: dict) -> dict:
         ("all_reduce", all_reduces, make_model()),
         ("functional_all_reduce", all_reduces_functionally, make_model()),
         ("redistribute", redistributes, make_model()),
+        ("dtensor_op", computes_with_a_dtensor, make_model()),
         ("tensor_parallel", step, models["tensor_parallel"]),
     ):
         started = time.monotonic()

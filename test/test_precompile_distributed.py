@@ -281,7 +281,12 @@ class TestDataParallel(_JobResults):
                 rf"^fn runs the collective {op} at .*_precompile_ddp_worker\.py:\d+ .*while it is captured\. "
                 r"Capture runs in one process",
             )
-        for name in ("all_reduce", "functional_all_reduce", "redistribute", "tensor_parallel"):
+        # An op on a DTensor made inside fn may communicate inside DTensor's own dispatch: refused at the op.
+        self.assertRegex(
+            refusals["dtensor_op"],
+            r"^fn computes with a DTensor over several ranks \(aten\.mul\.Tensor\) at .*_precompile_ddp_worker\.py:\d+",
+        )
+        for name in ("all_reduce", "functional_all_reduce", "redistribute", "dtensor_op", "tensor_parallel"):
             self.assertLess(refusals[f"{name}_seconds"], 10, name)
 
 

@@ -563,7 +563,7 @@ class _CaptureGuard(TorchDispatchMode):
             _refuse_optimizer_call(args[0])
         if func.namespace in compat.COLLECTIVE_NAMESPACES:  # DDP's all-reduce is traced through stand-ins
             raise _collective_error(func)
-        if any(map(_is_spread_dtensor, pytree.tree_leaves((args, kwargs)))):  # made inside fn
+        if types and _holds_spread_dtensor(types, args, kwargs):  # made inside fn
             raise PrecompileError(
                 f"fn computes with a DTensor over several ranks ({func}){_user_line(traceback.extract_stack())}: "
                 "an op on it may run collectives, which the other ranks do not join at capture, and sharded "
@@ -621,6 +621,15 @@ def _is_spread_dtensor(value: Any) -> bool:
     as DTensor ops on backend='eager'.)"""
     module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
     return module is not None and isinstance(value, module.DTensor) and value.device_mesh.size() > 1
+
+
+def _holds_spread_dtensor(types: tuple, args: tuple, kwargs: dict) -> bool:
+    """Whether an op's arguments hold a DTensor over several ranks.  ``types`` (the tensor
+    subclasses among them, as dispatch passes them) rules out almost every op without a flatten."""
+    module = sys.modules.get("torch.distributed.tensor")
+    if module is None or not any(issubclass(t, module.DTensor) for t in types):
+        return False
+    return any(map(_is_spread_dtensor, pytree.tree_leaves((args, kwargs))))
 
 
 def _refuse_dtensors(named_tensors: list) -> None:
