@@ -553,7 +553,6 @@ import json
 import linecache
 import logging
 import marshal
-import os
 import pprint
 import sys
 import threading
