@@ -434,7 +434,7 @@ class TestArtifact(TestCase):
         self.assertNotIn("FORMAT_VERSION", constants)  # stored once, in the convention
         convention = constants["CALLING_CONVENTION"]
         self.assertEqual(convention["backend"], backend)
-        self.assertEqual(convention["format_version"], format_module.FORMAT_VERSION)
+        self.assertEqual(convention["format_version"], format_module.CONVENTION_VERSION)
         self.assertEqual(convention["modules"][0]["parameters"], ["0.weight", "0.bias", "2.weight", "2.bias"])
         self.assertEqual(convention["inputs"][0]["tensor"]["shape"], [3, 8])
         self.assertEqual(convention["grad_state"], [])
@@ -545,7 +545,7 @@ class TestArtifact(TestCase):
         self.assertEqual(raw["artifact"]["bytecode"]["code"], {"$blob": blob_names[-1]})
         self.assertEqual(len(blob_names), len(envelope["artifact"]["kernels"]) + 1)
         self.assertEqual(envelope["format"], "torch.compiler.precompile")
-        self.assertEqual(envelope["version"], format_module.FORMAT_VERSION)
+        self.assertEqual(envelope["version"], format_module.CACHE_VERSION)
         self.assertEqual(envelope["backend"], backend)
         self.assertEqual(envelope["code_hash"], format_module._text_hashes(code)[1])
         digests = format_module._kernel_digests(envelope["artifact"]["kernels"])
@@ -600,7 +600,8 @@ class TestArtifact(TestCase):
         parsed = format_module.read_artifact(code, cache)
         self.assertEqual(warm.constants, parsed.constants)
         self.assertEqual(warm.convention, parsed.convention)
-        self.assertEqual(set(warm.compiled), {"header", "graph", "driver", "forward"})
+        # No driver: load() takes the installed one, the section's exact text.
+        self.assertEqual(set(warm.compiled), {"header", "graph", "forward"})
         with mock.patch.object(format_module, "_parse", side_effect=AssertionError("load() parsed python_code")):
             f = load((code, cache))
         torch.testing.assert_close(f(m, x), m(x))
@@ -678,8 +679,20 @@ class TestArtifact(TestCase):
         # Another driver version: the driver section is compiled and runs instead.
         marker = format_module._marker("forward")
         other = code.replace(marker, "\n# another driver version" + marker, 1)
+        pin = format_module._pin_line(format_module._read_constants(code)["BYTECODE_SHA256"])
+        other, bytecode = precompile_module._record_bytecode(other.replace(pin, format_module._NO_BYTECODE, 1))
         kernels = format_module._read_envelope(cache)["artifact"]["kernels"]
-        embedded = precompile.load(other, precompile_module._package(other, backend, kernels))
+        compile_section = precompile_module._compile_section
+        compiled = []
+
+        def recording(filename, line_offset, text):
+            compiled.append(text)
+            return compile_section(filename, line_offset, text)
+
+        with mock.patch.object(precompile_module, "_compile_section", recording):
+            embedded = precompile.load(other, precompile_module._package(other, backend, kernels, bytecode))
+        # The cache holds no driver: only that section is compiled, the others come from the cache.
+        self.assertEqual(compiled, [precompile_module._split_sections(other)["driver"][1]])
         self.assertIsNot(type(embedded), runtime.PrecompiledFunction)
         self.assertEqual(type(embedded).__module__, "torch_precompile_driver")
         torch.testing.assert_close(embedded(m, x), m(x))
@@ -714,7 +727,7 @@ class TestLoad(TestCase):
             precompile.load(code, self.cache)
 
     def test_newer_and_older_format_refused(self):
-        low, high = format_module.MIN_FORMAT_VERSION, format_module.FORMAT_VERSION
+        low, high = format_module.MIN_CONVENTION_VERSION, format_module.CONVENTION_VERSION
         supported = rf"supports \({low}\.\.{high}\)"
         for other, word in ((99, "newer"), (low - 1, "older")):
             code = self.code.replace(f"{{'format_version': {high},", f"{{'format_version': {other},", 1)
@@ -776,7 +789,7 @@ class TestConventionSchema(TestCase):
         t = runtime.TensorSpec
         x = t((None, 4), None, "float32", "cpu", free_dims=((0, 0, 2, None),), memory_format="contiguous_format")
         fields = dict(
-            format_version=format_module.FORMAT_VERSION,
+            format_version=format_module.CONVENTION_VERSION,
             backend="inductor",
             arity=4,
             modules=(
@@ -968,7 +981,7 @@ class TestConventionSchema(TestCase):
                 self.assert_malformed(self.literal(**changes), message)
 
     def test_version_outside_the_supported_range(self):
-        low, high = format_module.MIN_FORMAT_VERSION, format_module.FORMAT_VERSION
+        low, high = format_module.MIN_CONVENTION_VERSION, format_module.CONVENTION_VERSION
         for version, word in ((high + 1, "newer"), (low - 1, "older")):
             code = "CALLING_CONVENTION = " + repr(self.literal(format_version=version)) + "\n"
             with self.assertRaisesRegex(

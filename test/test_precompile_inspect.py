@@ -29,7 +29,7 @@ from torch_precompile import precompile, PrecompileError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR_PREFIX = "torch_precompile inspect: error: "
-V = format_module.FORMAT_VERSION
+V, CV = format_module.CONVENTION_VERSION, format_module.CACHE_VERSION
 
 
 def _model():
@@ -132,14 +132,17 @@ class InspectTestCase(TestCase):
 
 class TestInspectReport(InspectTestCase):
     def check_common(self, report, backend):
-        self.assertEqual(report["format_version"], {"python_code": V, "cache": V, "supported": [format_module.MIN_FORMAT_VERSION, V]})
+        supported = {
+            "python_code": [format_module.MIN_CONVENTION_VERSION, V],
+            "cache": [format_module.MIN_CACHE_VERSION, CV],
+        }
+        self.assertEqual(report["format_version"], {"python_code": V, "cache": CV, "supported": supported})
         self.assertEqual(report["backend"], {"python_code": backend, "cache": backend})
         self.assertEqual(
             report["pair"],
             {
                 "belongs_together": True,
                 "problem": None,
-                "version_matches": True,
                 "backend_matches": True,
                 "code_hash_matches": True,
             },
@@ -258,7 +261,8 @@ class TestInspectReport(InspectTestCase):
                     "torch.compiler.precompile artifact",
                     f"  python_code         {code_file} (",
                     f"  cache               {cache_file} (",
-                    f"  format version      {V} (cache {V}; this torch reads {format_module.MIN_FORMAT_VERSION}..{V})",
+                    f"  format version      {V} (cache {CV}; this torch reads "
+                    f"{format_module.MIN_CONVENTION_VERSION}..{V} and caches {format_module.MIN_CACHE_VERSION}..{CV})",
                     f"  backend             {backend}\n",
                     "  pair                belongs together",
                     "matches this host",
@@ -382,7 +386,7 @@ class TestReader(InspectTestCase):
         first = next(iter(envelope["artifact"]["kernels"]))
         tampered = {**envelope, "artifact": {**envelope["artifact"], "kernels": {first: b"\x00"}}}
         damaged = format_module._pack_envelope(tampered)
-        too_old = format_module.MIN_FORMAT_VERSION - 1  # below what this torch reads
+        too_old = format_module.MIN_CACHE_VERSION - 1  # below what this torch reads
         older = format_module._pack_envelope({**envelope, "version": too_old})
         for name, pair_cache, field, message in (
             ("other backend", eager_cache, "pair_error", "built for backend 'eager'"),

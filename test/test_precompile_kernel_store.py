@@ -390,11 +390,11 @@ class TestCacheEnvelope(_StoreTestCase):
                 self.assertEqual(self.kernels(bomb), {})
 
     def test_other_envelope_versions_are_ignored(self):
-        for version in (0, format_module.FORMAT_VERSION + 1, "1"):
+        for version in (0, format_module.CACHE_VERSION + 1, "1"):
             with self.subTest(version=version):
                 envelope = _envelope(self.cache)
                 envelope["version"] = version
-                low, high = format_module.MIN_FORMAT_VERSION, format_module.FORMAT_VERSION
+                low, high = format_module.MIN_CACHE_VERSION, format_module.CACHE_VERSION
                 self.assert_ignored(_save(envelope), rf"cache has format version {version!r}, .*{low}\.\.{high}")
 
     def test_payload_hash_mismatch_is_ignored(self):
@@ -455,7 +455,7 @@ class TestPythonCodeHeader(TestCase):
         for value in ("'1'", "True", "1.0", "None"):
             with self.subTest(value=value):
                 edited = code.replace(
-                    f"{{'format_version': {format_module.FORMAT_VERSION},", f"{{'format_version': {value},", 1
+                    f"{{'format_version': {format_module.CONVENTION_VERSION},", f"{{'format_version': {value},", 1
                 )
                 self.assert_refused(edited, f"python_code has format version {re.escape(value)}, which is malformed")
 

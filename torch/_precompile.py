@@ -146,9 +146,12 @@ says who guarantees it and, where it is enforced, which tests (in
    (``_precompile_runtime.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the
    cross-references are checked (``validate_convention``); an artifact whose
-   ``format_version`` is outside ``MIN_FORMAT_VERSION..FORMAT_VERSION`` is
-   refused before that, by ``_check_format_version``, naming both
-   (TestConventionSchema).
+   ``format_version`` is outside ``MIN_CONVENTION_VERSION..CONVENTION_VERSION``
+   is refused before that, by ``_check_format_version``, naming both
+   (TestConventionSchema), and a cache outside its own versions
+   (``MIN_CACHE_VERSION..CACHE_VERSION``) is ignored.  Pairs written by
+   earlier versions are checked in and called against eager
+   (test_precompile_golden.py): the minimums are tested, not declared.
 8. Capture has no side effects on the caller.  ``precompile`` traces on
    clones, so the caller's parameters, buffers, ``.grad`` and inputs are
    bit-identical afterwards, also when fn raises (TestCaptureContract); fn
@@ -581,7 +584,7 @@ from ._precompile_format import (
     _text_hashes,
     Artifact,
     CACHE_FORMAT,
-    FORMAT_VERSION,
+    CACHE_VERSION,
     GPU_KERNEL_SUFFIX,
     read_artifact,
 )
@@ -600,7 +603,7 @@ def _package(python_code: str, backend: str, kernels: dict[str, bytes], bytecode
     return _pack_envelope(
         {
             "format": CACHE_FORMAT,
-            "version": FORMAT_VERSION,
+            "version": CACHE_VERSION,
             "backend": backend,
             "code_hash": _text_hashes(python_code)[1],
             "build_env": _build_environment(gpu=_has_gpu_kernels(kernels)),
@@ -634,7 +637,7 @@ def _record_bytecode(python_code: str) -> tuple[str, bytes]:
     header = {name: value for name, value in _read_constants(python_code).items() if name != "BYTECODE_SHA256"}
     parts = {"header": header, **compiled}
     # Each part marshalled on its own: load() unmarshals only those it needs.
-    bytecode = marshal.dumps((source_hash, *(marshal.dumps(parts[name]) for name in _CACHED_PARTS)))
+    bytecode = marshal.dumps((source_hash, {name: marshal.dumps(parts[name]) for name in _CACHED_PARTS}))
     return python_code.replace(_NO_BYTECODE, _pin_line(hashlib.sha256(bytecode).hexdigest()), 1), bytecode
 
 
@@ -782,11 +785,14 @@ def _exec_artifact(
     at all when ``compiled`` (the cache's marshalled parts) has it.
     """
     sections = _split_sections(python_code)
-    # The cache's parts come all together, compiled under python_code's file name.
-    filename = None if compiled else _artifact_filename(_text_hashes(python_code)[0])
+    compiled = compiled or {}
 
     def code(name: str) -> Any:
-        return marshal.loads(compiled[name]) if compiled else _compile_section(filename, *sections[name])
+        if name in compiled:
+            return marshal.loads(compiled[name])
+        # Compiled now (the cache has no driver since cache version 11) under the
+        # file name the cache's parts were compiled under.
+        return _compile_section(_artifact_filename(_text_hashes(python_code)[0]), *sections[name])
 
     namespace = {
         "__name__": "torch_precompile_artifact",

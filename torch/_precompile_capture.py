@@ -36,7 +36,7 @@ from ._precompile_format import (
     _parse,
     _SECTIONS,
     describe_arguments,
-    FORMAT_VERSION,
+    CONVENTION_VERSION,
 )
 from ._precompile_runtime import (
     CallingConvention,
@@ -1366,7 +1366,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     for leaf, dim, group, low, high in sizes:
         free_by_leaf.setdefault(leaf, []).append((dim, group, low, high))
     convention = CallingConvention(
-        format_version=FORMAT_VERSION,
+        format_version=CONVENTION_VERSION,
         backend=backend,
         arity=len(example_inputs),
         modules=tuple(

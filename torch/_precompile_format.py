@@ -31,30 +31,40 @@ from ._precompile_runtime import CallingConvention, PrecompileError
 
 
 CACHE_FORMAT = "torch.compiler.precompile"
-# Version of the artifact layout and of its CallingConvention record.  2: the
-# convention records module modes read, aliasing, requires_grad, global state
-# (Note invariant 11 on); 3: submodule classes and read attributes, how each
-# .grad is written (invariant 13), and the graph and the driver are code
-# sections, no longer string literals; older artifacts lack them.  4: the
-# format version and backend are stored once (CALLING_CONVENTION's
+# Two versions, as jax.export keeps its calling convention apart from its
+# serialization: python_code's (its sections, header constants and the
+# CallingConvention record, stored as the convention's ``format_version``) and
+# the cache envelope's (its ``version``).  Through 10 they were one number.
+#
+# python_code.  2: the convention records module modes read, aliasing,
+# requires_grad, global state (Note invariant 11 on); 3: submodule classes and
+# read attributes, how each .grad is written (invariant 13), and the graph and
+# the driver are code sections, no longer string literals; older artifacts lack
+# them.  4: the format version and backend are stored once (CALLING_CONVENTION's
 # format_version / backend, no FORMAT_VERSION / BACKEND lines), the free sizes
 # are derived from the inputs' free_dims, a LeafSpec's unset value is no None.
-# 5: each tensor output's shape, dtype and device (output_tensors).  6: the
-# cache is a zip of a JSON envelope and raw entries, not a torch.save pickle,
-# and carries the header's constants beside the compiled sections.  7: the
-# cache's code_hash is derived from python_code's source hash (_text_hashes:
-# python_code is hashed once per load), and the sections run under the file
-# name <precompile artifact HASH>.py.  8: fn's signature (keyword calls), the
-# dict inputs whose key order fn observed, optimizer hyperparameters lifted
-# like lr (OptimizerSpec.lifted) and structures named by import path; a
-# version-7 convention reads as one without them, an older driver refuses 8.
-# 9: grad_inputs_read_only (zeros kept across calls for a None .grad); an
-# older convention reads as one without it.  10: rebound_inputs and
-# returned_inputs (input objects fn changes or returns, as a cache); an older
-# convention reads as one without them.
-# load() accepts MIN_FORMAT_VERSION..FORMAT_VERSION (_check_format_version).
-MIN_FORMAT_VERSION = 7
-FORMAT_VERSION = 10
+# 5: each tensor output's shape, dtype and device (output_tensors).  7: the
+# sections run under the file name <precompile artifact HASH>.py.  8: fn's
+# signature (keyword calls), the dict inputs whose key order fn observed,
+# optimizer hyperparameters lifted like lr (OptimizerSpec.lifted) and
+# structures named by import path; a version-7 convention reads as one without
+# them, an older driver refuses 8.  9: grad_inputs_read_only (zeros kept across
+# calls for a None .grad); an older convention reads as one without it.  10:
+# rebound_inputs and returned_inputs (input objects fn changes or returns, as a
+# cache); an older convention reads as one without them.
+MIN_CONVENTION_VERSION = 7
+CONVENTION_VERSION = 10
+# The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save
+# pickle, carrying the header's constants beside the compiled sections.  7: its
+# code_hash is derived from python_code's source hash (_text_hashes: python_code
+# is hashed once per load).  11: the compiled parts are a dict by name without
+# the driver, which load() takes from the installed package when it is the
+# driver section's exact text (compiled from python_code otherwise); 7..10
+# store them as a tuple with the driver (_pinned_parts reads both).
+MIN_CACHE_VERSION = 7
+CACHE_VERSION = 11
+# The golden pairs under test/precompile_golden/ (test_precompile_golden.py)
+# make both minimums a tested promise.
 
 
 # ---------------------------------------------------------------------------
@@ -240,7 +250,10 @@ _NO_BYTECODE = _pin_line(None)
 _PIN_LINE_START = "\n" + _NO_BYTECODE.removesuffix("None")
 _NO_PIN = b"None"
 _BYTECODE_MAGIC = importlib.util.MAGIC_NUMBER.hex()
-_CACHED_PARTS = ("header", *_SECTIONS)
+# The compiled parts a cache carries: the header's constants and the sections
+# but the driver, which the installed package has (cache version 11 on).
+_CACHED_PARTS = ("header", "graph", "forward")
+_TUPLE_CACHED_PARTS = ("header", *_SECTIONS)  # cache versions 7..10: a tuple, the driver included
 
 
 def _bytecode_hash(constants: dict[str, Any]) -> str | None:
@@ -267,7 +280,7 @@ def _pinned_parts(envelope: dict, pin: str | None, source_hash: str) -> tuple[di
     recorded_source_hash, *parts = marshal.loads(bytecode)
     if recorded_source_hash != source_hash:
         return {}, "python_code was edited after its compiled Python was recorded"
-    return dict(zip(_CACHED_PARTS, parts)), None
+    return (parts[0] if len(parts) == 1 else dict(zip(_TUPLE_CACHED_PARTS, parts))), None
 
 
 def _pin_span(python_code: str) -> tuple[int, int] | None:
@@ -370,16 +383,16 @@ def _read_convention(python_code: str) -> CallingConvention:
 
 def _convention_from(constants: dict[str, Any]) -> CallingConvention:
     literal = constants["CALLING_CONVENTION"]
-    _check_format_version("python_code", literal.get("format_version") if isinstance(literal, dict) else None)
+    version = literal.get("format_version") if isinstance(literal, dict) else None
+    _check_format_version("python_code", version, MIN_CONVENTION_VERSION, CONVENTION_VERSION)
     return CallingConvention.from_literal(literal)
 
 
-def _check_format_version(what: str, version: Any) -> None:
-    """The one check of an artifact's format version (python_code's, and the cache
-    envelope's, which load() turns into ignoring the cache) against the supported range."""
-    if type(version) is int and MIN_FORMAT_VERSION <= version <= FORMAT_VERSION:
+def _check_format_version(what: str, version: Any, low: int, high: int) -> None:
+    """The one check of a format version (python_code's convention, or the cache envelope's,
+    which load() turns into ignoring the cache) against the range ``low..high`` this package reads."""
+    if type(version) is int and low <= version <= high:
         return
-    low, high = MIN_FORMAT_VERSION, FORMAT_VERSION
     supported = f"the versions this torch.compiler.precompile supports ({low}..{high})"
     if type(version) is not int:  # bool is an int subclass: refuse it too
         raise PrecompileError(f"{what} has format version {version!r}, which is malformed (expected an int in {low}..{high}); it was edited")
@@ -500,7 +513,7 @@ def _pair_error(code_hash: str, convention: CallingConvention, envelope: dict) -
 
 def _version_error(envelope: dict) -> _CacheUnusable | None:
     try:
-        _check_format_version("cache", envelope.get("version"))
+        _check_format_version("cache", envelope.get("version"), MIN_CACHE_VERSION, CACHE_VERSION)
     except PrecompileError as error:  # the cache only accelerates: ignored, not refused
         return _CacheUnusable(str(error))
     return None

@@ -102,13 +102,15 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         "format_version": {
             "python_code": convention.format_version,
             "cache": envelope["version"],
-            "supported": [_format.MIN_FORMAT_VERSION, _format.FORMAT_VERSION],
+            "supported": {
+                "python_code": [_format.MIN_CONVENTION_VERSION, _format.CONVENTION_VERSION],
+                "cache": [_format.MIN_CACHE_VERSION, _format.CACHE_VERSION],
+            },
         },
         "backend": {"python_code": convention.backend, "cache": envelope["backend"]},
         "pair": {
             "belongs_together": problem is None,
             "problem": None if problem is None else _one_line(str(problem)),
-            "version_matches": envelope["version"] == convention.format_version,
             "backend_matches": envelope["backend"] == convention.backend,
             "code_hash_matches": envelope["code_hash"] == _format._text_hashes(python_code)[1],
         },
@@ -304,7 +306,9 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
     row("cache", f"{cache_file} ({report['sizes']['cache']:,} bytes)")
     row(
         "format version",
-        f"{version['python_code']} (cache {version['cache']}; this torch reads {version['supported'][0]}..{version['supported'][1]})",
+        "{} (cache {}; this torch reads {}..{} and caches {}..{})".format(
+            version["python_code"], version["cache"], *version["supported"]["python_code"], *version["supported"]["cache"]
+        ),
     )
     row("backend", backend["python_code"] + ("" if pair["backend_matches"] else f" (cache: {backend['cache']})"))
     row("pair", "belongs together" if pair["belongs_together"] else f"DOES NOT belong together: {pair['problem']}")

@@ -3366,8 +3366,10 @@ class KernelLoader:
         except Exception as error:
             raise PrecompileError(
                 f"compiling a kernel of this artifact failed ({type(error).__name__}: {error}); "
-                "the cache had no compiled kernel usable on this host, so a working C++ compiler "
-                "is needed: install one, or precompile on a host like this one"
+                "the cache had no compiled kernel usable on this host, so its C++ source is compiled "
+                "here, which needs a working C++ compiler and the torch release that generated the "
+                f"artifact (its header names it; this is torch {torch.__version__}): install a compiler, "
+                "or precompile again on a host like this one"
             ) from error
         self.compiled[key] = kernel.__self__.__file__
         return kernel
