@@ -7,6 +7,7 @@ class (``_artifact`` caches them by key) and models stay tiny.
 """
 
 import ast
+import builtins
 import copy
 import hashlib
 import importlib.util
@@ -18,6 +19,7 @@ import os
 import pickle
 import re
 import subprocess
+import symtable
 import sys
 import tempfile
 import textwrap
@@ -51,6 +53,27 @@ BACKENDS = ("eager", "inductor")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _artifact = Artifacts()
+
+
+def _top_level_names(source):
+    """The names a module's top level binds."""
+    table = symtable.symtable(source, "driver", "exec")
+    return {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+
+
+def _global_references(source):
+    """The names a module reads from its globals, at top level or inside any function or class."""
+    references = set()
+
+    def visit(table):
+        for symbol in table.get_symbols():
+            if symbol.is_referenced() and (table.get_type() == "module" or symbol.is_global()):
+                references.add(symbol.get_name())
+        for child in table.get_children():
+            visit(child)
+
+    visit(symtable.symtable(source, "driver", "exec"))
+    return references
 
 
 def _forward(m, x):
@@ -441,7 +464,8 @@ class TestArtifact(TestCase):
         compile(code, "artifact", "exec")  # valid Python on its own
         sections = precompile_module._split_sections(code)
         self.assertEqual(list(sections), ["graph", "driver", "forward"])
-        self.assertEqual(sections["driver"][1], format_module._driver_source())
+        # The driver's core, and of its optional parts those this convention uses.
+        self.assertEqual(sections["driver"][1], format_module._driver_source(("inductor",) if backend == "inductor" else ()))
         for _, text in sections.values():
             compile(text, "section", "exec")  # each section is code, not a string literal
         if backend == "eager":
@@ -670,6 +694,65 @@ class TestArtifact(TestCase):
         for ours, theirs in zip(out["grads"], reference.parameters()):
             torch.testing.assert_close(ours, theirs.grad)
 
+
+    def test_driver_core_calls_into_parts_only_by_these_names(self):
+        """The core refers to a part's names only where the convention has what the part serves
+        (format_module.driver_parts); a part refers to the core and itself alone."""
+        core, parts = format_module._installed_driver()
+        self.assertEqual(list(parts), ["data_parallel", "optimizer", "input_objects", "inductor"])
+        known = set(dir(builtins)) | _top_level_names(core)
+        owners = {name: part for part, text in parts.items() for name in _top_level_names(text)}
+        called_from_core = {name: owners.get(name) for name in _global_references(core) - known}
+        self.assertEqual(
+            called_from_core,
+            {
+                "check_data_parallel": "data_parallel",  # for a module spec with data_parallel
+                "OptimizerArgument": "optimizer",  # for each optimizer spec
+                **dict.fromkeys(
+                    # for rebound_inputs / returned_inputs
+                    ("LeftAsWritten", "_forget_written", "leaf_places", "leaf_slots", "node_at",
+                     "unflatten_substituting", "write_back", "write_places"),
+                    "input_objects",
+                ),
+            },
+        )
+        for part, text in parts.items():
+            with self.subTest(part=part):
+                self.assertEqual(_global_references(text) - known - _top_level_names(text), set())
+
+    def test_driver_parts(self):
+        """Each artifact carries the driver's core and the parts its convention uses, and runs alone."""
+        m, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
+
+        def rebinds(m, state):
+            state["x"] = state["x"] * 2
+            return m(state["x"])
+
+        def optimizer_step(m, opt, x, y):
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        for name, fn, arguments, backend, parts in (
+            ("forward", _forward, lambda m: (m, x), "eager", ()),
+            ("forward", _forward, lambda m: (m, x), "inductor", ("inductor",)),
+            ("rebinds", rebinds, lambda m: (m, {"x": x.clone()}), "eager", ("input_objects",)),
+            ("optimizer", optimizer_step, lambda m: (m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), x, y), "eager", ("optimizer",)),
+        ):
+            with self.subTest(name, backend=backend):
+                code, _ = _artifact(f"parts_{name}", fn, *arguments(copy.deepcopy(m)), backend=backend)
+                self.assertEqual(format_module.driver_parts(format_module._read_convention(code)), parts)
+                self.assertEqual(precompile_module._split_sections(code)["driver"][1], format_module._driver_source(parts))
+                namespace = {}
+                exec(code, namespace)  # alone: the embedded driver, not the installed one
+                self.assertIsNot(namespace["PrecompiledFunction"], runtime.PrecompiledFunction)
+                ours, theirs = arguments(copy.deepcopy(m)), arguments(copy.deepcopy(m))
+                for _ in range(2):
+                    torch.testing.assert_close(namespace["forward"](*ours), fn(*theirs))
+                for got, want in zip(ours[0].parameters(), theirs[0].parameters()):
+                    torch.testing.assert_close(got, want)
+                if name == "rebinds":
+                    torch.testing.assert_close(ours[1], theirs[1])
 
     @parametrize("backend", BACKENDS)
     def test_embedded_driver_runs_when_installed_one_differs(self, backend):

@@ -124,17 +124,20 @@ says who guarantees it and, where it is enforced, which tests (in
    reading order -- ``graph`` (the eager ATen graph, each node annotated with
    its dtype[shape] and the line of fn or the model that produced it
    (test_eager_graph_names_the_source_line_of_each_node), or Inductor's module),
-   ``driver`` (``torch/_precompile_runtime.py`` verbatim) and ``forward`` (binds
-   them) -- each opened by a marker line.  Run alone they share one namespace,
-   so the driver may not rebind the other sections' names (checked at render).
-   ``load`` takes them from the cache when it holds this Python's code objects
-   and python_code pins their bytes (BYTECODE_SHA256, which pins the header's
-   constants too, so a warm load parses no header; otherwise it compiles
-   them) under ``<precompile artifact sha[:12]>.py``, named after the text,
-   registered lazily with ``linecache`` so tracebacks and pdb show the artifact's
-   lines, and reuses the installed driver when it is the section's exact text
+   ``driver`` (``torch/_precompile_runtime.py``'s core verbatim, and of its
+   optional parts -- data_parallel, optimizer, input_objects, inductor -- those
+   the convention uses: ``driver_parts``) and ``forward`` (binds them) -- each
+   opened by a marker line.  Run alone they share one namespace, so the driver
+   may not rebind the other sections' names (checked at render).  ``load``
+   takes the graph and forward from the cache when it holds this Python's code
+   objects and python_code pins their bytes (BYTECODE_SHA256, which pins the
+   header's constants too, so a warm load parses no header; otherwise it
+   compiles them) under ``<precompile artifact sha[:12]>.py``, named after the
+   text, registered lazily with ``linecache`` so tracebacks and pdb show the
+   artifact's lines, and reuses the installed driver when the section is its
+   exact text (the cache carries no driver: otherwise the section is compiled)
    (TestArtifact test_traceback_shows_artifact_lines,
-   test_warm_load_compiles_no_python,
+   test_warm_load_compiles_no_python, test_driver_parts,
    test_cached_bytecode_is_used_only_when_python_code_pins_it).
 7. Trust.  ``load`` executes ``python_code`` and loads compiled kernels from
    ``cache``: only load pairs you trust.  It reads the calling convention with
@@ -571,7 +574,7 @@ from ._precompile_format import (
     _build_environment,
     _CACHED_PARTS,
     _code_hash,
-    _driver_source,
+    _is_installed_driver,
     _has_gpu_kernels,
     _kernel_digests,
     _marker,
@@ -863,7 +866,7 @@ def _driver_namespace(source: str, compiled: Callable[[], Any]) -> dict:
     otherwise ``compiled()`` gives the section's code (the cache's, or compiled
     now: ~8 ms).
     """
-    if source == _driver_source():
+    if _is_installed_driver(source):
         return vars(runtime)
     namespace = {"__name__": "torch_precompile_driver"}
     exec(compiled(), namespace)

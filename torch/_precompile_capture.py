@@ -36,6 +36,7 @@ from ._precompile_format import (
     _parse,
     _SECTIONS,
     describe_arguments,
+    driver_parts,
     CONVENTION_VERSION,
 )
 from ._precompile_runtime import (
@@ -2943,7 +2944,7 @@ CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_di
         '    _convention, _run_graph, _driver["materialize_constants"](_convention.constants)\n'
         ")\n"
     )
-    sections = {"graph": lowered.graph_code, "driver": _driver_source(), "forward": forward}
+    sections = {"graph": lowered.graph_code, "driver": _driver_source(driver_parts(convention)), "forward": forward}
     _check_names_disjoint(header, sections)
     return header + "".join(_marker(name) + sections[name] for name in _SECTIONS)
 

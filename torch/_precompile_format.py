@@ -82,11 +82,48 @@ def _marker(section: str) -> str:
     return f"\n# {'=' * 20} {section} {'=' * 20}\n"
 
 
+# The driver (torch/_precompile_runtime.py) is a core and optional parts, each
+# opened by a marker line and running to the next.  An artifact's driver section
+# is the core and the parts its calling convention uses, in the file's order:
+# the core calls into a part only where the convention has what it serves.
+_PART_MARKER_START = "\n# ~~~~ driver part: "
+_PART_MARKER_END = " ~~~~\n"
+
+
+def _split_driver(text: str) -> tuple[str, dict[str, str]]:
+    """A driver's core, and its parts by name (each part's text opens with its marker)."""
+    core, *pieces = text.split(_PART_MARKER_START)
+    return core, {piece[: piece.index(_PART_MARKER_END)]: _PART_MARKER_START + piece for piece in pieces}
+
+
 @functools.lru_cache(maxsize=None)
-def _driver_source() -> str:
-    """The installed driver's source: what artifacts embed, and what load() compares them with."""
+def _installed_driver() -> tuple[str, dict[str, str]]:
     with open(runtime.__file__, encoding="utf-8") as f:
-        return f.read()
+        return _split_driver(f.read())
+
+
+def driver_parts(convention: CallingConvention) -> tuple[str, ...]:
+    """The driver's optional parts a runnable of ``convention`` calls into, in file order."""
+    used = {
+        "data_parallel": any(m.data_parallel is not None for m in convention.modules),
+        "optimizer": bool(convention.optimizers),
+        "input_objects": bool(convention.rebound_inputs or convention.returned_inputs),
+        "inductor": convention.backend == "inductor",
+    }
+    return tuple(name for name in _installed_driver()[1] if used[name])
+
+
+def _driver_source(parts: Any = None) -> str:
+    """The installed driver's core and ``parts`` (None: every part, the whole file)."""
+    core, installed = _installed_driver()
+    return core + "".join(text for name, text in installed.items() if parts is None or name in parts)
+
+
+def _is_installed_driver(section: str) -> bool:
+    """Whether an artifact's driver section is the installed driver's text (of the parts it holds)."""
+    core, parts = _split_driver(section)
+    installed_core, installed = _installed_driver()
+    return core == installed_core and all(installed.get(name) == text for name, text in parts.items())
 
 
 def describe_arguments(convention: CallingConvention) -> list[str]:

@@ -512,6 +512,18 @@ class SizeFact(Record):
         return f"{text} {self.op} 0"
 
 
+# State keys the traced step reads and writes, per supported torch.optim class.
+OPTIMIZER_STATE_KEYS = {
+    "SGD": ("momentum_buffer",),
+    "Adam": ("step", "exp_avg", "exp_avg_sq"),
+    "AdamW": ("step", "exp_avg", "exp_avg_sq"),
+}
+
+
+# What OneCycleLR / CyclicLR cycle besides lr, per optimizer class: lifted when captured.
+LIFTED_HYPERPARAMETERS = {"SGD": ("momentum",), "Adam": ("betas[0]",), "AdamW": ("betas[0]",)}
+
+
 class OptimizerSpec(Record):
     """A ``torch.optim`` optimizer argument, lifted like a module (no state stored).
 
@@ -1332,236 +1344,6 @@ def leaf_paths(spec: pytree.TreeSpec) -> list[tuple]:
     return paths
 
 
-def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
-    """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
-    index in ``substitutes`` is that object instead of a rebuilt one."""
-    return _build_substituting(spec, iter(leaves), itertools.count(), substitutes)
-
-
-def _build_substituting(spec: pytree.TreeSpec, leaves: Any, counter: Any, substitutes: dict) -> Any:
-    # A module-level function, not a closure calling itself: that would be a reference
-    # cycle keeping ``substitutes`` (the caller's objects) alive until a garbage collection.
-    index = next(counter)
-    if spec.is_leaf():
-        return next(leaves)
-    if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
-        _skip(leaves, spec.num_leaves)
-        _skip(counter, spec.num_nodes - 1)
-        return substitutes[index]
-    children = [_build_substituting(child, leaves, counter, substitutes) for child in spec.children()]
-    return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
-
-
-def _skip(iterator: Any, count: int) -> None:
-    if count > 0:
-        next(itertools.islice(iterator, count - 1, None), None)
-
-
-def node_at(tree: Any, spec: pytree.TreeSpec, index: int) -> Any:
-    """The node of ``tree`` (whose structure is ``spec``) at ``index`` in the spec's pre-order
-    walk (leaves included), flattening only the nodes on the way to it."""
-    while index:
-        index -= 1
-        children = pytree.SUPPORTED_NODES[spec.type].flatten_fn(tree)[0]
-        for child, child_spec in zip(children, spec.children()):
-            if index < child_spec.num_nodes:
-                tree, spec = child, child_spec
-                break
-            index -= child_spec.num_nodes
-    return tree
-
-
-def write_back(target: Any, source: Any) -> Any:
-    """Make ``target`` (the caller's input object) hold what ``source`` (the same
-    argument as fn left it, rebuilt from the graph's outputs) holds.
-
-    Objects of the same type are updated in place, recursively (lists and dicts
-    by element, other objects by their ``__dict__``), so the caller's references
-    to them stay valid as in eager; anything else (a tensor fn rebound, an
-    immutable value) is replaced.  Returns the object the parent must hold:
-    ``target`` where it was updated in place.
-    """
-    if type(target) is not type(source) or isinstance(target, torch.Tensor):
-        return source
-    if isinstance(target, list):
-        merged = [write_back(t, s) for t, s in zip(target, source)] + list(source[len(target) :])
-        target[:] = merged
-    elif isinstance(target, dict):
-        merged = {k: write_back(target[k], v) if k in target else v for k, v in source.items()}
-        target.clear()
-        target.update(merged)
-    elif isinstance(target, tuple):
-        merged = [write_back(t, s) for t, s in zip(target, source)]
-        same = len(target) == len(source) and all(map(operator.is_, merged, target))
-        return target if same else source
-    elif type(getattr(target, "__dict__", None)) is dict:
-        state = vars(target)
-        merged = {k: write_back(state[k], v) if k in state else v for k, v in vars(source).items()}
-        state.clear()
-        state.update(merged)
-    else:
-        return source
-    return target
-
-
-def leaf_slots(spec: pytree.TreeSpec) -> list | None:
-    """Where each leaf of ``spec`` sits in an object its unflatten builds: per leaf, the
-    steps ``(through_dict_attribute, key)`` from the root through dict items, list items and
-    plain objects' ``__dict__`` entries.  None where some leaf sits elsewhere (in a tuple,
-    twice, or somewhere the walk does not enter), or the unflatten needs more than
-    placeholder tensors.  What a call follows (``leaf_places``) instead of unflatten + write_back."""
-    placeholders = [torch.empty(()) for _ in range(spec.num_leaves)]
-    try:
-        template = pytree.tree_unflatten(placeholders, spec)
-        again = pytree.tree_leaves(template)  # a flatten gives each leaf back from where it sits
-    except Exception:  # whatever a node's unflatten raises on placeholders
-        return None
-    if len(again) != len(placeholders) or not all(map(operator.is_, again, placeholders)):
-        return None
-    where = {id(placeholder): index for index, placeholder in enumerate(placeholders)}
-    slots: list = [None] * len(placeholders)
-    seen: set = set()
-    pending = [(template, ())]
-    while pending:
-        node, path = pending.pop()
-        if id(node) in where:
-            if slots[where[id(node)]] is not None or not path:
-                return None
-            slots[where[id(node)]] = path
-        elif not isinstance(node, torch.Tensor) and id(node) not in seen:
-            seen.add(id(node))
-            if isinstance(node, (list, dict)):
-                items, through_dict = (node.items() if isinstance(node, dict) else enumerate(node)), False
-            elif type(getattr(node, "__dict__", None)) is dict:
-                items, through_dict = vars(node).items(), True
-            else:
-                continue
-            pending.extend((child, (*path, (through_dict, key))) for key, child in items)
-    return None if any(slot is None for slot in slots) else slots
-
-
-def leaf_places(target: Any, slots: list, before: list) -> list | None:
-    """The (container, key) holding each ``before`` leaf in ``target``, found along ``slots``
-    (from ``leaf_slots``); None where some slot does not hold its leaf."""
-    places = []
-    for path, old in zip(slots, before):
-        node = target
-        try:
-            for through_dict, key in path:
-                container = vars(node) if through_dict else node
-                if not isinstance(container, (list, dict)):
-                    return None
-                node = container[key]
-        except (KeyError, IndexError, TypeError):
-            return None
-        if node is not old:
-            return None
-        places.append((container, key))
-    return places
-
-
-def write_places(places: list, leaves: list) -> None:
-    """What ``write_back`` does when fn left an argument's structure as it was: each new leaf where the old one sat."""
-    for (container, key), leaf in zip(places, leaves):
-        container[key] = leaf
-
-
-# Values whose state is their identity: a dict or list holding them changes only by a write.
-_ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
-
-
-class LeftAsWritten:
-    """A rebound argument as the last call's write left it, for the next call to see in a
-    few C calls that nothing changed it since: then its leaves are where that call wrote
-    them and its structure is the captured one, so it is not flattened again (Note
-    invariant 5).  Sound for node types whose flatten reads only the argument's objects,
-    dicts, lists and tuples, which this watches: each dict's PEP 509 version (which
-    every write moves), each object's class and ``__dict__``, each list's elements.
-    The argument is held weakly; its death drops the entry."""
-
-    def __init__(self, ref: Any, root: Any, places: list, objects: list, dicts: list, lists: list) -> None:
-        self.root, self.root_class, self.root_dict = ref, type(root), vars(root)  # held weakly, by ref
-        self.places = places  # (container, key) of each leaf
-        self.objects = objects  # (object, class, __dict__) of each object below the root
-        self.dicts = dicts
-        self.lists = lists
-        self.refresh()
-
-    @classmethod
-    def watch(cls, root: Any, places: list, forget: Callable) -> "LeftAsWritten | None":
-        """An entry for ``root`` (just written at ``places``), or None where its state holds
-        something this cannot watch (a set, an object without ``__dict__``, ...), this
-        Python has no dict versions, or ``root`` cannot be held weakly or reaches itself."""
-        if not _dict_version({}) or type(getattr(root, "__dict__", None)) is not dict:
-            return None
-        try:
-            ref = weakref.ref(root, forget)
-        except TypeError:
-            return None
-        objects, dicts, lists = [], [], []
-        seen: set = set()
-        pending = [root]
-        while pending:
-            node = pending.pop()
-            if type(node) in _ATOMS or isinstance(node, (type, torch.Tensor)):
-                continue
-            if id(node) in seen:
-                if node is root:  # held through its own state, it would never die
-                    return None
-                continue
-            seen.add(id(node))
-            if type(node) is dict:
-                dicts.append(node)
-                pending.extend(node.values())
-            elif type(node) is list:
-                lists.append(node)
-                pending.extend(node)
-            elif isinstance(node, tuple) and not hasattr(node, "__dict__"):  # tuples, torch.Size, namedtuples
-                pending.extend(node)
-            elif isinstance(node, (dict, list)):  # a subclass: an OrderedDict's order moves no version
-                return None
-            elif type(getattr(node, "__dict__", None)) is dict and not _has_slots(type(node)):
-                if node is not root:
-                    objects.append((node, type(node), vars(node)))
-                dicts.append(vars(node))
-                pending.extend(vars(node).values())
-            else:
-                return None
-        return cls(ref, root, places, objects, dicts, lists)
-
-    def unchanged(self, argument: Any) -> bool:
-        """Whether ``argument`` is the watched one, as the last write left it."""
-        return (
-            self.root() is argument
-            and type(argument) is self.root_class
-            and vars(argument) is self.root_dict
-            and [*map(_dict_version, self.dicts)] == self.versions
-            and all(map(_same_elements, self.lists, self.elements))
-            and all(type(node) is cls and vars(node) is state for node, cls, state in self.objects)
-        )
-
-    def leaves(self) -> list:
-        return [container[key] for container, key in self.places]
-
-    def refresh(self) -> None:
-        """Record the state just written as the state to compare with."""
-        self.versions = [*map(_dict_version, self.dicts)]
-        self.elements = [*map(tuple, self.lists)]
-
-
-def _same_elements(items: list, kept: tuple) -> bool:
-    return len(items) == len(kept) and all(map(operator.is_, items, kept))
-
-
-def _has_slots(cls: type) -> bool:
-    """Whether instances keep state in slots (beyond ``__dict__``; ``abc.ABC``'s empty ``__slots__`` keep none)."""
-    for base in cls.__mro__:
-        slots = vars(base).get("__slots__", ())
-        if set((slots,) if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
-            return True
-    return False
-
-
 def _walk_leaf_paths(spec: pytree.TreeSpec, path: tuple, paths: list) -> None:
     if spec.is_leaf():
         paths.append(path)
@@ -1954,11 +1736,6 @@ def _forget(cache: dict, key: tuple, _dead_ref: Any) -> None:
     cache.pop(key, None)
 
 
-def _forget_written(written: dict, position: int, dead_ref: Any) -> None:
-    if getattr(written.get(position), "root", None) is dead_ref:  # not a later argument's entry
-        del written[position]
-
-
 def _picker(positions: Any) -> Callable[[Any], tuple]:
     """``seq -> tuple(seq[i] for i in positions)`` as one C call (the driver's hot path)."""
     if not positions:
@@ -2060,101 +1837,6 @@ def pairs_within_groups(same_inputs: Any) -> set:
     return {(i, j) for group in same_input_groups(same_inputs) for i in group for j in group if i != j}
 
 
-# ---------------------------------------------------------------------------
-# DistributedDataParallel arguments (Note invariant 16)
-# ---------------------------------------------------------------------------
-
-
-def is_data_parallel(module: Any) -> bool:
-    return isinstance(module, torch.nn.parallel.DistributedDataParallel)
-
-
-def data_parallel_comm_hook(ddp: Any) -> str | None:
-    """None for DDP's own averaging, ``"allreduce_hook"`` for torch's built-in hook
-    that computes the same, else a description of the registered hook."""
-    name = _ddp_comm_hook_name(ddp)
-    if name is None:
-        return None
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    hooks = getattr(ddp, _DDP_COMM_HOOKS)
-    if len(hooks) == 1 and hooks[0][0] is allreduce_hook and hooks[0][1] in (None, ddp.process_group):
-        return "allreduce_hook"
-    return f"{name!r} (registered with register_comm_hook / _register_builtin_comm_hook)"
-
-
-def data_parallel_buffer_sync(ddp: Any) -> tuple[str, bool]:
-    """(attribute, value) of DDP's flag for broadcasting buffers from rank 0 before each forward."""
-    values = vars(ddp)
-    name = next(name for name in _DDP_BUFFER_SYNC if name in values)
-    return name, bool(values[name])
-
-
-_DATA_PARALLEL_FLAGS = ("find_unused_parameters", "static_graph")
-
-
-def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffers: bool) -> list:
-    """Refuse a DDP argument whose settings differ from ``spec``; return the (vars, name)
-    entries whose value objects the module cache watches (a change re-runs this check)."""
-    if not is_data_parallel(ddp):
-        raise PrecompileError(
-            f"{where} is a {type(ddp).__name__}, but was a DistributedDataParallel at capture (the graph "
-            f"all-reduces gradients over {spec.world_size} ranks): pass the DDP-wrapped model, or precompile "
-            "fn with this one"
-        )
-    group = ddp.process_group
-    if group.size() != spec.world_size:
-        raise PrecompileError(
-            f"{where}.process_group has {group.size()} ranks, but the artifact was captured with "
-            f"{spec.world_size} (its graph averages gradients over that many): precompile again for a "
-            f"world size of {group.size()}"
-        )
-    if group.group_name != spec.group_name or _resolve_process_group(spec.group_name) is not group:
-        raise PrecompileError(
-            f"{where}.process_group is {group.group_name!r}, but the graph's collectives run on the process "
-            f"group {spec.group_name!r} (the default group at capture): wrap the model with DDP on the "
-            "default process group"
-        )
-    values = vars(ddp)
-    if values["require_backward_grad_sync"] != spec.grad_sync:
-        raise PrecompileError(
-            f"{where}.require_backward_grad_sync is {values['require_backward_grad_sync']}, but was "
-            f"{spec.grad_sync} at capture: this artifact "
-            + ("all-reduces gradients, and it is called inside ddp.no_sync()" if spec.grad_sync else
-               "was captured inside ddp.no_sync() (it does not all-reduce), and it is called outside it")
-            + ". For gradient accumulation precompile two steps, one under `with ddp.no_sync():` for the "
-            "micro-batches and one without for the last, and call each in the same context"
-        )
-    for name in _DATA_PARALLEL_FLAGS:
-        if values[name] != getattr(spec, name):
-            raise PrecompileError(
-                f"{where}.{name} is {values[name]}, but was {getattr(spec, name)} at capture "
-                "(which parameters may go without a gradient depends on it): construct DDP as at capture"
-            )
-    hook = data_parallel_comm_hook(ddp)
-    if hook != spec.comm_hook:
-        raise PrecompileError(
-            f"{where} has the comm hook {hook}, but {spec.comm_hook or 'none'} at capture (the graph's "
-            "gradient all-reduce is baked): register the same hook, or precompile again"
-        )
-    buffer_sync, syncs = data_parallel_buffer_sync(ddp)
-    if has_buffers and syncs != spec.broadcast_buffers:
-        raise PrecompileError(
-            f"{where}.{buffer_sync} is {syncs}, but was {spec.broadcast_buffers} at capture: the graph "
-            + ("broadcasts" if spec.broadcast_buffers else "does not broadcast")
-            + f" the module's buffers from rank 0 before the forward: construct DDP with {buffer_sync}="
-            f"{spec.broadcast_buffers} as at capture, or precompile again"
-        )
-    if spec.broadcast_buffers and not values["require_forward_param_sync"]:
-        raise PrecompileError(
-            f"{where}.require_forward_param_sync is False (DDP's previous forward ran without gradient sync, "
-            "e.g. inside no_sync(), so DDP would not broadcast the buffers now), but the graph broadcasts "
-            f"them: call it after a synchronizing step, or construct DDP with {buffer_sync}=False"
-        )
-    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", *_DATA_PARALLEL_FLAGS)
-    return [(values, name) for name in (*watched, buffer_sync)]
-
-
 def _distinct_storages(tensors: list) -> bool:
     """Whether no two of ``tensors`` can share memory: their storages' data pointers differ.
 
@@ -2166,13 +1848,6 @@ def _distinct_storages(tensors: list) -> bool:
     except (AttributeError, RuntimeError, NotImplementedError, TypeError):  # no storage of its own (DTensor)
         return False
     return 0 not in pointers and len(set(pointers)) == len(pointers)
-
-
-def guard_passes(guard: Any, tensors: list) -> bool:
-    try:
-        return guard.check(*tensors)
-    except TypeError:  # a non-tensor where a tensor was captured
-        return False
 
 
 # ---------------------------------------------------------------------------
@@ -3036,20 +2711,131 @@ class PrecompiledFunction:
 
 
 # ---------------------------------------------------------------------------
-# Optimizer arguments (Note [precompile programming model], invariant 11)
+# Graph backends
 # ---------------------------------------------------------------------------
 
 
-# State keys the traced step reads and writes, per supported torch.optim class.
-OPTIMIZER_STATE_KEYS = {
-    "SGD": ("momentum_buffer",),
-    "Adam": ("step", "exp_avg", "exp_avg_sq"),
-    "AdamW": ("step", "exp_avg", "exp_avg_sq"),
-}
+def materialize_constants(specs: tuple[ConstantSpec, ...]) -> list[torch.Tensor]:
+    constants = []
+    for spec in specs:
+        raw = bytearray(base64.b64decode(spec.data))
+        flat = torch.frombuffer(raw, dtype=_dtype(spec.dtype)) if raw else torch.empty(0, dtype=_dtype(spec.dtype))
+        constants.append(flat.reshape(spec.shape).to(spec.device, copy=True))
+    return constants
 
 
-# What OneCycleLR / CyclicLR cycle besides lr, per optimizer class: lifted when captured.
-LIFTED_HYPERPARAMETERS = {"SGD": ("momentum",), "Adam": ("betas[0]",), "AdamW": ("betas[0]",)}
+def eager_runner(graph: Callable) -> Callable[[list], Any]:
+    def run(inputs: list) -> Any:
+        return graph(*inputs)
+
+    return run
+
+
+# ~~~~ driver part: data_parallel ~~~~
+# DistributedDataParallel arguments (Note invariant 16).  Only in artifacts with
+# a DistributedDataParallel argument.
+
+
+def is_data_parallel(module: Any) -> bool:
+    return isinstance(module, torch.nn.parallel.DistributedDataParallel)
+
+
+def data_parallel_comm_hook(ddp: Any) -> str | None:
+    """None for DDP's own averaging, ``"allreduce_hook"`` for torch's built-in hook
+    that computes the same, else a description of the registered hook."""
+    name = _ddp_comm_hook_name(ddp)
+    if name is None:
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    hooks = getattr(ddp, _DDP_COMM_HOOKS)
+    if len(hooks) == 1 and hooks[0][0] is allreduce_hook and hooks[0][1] in (None, ddp.process_group):
+        return "allreduce_hook"
+    return f"{name!r} (registered with register_comm_hook / _register_builtin_comm_hook)"
+
+
+def data_parallel_buffer_sync(ddp: Any) -> tuple[str, bool]:
+    """(attribute, value) of DDP's flag for broadcasting buffers from rank 0 before each forward."""
+    values = vars(ddp)
+    name = next(name for name in _DDP_BUFFER_SYNC if name in values)
+    return name, bool(values[name])
+
+
+_DATA_PARALLEL_FLAGS = ("find_unused_parameters", "static_graph")
+
+
+def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffers: bool) -> list:
+    """Refuse a DDP argument whose settings differ from ``spec``; return the (vars, name)
+    entries whose value objects the module cache watches (a change re-runs this check)."""
+    if not is_data_parallel(ddp):
+        raise PrecompileError(
+            f"{where} is a {type(ddp).__name__}, but was a DistributedDataParallel at capture (the graph "
+            f"all-reduces gradients over {spec.world_size} ranks): pass the DDP-wrapped model, or precompile "
+            "fn with this one"
+        )
+    group = ddp.process_group
+    if group.size() != spec.world_size:
+        raise PrecompileError(
+            f"{where}.process_group has {group.size()} ranks, but the artifact was captured with "
+            f"{spec.world_size} (its graph averages gradients over that many): precompile again for a "
+            f"world size of {group.size()}"
+        )
+    if group.group_name != spec.group_name or _resolve_process_group(spec.group_name) is not group:
+        raise PrecompileError(
+            f"{where}.process_group is {group.group_name!r}, but the graph's collectives run on the process "
+            f"group {spec.group_name!r} (the default group at capture): wrap the model with DDP on the "
+            "default process group"
+        )
+    values = vars(ddp)
+    if values["require_backward_grad_sync"] != spec.grad_sync:
+        raise PrecompileError(
+            f"{where}.require_backward_grad_sync is {values['require_backward_grad_sync']}, but was "
+            f"{spec.grad_sync} at capture: this artifact "
+            + ("all-reduces gradients, and it is called inside ddp.no_sync()" if spec.grad_sync else
+               "was captured inside ddp.no_sync() (it does not all-reduce), and it is called outside it")
+            + ". For gradient accumulation precompile two steps, one under `with ddp.no_sync():` for the "
+            "micro-batches and one without for the last, and call each in the same context"
+        )
+    for name in _DATA_PARALLEL_FLAGS:
+        if values[name] != getattr(spec, name):
+            raise PrecompileError(
+                f"{where}.{name} is {values[name]}, but was {getattr(spec, name)} at capture "
+                "(which parameters may go without a gradient depends on it): construct DDP as at capture"
+            )
+    hook = data_parallel_comm_hook(ddp)
+    if hook != spec.comm_hook:
+        raise PrecompileError(
+            f"{where} has the comm hook {hook}, but {spec.comm_hook or 'none'} at capture (the graph's "
+            "gradient all-reduce is baked): register the same hook, or precompile again"
+        )
+    buffer_sync, syncs = data_parallel_buffer_sync(ddp)
+    if has_buffers and syncs != spec.broadcast_buffers:
+        raise PrecompileError(
+            f"{where}.{buffer_sync} is {syncs}, but was {spec.broadcast_buffers} at capture: the graph "
+            + ("broadcasts" if spec.broadcast_buffers else "does not broadcast")
+            + f" the module's buffers from rank 0 before the forward: construct DDP with {buffer_sync}="
+            f"{spec.broadcast_buffers} as at capture, or precompile again"
+        )
+    if spec.broadcast_buffers and not values["require_forward_param_sync"]:
+        raise PrecompileError(
+            f"{where}.require_forward_param_sync is False (DDP's previous forward ran without gradient sync, "
+            "e.g. inside no_sync(), so DDP would not broadcast the buffers now), but the graph broadcasts "
+            f"them: call it after a synchronizing step, or construct DDP with {buffer_sync}=False"
+        )
+    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", *_DATA_PARALLEL_FLAGS)
+    return [(values, name) for name in (*watched, buffer_sync)]
+
+
+# ~~~~ driver part: optimizer ~~~~
+# Optimizer arguments (Note [precompile programming model], invariant 11).  Only
+# in artifacts with an optimizer argument.
+
+
+def guard_passes(guard: Any, tensors: list) -> bool:
+    try:
+        return guard.check(*tensors)
+    except TypeError:  # a non-tensor where a tensor was captured
+        return False
 
 
 def hyperparameter(group: dict, key: str) -> Any:
@@ -3193,18 +2979,249 @@ class OptimizerArgument:
             check_tensor(what, tensor, spec, self.backend)
 
 
-# ---------------------------------------------------------------------------
-# Graph backends
-# ---------------------------------------------------------------------------
+# ~~~~ driver part: input_objects ~~~~
+# Input objects fn rebinds or returns, as a cache (Note invariant 5).  Only in
+# artifacts whose fn does.
 
 
-def materialize_constants(specs: tuple[ConstantSpec, ...]) -> list[torch.Tensor]:
-    constants = []
-    for spec in specs:
-        raw = bytearray(base64.b64decode(spec.data))
-        flat = torch.frombuffer(raw, dtype=_dtype(spec.dtype)) if raw else torch.empty(0, dtype=_dtype(spec.dtype))
-        constants.append(flat.reshape(spec.shape).to(spec.device, copy=True))
-    return constants
+def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
+    """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
+    index in ``substitutes`` is that object instead of a rebuilt one."""
+    return _build_substituting(spec, iter(leaves), itertools.count(), substitutes)
+
+
+def _build_substituting(spec: pytree.TreeSpec, leaves: Any, counter: Any, substitutes: dict) -> Any:
+    # A module-level function, not a closure calling itself: that would be a reference
+    # cycle keeping ``substitutes`` (the caller's objects) alive until a garbage collection.
+    index = next(counter)
+    if spec.is_leaf():
+        return next(leaves)
+    if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
+        _skip(leaves, spec.num_leaves)
+        _skip(counter, spec.num_nodes - 1)
+        return substitutes[index]
+    children = [_build_substituting(child, leaves, counter, substitutes) for child in spec.children()]
+    return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
+
+
+def _skip(iterator: Any, count: int) -> None:
+    if count > 0:
+        next(itertools.islice(iterator, count - 1, None), None)
+
+
+def node_at(tree: Any, spec: pytree.TreeSpec, index: int) -> Any:
+    """The node of ``tree`` (whose structure is ``spec``) at ``index`` in the spec's pre-order
+    walk (leaves included), flattening only the nodes on the way to it."""
+    while index:
+        index -= 1
+        children = pytree.SUPPORTED_NODES[spec.type].flatten_fn(tree)[0]
+        for child, child_spec in zip(children, spec.children()):
+            if index < child_spec.num_nodes:
+                tree, spec = child, child_spec
+                break
+            index -= child_spec.num_nodes
+    return tree
+
+
+def write_back(target: Any, source: Any) -> Any:
+    """Make ``target`` (the caller's input object) hold what ``source`` (the same
+    argument as fn left it, rebuilt from the graph's outputs) holds.
+
+    Objects of the same type are updated in place, recursively (lists and dicts
+    by element, other objects by their ``__dict__``), so the caller's references
+    to them stay valid as in eager; anything else (a tensor fn rebound, an
+    immutable value) is replaced.  Returns the object the parent must hold:
+    ``target`` where it was updated in place.
+    """
+    if type(target) is not type(source) or isinstance(target, torch.Tensor):
+        return source
+    if isinstance(target, list):
+        merged = [write_back(t, s) for t, s in zip(target, source)] + list(source[len(target) :])
+        target[:] = merged
+    elif isinstance(target, dict):
+        merged = {k: write_back(target[k], v) if k in target else v for k, v in source.items()}
+        target.clear()
+        target.update(merged)
+    elif isinstance(target, tuple):
+        merged = [write_back(t, s) for t, s in zip(target, source)]
+        same = len(target) == len(source) and all(map(operator.is_, merged, target))
+        return target if same else source
+    elif type(getattr(target, "__dict__", None)) is dict:
+        state = vars(target)
+        merged = {k: write_back(state[k], v) if k in state else v for k, v in vars(source).items()}
+        state.clear()
+        state.update(merged)
+    else:
+        return source
+    return target
+
+
+def leaf_slots(spec: pytree.TreeSpec) -> list | None:
+    """Where each leaf of ``spec`` sits in an object its unflatten builds: per leaf, the
+    steps ``(through_dict_attribute, key)`` from the root through dict items, list items and
+    plain objects' ``__dict__`` entries.  None where some leaf sits elsewhere (in a tuple,
+    twice, or somewhere the walk does not enter), or the unflatten needs more than
+    placeholder tensors.  What a call follows (``leaf_places``) instead of unflatten + write_back."""
+    placeholders = [torch.empty(()) for _ in range(spec.num_leaves)]
+    try:
+        template = pytree.tree_unflatten(placeholders, spec)
+        again = pytree.tree_leaves(template)  # a flatten gives each leaf back from where it sits
+    except Exception:  # whatever a node's unflatten raises on placeholders
+        return None
+    if len(again) != len(placeholders) or not all(map(operator.is_, again, placeholders)):
+        return None
+    where = {id(placeholder): index for index, placeholder in enumerate(placeholders)}
+    slots: list = [None] * len(placeholders)
+    seen: set = set()
+    pending = [(template, ())]
+    while pending:
+        node, path = pending.pop()
+        if id(node) in where:
+            if slots[where[id(node)]] is not None or not path:
+                return None
+            slots[where[id(node)]] = path
+        elif not isinstance(node, torch.Tensor) and id(node) not in seen:
+            seen.add(id(node))
+            if isinstance(node, (list, dict)):
+                items, through_dict = (node.items() if isinstance(node, dict) else enumerate(node)), False
+            elif type(getattr(node, "__dict__", None)) is dict:
+                items, through_dict = vars(node).items(), True
+            else:
+                continue
+            pending.extend((child, (*path, (through_dict, key))) for key, child in items)
+    return None if any(slot is None for slot in slots) else slots
+
+
+def leaf_places(target: Any, slots: list, before: list) -> list | None:
+    """The (container, key) holding each ``before`` leaf in ``target``, found along ``slots``
+    (from ``leaf_slots``); None where some slot does not hold its leaf."""
+    places = []
+    for path, old in zip(slots, before):
+        node = target
+        try:
+            for through_dict, key in path:
+                container = vars(node) if through_dict else node
+                if not isinstance(container, (list, dict)):
+                    return None
+                node = container[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+        if node is not old:
+            return None
+        places.append((container, key))
+    return places
+
+
+def write_places(places: list, leaves: list) -> None:
+    """What ``write_back`` does when fn left an argument's structure as it was: each new leaf where the old one sat."""
+    for (container, key), leaf in zip(places, leaves):
+        container[key] = leaf
+
+
+# Values whose state is their identity: a dict or list holding them changes only by a write.
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class LeftAsWritten:
+    """A rebound argument as the last call's write left it, for the next call to see in a
+    few C calls that nothing changed it since: then its leaves are where that call wrote
+    them and its structure is the captured one, so it is not flattened again (Note
+    invariant 5).  Sound for node types whose flatten reads only the argument's objects,
+    dicts, lists and tuples, which this watches: each dict's PEP 509 version (which
+    every write moves), each object's class and ``__dict__``, each list's elements.
+    The argument is held weakly; its death drops the entry."""
+
+    def __init__(self, ref: Any, root: Any, places: list, objects: list, dicts: list, lists: list) -> None:
+        self.root, self.root_class, self.root_dict = ref, type(root), vars(root)  # held weakly, by ref
+        self.places = places  # (container, key) of each leaf
+        self.objects = objects  # (object, class, __dict__) of each object below the root
+        self.dicts = dicts
+        self.lists = lists
+        self.refresh()
+
+    @classmethod
+    def watch(cls, root: Any, places: list, forget: Callable) -> "LeftAsWritten | None":
+        """An entry for ``root`` (just written at ``places``), or None where its state holds
+        something this cannot watch (a set, an object without ``__dict__``, ...), this
+        Python has no dict versions, or ``root`` cannot be held weakly or reaches itself."""
+        if not _dict_version({}) or type(getattr(root, "__dict__", None)) is not dict:
+            return None
+        try:
+            ref = weakref.ref(root, forget)
+        except TypeError:
+            return None
+        objects, dicts, lists = [], [], []
+        seen: set = set()
+        pending = [root]
+        while pending:
+            node = pending.pop()
+            if type(node) in _ATOMS or isinstance(node, (type, torch.Tensor)):
+                continue
+            if id(node) in seen:
+                if node is root:  # held through its own state, it would never die
+                    return None
+                continue
+            seen.add(id(node))
+            if type(node) is dict:
+                dicts.append(node)
+                pending.extend(node.values())
+            elif type(node) is list:
+                lists.append(node)
+                pending.extend(node)
+            elif isinstance(node, tuple) and not hasattr(node, "__dict__"):  # tuples, torch.Size, namedtuples
+                pending.extend(node)
+            elif isinstance(node, (dict, list)):  # a subclass: an OrderedDict's order moves no version
+                return None
+            elif type(getattr(node, "__dict__", None)) is dict and not _has_slots(type(node)):
+                if node is not root:
+                    objects.append((node, type(node), vars(node)))
+                dicts.append(vars(node))
+                pending.extend(vars(node).values())
+            else:
+                return None
+        return cls(ref, root, places, objects, dicts, lists)
+
+    def unchanged(self, argument: Any) -> bool:
+        """Whether ``argument`` is the watched one, as the last write left it."""
+        return (
+            self.root() is argument
+            and type(argument) is self.root_class
+            and vars(argument) is self.root_dict
+            and [*map(_dict_version, self.dicts)] == self.versions
+            and all(map(_same_elements, self.lists, self.elements))
+            and all(type(node) is cls and vars(node) is state for node, cls, state in self.objects)
+        )
+
+    def leaves(self) -> list:
+        return [container[key] for container, key in self.places]
+
+    def refresh(self) -> None:
+        """Record the state just written as the state to compare with."""
+        self.versions = [*map(_dict_version, self.dicts)]
+        self.elements = [*map(tuple, self.lists)]
+
+
+def _same_elements(items: list, kept: tuple) -> bool:
+    return len(items) == len(kept) and all(map(operator.is_, items, kept))
+
+
+def _has_slots(cls: type) -> bool:
+    """Whether instances keep state in slots (beyond ``__dict__``; ``abc.ABC``'s empty ``__slots__`` keep none)."""
+    for base in cls.__mro__:
+        slots = vars(base).get("__slots__", ())
+        if set((slots,) if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
+            return True
+    return False
+
+
+def _forget_written(written: dict, position: int, dead_ref: Any) -> None:
+    if getattr(written.get(position), "root", None) is dead_ref:  # not a later argument's entry
+        del written[position]
+
+
+# ~~~~ driver part: inductor ~~~~
+# Inductor graphs: their kernels, loaded or compiled, and stand-ins for what they
+# import from Inductor.  Only in artifacts of backend='inductor'.
 
 
 def kernel_key(argtypes: list[str], source: str) -> str:
@@ -3251,6 +3268,8 @@ _GRID_NODES = (
     ast.Expression, ast.Tuple, ast.Load, ast.Name, ast.Constant, ast.BinOp, ast.UnaryOp,
     ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.USub, ast.Call,
 )
+
+
 _GRID_FUNCTIONS = {"min": min, "max": max}
 
 
@@ -3438,10 +3457,3 @@ def bind_inductor_graph(
         run_intermediate_hooks=_run_intermediate_hooks,
     )
     return loader
-
-
-def eager_runner(graph: Callable) -> Callable[[list], Any]:
-    def run(inputs: list) -> Any:
-        return graph(*inputs)
-
-    return run
