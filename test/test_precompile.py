@@ -44,6 +44,7 @@ import torch_precompile._precompile as precompile_module
 import torch_precompile._precompile_capture as capture_module
 import torch_precompile._precompile_format as format_module
 import torch_precompile._precompile_runtime as runtime
+import torch_precompile._precompile_schema as schema
 from torch_precompile import PrecompileError
 from _precompile_testing import Artifacts, load, MARK_BOUNDS, needs_mark_bounds, small_mlp, TORCH_RELEASE
 
@@ -869,14 +870,14 @@ class TestConventionSchema(TestCase):
     def convention(**changes):
         """A hand-built convention using every record, field kind and union case."""
         pytree = torch.utils._pytree
-        t = runtime.TensorSpec
+        t = schema.TensorSpec
         x = t((None, 4), None, "float32", "cpu", free_dims=((0, 0, 2, None),), memory_format="contiguous_format")
         fields = dict(
             format_version=format_module.CONVENTION_VERSION,
             backend="inductor",
             arity=4,
             modules=(
-                runtime.ModuleSpec(
+                schema.ModuleSpec(
                     position=0,
                     parameters=("w",),
                     buffers=("b",),
@@ -894,29 +895,29 @@ class TestConventionSchema(TestCase):
                 ),
             ),
             state=(
-                runtime.StateSpec("parameter", ((0, "w"),), t((2,), (1,), "float32", "cpu", requires_grad=True)),
-                runtime.StateSpec("buffer", ((0, "b"),), t((), (), "int64", "cpu")),
+                schema.StateSpec("parameter", ((0, "w"),), t((2,), (1,), "float32", "cpu", requires_grad=True)),
+                schema.StateSpec("buffer", ((0, "b"),), t((), (), "int64", "cpu")),
             ),
             input_spec=pytree.tree_structure((0, {"a": 0, "b": 0})),
             inputs=(
-                runtime.LeafSpec(tensor=x),
-                runtime.LeafSpec(value=None),
-                runtime.LeafSpec(value=float("nan")),
+                schema.LeafSpec(tensor=x),
+                schema.LeafSpec(value=None),
+                schema.LeafSpec(value=float("nan")),
             ),
             output_spec=pytree.tree_structure([0, 0, 0]),
             outputs=(
-                runtime.LeafSpec(graph_output=0),
-                runtime.LeafSpec(value=None),
-                runtime.LeafSpec(value=float("inf")),
+                schema.LeafSpec(graph_output=0),
+                schema.LeafSpec(value=None),
+                schema.LeafSpec(value=float("inf")),
             ),
             grad_state=(0,),
-            constants=(runtime.ConstantSpec((2,), "int32", "cpu", "AQAAAAIAAAA="),),
+            constants=(schema.ConstantSpec((2,), "int32", "cpu", "AQAAAAIAAAA="),),
             needs_grad=True,
             mutated=(1,),
             default_dtype="float32",
             autocast=(("cpu", "bfloat16"),),
             optimizers=(
-                runtime.OptimizerSpec(
+                schema.OptimizerSpec(
                     position=1,
                     cls="Adam",
                     groups=((0,),),
@@ -931,49 +932,49 @@ class TestConventionSchema(TestCase):
             output_tensors=(t((None, 3), None, "float32", "cpu"),),
         )
         fields.update(changes)
-        return runtime.CallingConvention(**fields)
+        return schema.CallingConvention(**fields)
 
     def literal(self, **changes):
         return self.convention(**changes).to_literal()
 
     def assert_malformed(self, literal, message):
         with self.assertRaisesRegex(PrecompileError, "calling convention is malformed: " + message):
-            runtime.CallingConvention.from_literal(literal)
+            schema.CallingConvention.from_literal(literal)
 
     def test_round_trip_of_every_record(self):
         convention = self.convention()
         literal = convention.to_literal()
         self.assertEqual(ast.literal_eval(repr(literal)), literal)  # plain literals only
-        decoded = runtime.CallingConvention.from_literal(literal)
+        decoded = schema.CallingConvention.from_literal(literal)
         self.assertEqual(decoded, convention)
         self.assertIsInstance(decoded.input_spec, torch.utils._pytree.TreeSpec)  # serialized only at the edges
-        self.assertTrue(runtime.same_value(decoded.inputs[2].value, float("nan")))
+        self.assertTrue(schema.same_value(decoded.inputs[2].value, float("nan")))
         self.assertEqual(decoded.sizes, ((0, 0),))  # derived from the inputs' free dims
         for record in (decoded.modules[0], decoded.state[0], decoded.inputs[0], decoded.constants[0], decoded.optimizers[0]):
-            self.assertEqual(runtime._DECODERS[type(record)](runtime._to_literal(record)), record)
+            self.assertEqual(schema._DECODERS[type(record)](schema._to_literal(record)), record)
 
     def test_records_behave_as_named_tuples(self):
         # Record: typing.NamedTuple's interface without its per-class eval at import.
-        spec = runtime.TensorSpec((2, 3), (3, 1), "float32", "cpu")
+        spec = schema.TensorSpec((2, 3), (3, 1), "float32", "cpu")
         self.assertEqual(spec, (((2, 3), (3, 1), "float32", "cpu", (), None, False)))
         self.assertEqual((spec.shape, spec.free_dims, spec.requires_grad), ((2, 3), (), False))
-        self.assertEqual(runtime.TensorSpec._fields[:4], ("shape", "stride", "dtype", "device"))
+        self.assertEqual(schema.TensorSpec._fields[:4], ("shape", "stride", "dtype", "device"))
         self.assertEqual(spec._replace(dtype="int64").dtype, "int64")
-        self.assertEqual(runtime.TensorSpec._make(spec), spec)
+        self.assertEqual(schema.TensorSpec._make(spec), spec)
         self.assertFalse(hasattr(spec, "__dict__"))
         self.assertEqual(copy.deepcopy(spec), spec)
         self.assertEqual(pickle.loads(pickle.dumps(spec)), spec)
-        self.assertEqual(repr(runtime.LeafSpec(graph_output=1)), "LeafSpec(tensor=None, graph_output=1, value=Ellipsis)")
-        self.assertEqual(runtime.OptimizerSpec(*range(7)).cls, 1)  # a field may be named cls
+        self.assertEqual(repr(schema.LeafSpec(graph_output=1)), "LeafSpec(tensor=None, graph_output=1, value=Ellipsis)")
+        self.assertEqual(schema.OptimizerSpec(*range(7)).cls, 1)  # a field may be named cls
         with self.assertRaisesRegex(TypeError, r"TensorSpec\(\) lacks its field 'stride'"):
-            runtime.TensorSpec((2,))
+            schema.TensorSpec((2,))
         with self.assertRaisesRegex(TypeError, r"unexpected or repeated fields \['shape'\]"):
-            runtime.TensorSpec((2,), None, "float32", "cpu", shape=(3,))
+            schema.TensorSpec((2,), None, "float32", "cpu", shape=(3,))
         with self.assertRaisesRegex(TypeError, "takes 3 fields, got 4"):
-            runtime.StateSpec(1, 2, 3, 4)
+            schema.StateSpec(1, 2, 3, 4)
         with self.assertRaisesRegex(TypeError, "fields with defaults must come last"):
 
-            class Bad(runtime.Record):
+            class Bad(schema.Record):
                 first: int = 0
                 second: int
 
@@ -985,8 +986,8 @@ class TestConventionSchema(TestCase):
         self.assertEqual(literal["outputs"][0], {"graph_output": 0})
         self.assertEqual(literal["inputs"][2], {"value": {"nonfinite_float": "nan"}})
         self.assertNotIn("sizes", literal)  # stored once, as free_dims
-        self.assertFalse(runtime.LeafSpec(tensor=self.convention().inputs[0].tensor).is_value)
-        self.assertTrue(runtime.LeafSpec(value=None).is_value)
+        self.assertFalse(schema.LeafSpec(tensor=self.convention().inputs[0].tensor).is_value)
+        self.assertTrue(schema.LeafSpec(value=None).is_value)
 
     def test_malformed_field_of_each_kind(self):
         def edited(path, value):
@@ -1035,7 +1036,7 @@ class TestConventionSchema(TestCase):
         self.assert_malformed([], r"CALLING_CONVENTION = \[\] \(a dict of CallingConvention fields\)")
 
     def test_invariants_name_field_and_value(self):
-        t = runtime.TensorSpec
+        t = schema.TensorSpec
         for changes, message in (
             (dict(grad_state=(1,)), r"grad_state = \(1,\) \(expected increasing indices within \[0\]\)"),
             (dict(mutated=(5,)), r"mutated = \(5,\)"),
@@ -1043,15 +1044,15 @@ class TestConventionSchema(TestCase):
                 dict(modules=(self.convention().modules[0]._replace(position=4),)),
                 r"modules\[0\]\.position = 4 \(expected a distinct argument position < arity 4\)",
             ),
-            (dict(inputs=(runtime.LeafSpec(),) * 3), r"inputs\[0\] = LeafSpec\(.*\) \(expected exactly one of tensor, value\)"),
-            (dict(outputs=(runtime.LeafSpec(graph_output=1),) * 3), r"outputs = \[1, 1, 1\] \(graph_output indices"),
+            (dict(inputs=(schema.LeafSpec(),) * 3), r"inputs\[0\] = LeafSpec\(.*\) \(expected exactly one of tensor, value\)"),
+            (dict(outputs=(schema.LeafSpec(graph_output=1),) * 3), r"outputs = \[1, 1, 1\] \(graph_output indices"),
             (dict(output_spec=torch.utils._pytree.tree_structure([0])), r"output_spec = .* \(expected 3 leaves\)"),
             (
-                dict(inputs=(runtime.LeafSpec(tensor=t((None,), None, "float32", "cpu")),) + self.convention().inputs[1:]),
+                dict(inputs=(schema.LeafSpec(tensor=t((None,), None, "float32", "cpu")),) + self.convention().inputs[1:]),
                 r"inputs\[0\]\.tensor\.free_dims = \(\) \(expected one entry per None dim",
             ),
             (
-                dict(constants=(runtime.ConstantSpec((3,), "int32", "cpu", "AQAAAAIAAAA="),)),
+                dict(constants=(schema.ConstantSpec((3,), "int32", "cpu", "AQAAAAIAAAA="),)),
                 r"constants\[0\]\.data = '8 bytes' \(expected \(3,\) int32\)",
             ),
             (dict(output_tensors=()), r"output_tensors = \(\) \(expected one per tensor output \(1\)\)"),
@@ -1479,8 +1480,10 @@ class TestImportGraph(TestCase):
 
     def test_format_sits_at_the_bottom(self):
         graph = self.graph()
-        self.assertLessEqual(graph["_precompile_format"], {"_precompile_runtime", "_precompile_compat"})
-        self.assertEqual(graph["_precompile_runtime"], set(), "the driver runs alone in an artifact")
+        self.assertLessEqual(graph["_precompile_format"], {"_precompile_schema", "_precompile_runtime", "_precompile_compat"})
+        # The driver runs alone in an artifact, after the schema's text (its one import is skipped there).
+        self.assertEqual(graph["_precompile_runtime"], {"_precompile_schema"})
+        self.assertEqual(graph["_precompile_schema"], set())
         for reader in ("_precompile", "_precompile_capture", "_precompile_inspect"):
             self.assertIn("_precompile_format", graph[reader])
 

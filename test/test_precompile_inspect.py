@@ -23,6 +23,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 import torch_precompile
 import torch_precompile._precompile_format as format_module
 import torch_precompile._precompile_runtime as runtime
+import torch_precompile._precompile_schema as schema
 from torch_precompile._precompile_inspect import describe, format_report, main, report
 from torch_precompile import precompile, PrecompileError
 
@@ -375,7 +376,7 @@ class TestReader(InspectTestCase):
         self.assertEqual(report(artifact), describe(code, cache))
         # The output's shape and dtype are in the calling convention.
         self.assertEqual(
-            artifact.convention.output_tensors, (runtime.TensorSpec((), None, "float32", "cpu"),)
+            artifact.convention.output_tensors, (schema.TensorSpec((), None, "float32", "cpu"),)
         )
 
     def test_verdicts(self):

@@ -16,7 +16,7 @@ import textwrap
 
 import torch
 import torch.nn as nn
-from torch_precompile import _precompile_runtime as runtime
+from torch_precompile import _precompile_runtime as runtime, _precompile_schema as schema
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize, run_tests, TestCase
 from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -122,7 +122,7 @@ class TestLayoutGuard(TestCase):
     @parametrize("unchanged", ["extension", "python"])
     def test_entries_unchanged_compares_identity_and_lengths(self, unchanged):
         entries_unchanged = runtime._C.entries_unchanged if unchanged == "extension" else runtime._entries_unchanged_in_python
-        missing, eps, scales = runtime.MISSING, -0.0, [1.0]
+        missing, eps, scales = schema.MISSING, -0.0, [1.0]
 
         def watched():
             """An owner dict as captured (an absent entry watched too), and the five lists."""
@@ -146,7 +146,7 @@ class TestLayoutGuard(TestCase):
             entries_unchanged([object()], ["eps"], [eps], [], [], missing)
 
     def test_tensor_guard_uses_the_extension_for_plain_tensors_only(self):
-        spec = runtime.TensorSpec(shape=(2,), stride=(1,), dtype="float32", device="cpu")
+        spec = schema.TensorSpec(shape=(2,), stride=(1,), dtype="float32", device="cpu")
         self.assertIsInstance(runtime.tensor_guard([torch.randn(2)], [spec]), runtime._LayoutGuard)
         # A subclass with __torch_dispatch__: its sizes are Python's; TensorGuards reads them.
         two = TwoTensor(torch.randn(2), torch.randn(2))

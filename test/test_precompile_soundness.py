@@ -26,6 +26,7 @@ from torch.testing._internal.common_utils import (
 import torch_precompile
 
 from torch_precompile._precompile import runtime
+from torch_precompile import _precompile_schema as schema
 from torch_precompile import PrecompileError
 
 
@@ -302,13 +303,13 @@ class TestSoundness(TestCase):
         self.assertRefused(r"args\[1\]: expected 0\.0 .*got 0;", lambda: f(x, 0), x)
 
     def test_same_value(self):
-        self.assertTrue(runtime.same_value(math.nan, float("nan")))
-        self.assertTrue(runtime.same_value(-0.0, -0.0))
-        self.assertFalse(runtime.same_value(-0.0, 0.0))
-        self.assertFalse(runtime.same_value(True, 1))
-        self.assertFalse(runtime.same_value(1, 1.0))
-        self.assertTrue(runtime.same_value("a", "a"))
-        self.assertTrue(runtime.same_value(None, None))
+        self.assertTrue(schema.same_value(math.nan, float("nan")))
+        self.assertTrue(schema.same_value(-0.0, -0.0))
+        self.assertFalse(schema.same_value(-0.0, 0.0))
+        self.assertFalse(schema.same_value(True, 1))
+        self.assertFalse(schema.same_value(1, 1.0))
+        self.assertTrue(schema.same_value("a", "a"))
+        self.assertTrue(schema.same_value(None, None))
 
     @parametrize("backend", BACKENDS)
     def test_lazy_conj_and_neg_bits(self, backend):

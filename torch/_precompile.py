@@ -11,7 +11,8 @@ each other relatively and downward only: ``_precompile_files`` (torch 2.15's
 file-based front-end, ``torch_precompile.files``) over ``_precompile`` (this API
 and load) and ``_precompile_capture`` / ``_precompile_inspect`` over
 ``_precompile_format`` (the artifact format) over ``_precompile_runtime`` (the
-driver) and ``_precompile_compat``.
+driver) and ``_precompile_compat``, and both over ``_precompile_schema`` (the
+calling convention's records and codec).
 
 Note [precompile programming model]
 ===================================
@@ -146,7 +147,7 @@ says who guarantees it and, where it is enforced, which tests (in
    anything but the imports of the classes an input/output structure names
    by import path (invariant 3), and warns at every load (TestLoad).  Trusting the
    pair is the caller's responsibility.  The convention's records
-   (``_precompile_runtime.CallingConvention`` and the specs it holds) are
+   (``_precompile_schema.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the
    cross-references are checked (``validate_convention``); an artifact whose
    ``format_version`` is outside ``MIN_CONVENTION_VERSION..CONVENTION_VERSION``
@@ -591,7 +592,7 @@ from ._precompile_format import (
     GPU_KERNEL_SUFFIX,
     read_artifact,
 )
-from ._precompile_runtime import CallingConvention, PrecompileError
+from ._precompile_schema import CallingConvention, PrecompileError
 
 
 __all__ = ["precompile", "PrecompileError"]

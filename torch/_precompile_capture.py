@@ -28,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _precompile_compat as compat, _precompile_ddp as ddp, _precompile_runtime as runtime
+from . import _precompile_compat as compat, _precompile_ddp as ddp, _precompile_runtime as runtime, _precompile_schema as schema
 from ._precompile_format import (
     _driver_source,
     _marker,
@@ -39,7 +39,7 @@ from ._precompile_format import (
     driver_parts,
     CONVENTION_VERSION,
 )
-from ._precompile_runtime import (
+from ._precompile_schema import (
     CallingConvention,
     ConstantSpec,
     LeafSpec,
@@ -256,11 +256,11 @@ def _check_recordable_structure(what: str, spec: pytree.TreeSpec, rebuilt: bool)
     context must be a literal or a class; an input's is only compared with
     the caller's, by repr, which must then not name an address.
     """
-    if runtime.dumps_exactly(spec) is not None:
+    if schema.dumps_exactly(spec) is not None:
         return
     try:
-        node = runtime.named_node(spec)
-    except runtime.Unnameable as error:
+        node = schema.named_node(spec)
+    except schema.Unnameable as error:
         raise PrecompileError(f"{what}: its pytree structure holds {error}") from None
     for type_path, context in _repr_contexts(node):
         if rebuilt or " at 0x" in context:
@@ -300,7 +300,7 @@ def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> Tensor
 
 def _memory_format(t: torch.Tensor) -> str | None:
     """The first memory format ``t`` is dense in (row-major first), or None."""
-    for name, memory_format in runtime.MEMORY_FORMATS.items():
+    for name, memory_format in schema.MEMORY_FORMATS.items():
         if t.is_contiguous(memory_format=memory_format):
             return name
     return None
@@ -360,7 +360,7 @@ def _check_value_leaf(what: str, value: Any) -> None:
             "artifact cannot return (its outputs are tensors and constants): return it as a tensor "
             "(torch.tensor(n) or x.new_tensor(n)), or remove the marks it depends on"
         )
-    if type(value) not in runtime.LEAF_VALUE_TYPES:
+    if type(value) not in schema.LEAF_VALUE_TYPES:
         raise PrecompileError(
             f"{what}: unsupported leaf of type {type(value).__name__}; outputs must be pytrees "
             f"of tensors, int, float, bool, str or None{_how_to_register(value)}"
@@ -388,7 +388,7 @@ def _how_to_register(value: Any) -> str:
 def _input_value_literal(what: str, value: Any) -> Any:
     """A Python leaf of fn's inputs, baked as value_literal(): its type (a numpy scalar's dtype, an Enum's class) is checked too."""
     literal = _value_literal_or_missing(value)
-    if literal is runtime.MISSING or type(literal) is dict and not runtime.is_scalar_literal(literal):
+    if literal is schema.MISSING or type(literal) is dict and not schema.is_scalar_literal(literal):
         raise PrecompileError(
             f"{what}: unsupported leaf of type {type(value).__name__}; inputs must be pytrees of "
             "tensors, int, float, bool, str, None, torch.dtype, torch.device, Enum members or numpy scalars"
@@ -1234,7 +1234,7 @@ class _SymbolicAttempt:
         ]
         return (a, b) if example_sizes[0] == example_sizes[1] and a != b else None
 
-    def size_fact(self, cond, where: str) -> "runtime.SizeFact | None":
+    def size_fact(self, cond, where: str) -> "schema.SizeFact | None":
         """The guard ``cond`` on free dims as the fact the example's sizes decide
         (checked by the driver at every call), or None where it is not linear in them
         with integer coefficients."""
@@ -1257,7 +1257,7 @@ class _SymbolicAttempt:
         terms = tuple((self.symbols[s], int(c)) for s, c in zip(symbols, coefficients) if c != 0)
         if not terms:
             return None
-        fact = runtime.SizeFact(terms=terms, constant=int(constant), op=op, where=where)
+        fact = schema.SizeFact(terms=terms, constant=int(constant), op=op, where=where)
         example = [self.args.input_leaves[free.leaf].shape[free.dim] for free in self.free_dims]
         return fact if fact.holds(example) else fact.negated()
 
@@ -1378,7 +1378,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 submodules=tuple(
                     (name, sub.training if module_reads.read_mode(sub) else None) for name, sub in m.named_modules()
                 ),
-                classes=tuple(runtime.class_name(type(sub)) for _, sub in m.named_modules()),
+                classes=tuple(schema.class_name(type(sub)) for _, sub in m.named_modules()),
                 called=tuple(i for i, (_, sub) in enumerate(m.named_modules()) if module_reads.called(sub)),
                 attributes=tuple(
                     (name, path, value)
@@ -1399,7 +1399,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         inputs=tuple(
             LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
             if isinstance(leaf, torch.Tensor)
-            else LeafSpec(value=runtime.value_literal(leaf))
+            else LeafSpec(value=schema.value_literal(leaf))
             for i, leaf in enumerate(args.input_leaves)
         ),
         output_spec=recorded["out_spec"],
@@ -1414,7 +1414,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         inference_mode_read=recorded["reads"].get("is_inference_mode_enabled", ""),
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
-        autocast=runtime.autocast_state(),
+        autocast=schema.autocast_state(),
         optimizers=optimizers,
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
@@ -1762,10 +1762,10 @@ class _ModuleReads:
                     "as an argument of fn"
                 )
             now = check.read(obj, name)
-            if kind == "literal" and not runtime.matches(now, what):
+            if kind == "literal" and not schema.matches(now, what):
                 raise PrecompileError(
-                    f"fn changes {where}.{path} (from {runtime.describe_literal(what)} to "
-                    f"{'nothing' if now is runtime.MISSING else repr(now)}); the artifact would "
+                    f"fn changes {where}.{path} (from {schema.describe_literal(what)} to "
+                    f"{'nothing' if now is schema.MISSING else repr(now)}); the artifact would "
                     "compute with the value it read and not reproduce the change: keep fn from writing it"
                 )
             if kind == "literal":
@@ -1820,18 +1820,18 @@ class _ModuleReads:
         object whose reads are followed), ("refused", why) or _SKIPPED."""
         if value is _CALLED:
             return ("called", None)
-        if value is runtime.MISSING:  # found absent (getattr with a default, hasattr): guarded absent
-            return ("literal", runtime.value_literal(value))
+        if value is schema.MISSING:  # found absent (getattr with a default, hasattr): guarded absent
+            return ("literal", schema.value_literal(value))
         values = object.__getattribute__(obj, "__dict__")
-        raw = values.get(name, runtime.MISSING)
-        if raw is runtime.MISSING:
+        raw = values.get(name, schema.MISSING)
+        if raw is schema.MISSING:
             raw = runtime.class_value(type(obj), name)
-        if raw is runtime.MISSING and id(obj) in self.objects and runtime.computes_attributes(self.objects[id(obj)][1], name):
+        if raw is schema.MISSING and id(obj) in self.objects and runtime.computes_attributes(self.objects[id(obj)][1], name):
             raw = value  # an alias the object's own __getattribute__ resolves: read with getattr at every call
         if raw is not value or isinstance(value, torch.Tensor) or _is_code(value):
             return _SKIPPED  # a property's or method's result, code, or a tensor (invariants 1, 2)
         try:
-            return ("literal", runtime.value_literal(value))
+            return ("literal", schema.value_literal(value))
         except TypeError:
             pass
         if type(value) in (list, tuple, dict):
@@ -1875,7 +1875,7 @@ class _ModuleReads:
                     value = get_attribute(obj, name)
                 except AttributeError:
                     if absent_when_raised and name[:2] != "__":
-                        cls._note_read(obj, name, runtime.MISSING)
+                        cls._note_read(obj, name, schema.MISSING)
                     raise
                 if name[:2] != "__" and name not in internals:
                     cls._note_read(obj, name, value)
@@ -1903,7 +1903,7 @@ class _ModuleReads:
                         return get_missing(module, name)
                     except AttributeError:
                         if name[:2] != "__" and name not in internals:
-                            cls._note_read(module, name, runtime.MISSING)
+                            cls._note_read(module, name, schema.MISSING)
                         raise
 
                 namespace["__getattr__"] = getattr_
@@ -1922,18 +1922,18 @@ def _is_code(value: Any) -> bool:
 
 
 def _describe_type(value: Any) -> str:
-    return f"a {runtime.class_name(type(value))}"
+    return f"a {schema.class_name(type(value))}"
 
 
 def _value_literal_or_missing(value: Any) -> Any:
     try:
-        return runtime.value_literal(value)
+        return schema.value_literal(value)
     except TypeError:
-        return runtime.MISSING
+        return schema.MISSING
 
 
 def _has_literal(value: Any) -> bool:
-    return _value_literal_or_missing(value) is not runtime.MISSING
+    return _value_literal_or_missing(value) is not schema.MISSING
 
 
 @contextlib.contextmanager
@@ -2009,7 +2009,7 @@ def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tenso
 class _LiftedOptimizer:
     position: int
     optimizer: torch.optim.Optimizer
-    cls: str  # key of runtime.OPTIMIZER_STATE_KEYS
+    cls: str  # key of schema.OPTIMIZER_STATE_KEYS
     groups: list  # per param group: indices into args.lifted
     hyper: list  # per param group: [(key, baked value)], every default but lr and the lifted ones
     keys: tuple  # state keys of one stepped parameter
@@ -2112,7 +2112,7 @@ def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
                 f"{where} param_groups[{g}][{key!r}] is a Tensor; pass a Python float (lr becomes a graph "
                 "input; other hyperparameters are baked)"
             )
-        if key != "params" and not isinstance(value, (*runtime.LEAF_VALUE_TYPES, tuple)):
+        if key != "params" and not isinstance(value, (*schema.LEAF_VALUE_TYPES, tuple)):
             raise PrecompileError(f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}")
 
 

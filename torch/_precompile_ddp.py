@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from . import _precompile_compat as compat, _precompile_runtime as runtime
-from ._precompile_runtime import DataParallelSpec, PrecompileError
+from ._precompile_schema import DataParallelSpec, PrecompileError
 
 
 @dataclasses.dataclass

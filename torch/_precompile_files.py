@@ -38,7 +38,7 @@ from . import _precompile_inspect as inspect_artifact
 from ._precompile import BACKENDS, precompile
 from ._precompile_format import describe_arguments
 from ._precompile_kernel_store import write_atomically
-from ._precompile_runtime import CallingConvention, PrecompileError
+from ._precompile_schema import CallingConvention, PrecompileError
 
 
 __all__ = [

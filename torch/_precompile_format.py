@@ -5,9 +5,10 @@ cache's zip envelope, and ``read_artifact``, which reads and checks a pair
 without executing either (Note [precompile programming model], invariants 6
 and 7, in ``torch/_precompile.py``).  It sits at the bottom of precompile's
 modules: ``_precompile`` (load), ``_precompile_capture`` and
-``_precompile_inspect`` import it, and it imports only the driver
-(``_precompile_runtime``), torch and the standard library, so no module
-imports its importer (test_precompile.py TestImportGraph).
+``_precompile_inspect`` import it, and it imports only the schema
+(``_precompile_schema``: the calling convention's records and their codec),
+the driver (``_precompile_runtime``), torch and the standard library, so no
+module imports its importer (test_precompile.py TestImportGraph).
 """
 
 import ast
@@ -26,8 +27,8 @@ from typing import Any
 
 import torch
 
-from . import _precompile_runtime as runtime
-from ._precompile_runtime import CallingConvention, PrecompileError
+from . import _precompile_runtime as runtime, _precompile_schema as schema
+from ._precompile_schema import CallingConvention, PrecompileError
 
 
 CACHE_FORMAT = "torch.compiler.precompile"
@@ -82,10 +83,12 @@ def _marker(section: str) -> str:
     return f"\n# {'=' * 20} {section} {'=' * 20}\n"
 
 
-# The driver (torch/_precompile_runtime.py) is a core and optional parts, each
+# The driver is the schema (torch/_precompile_schema.py) and the runtime
+# (torch/_precompile_runtime.py), whose text is a core and optional parts, each
 # opened by a marker line and running to the next.  An artifact's driver section
-# is the core and the parts its calling convention uses, in the file's order:
-# the core calls into a part only where the convention has what it serves.
+# is the schema, the core and the parts its calling convention uses, in the
+# file's order: the core calls into a part only where the convention has what
+# it serves.
 _PART_MARKER_START = "\n# ~~~~ driver part: "
 _PART_MARKER_END = " ~~~~\n"
 
@@ -98,8 +101,12 @@ def _split_driver(text: str) -> tuple[str, dict[str, str]]:
 
 @functools.lru_cache(maxsize=None)
 def _installed_driver() -> tuple[str, dict[str, str]]:
+    """The installed driver's core (the schema's text, then the runtime's core) and the runtime's parts."""
+    with open(schema.__file__, encoding="utf-8") as f:
+        schema_text = f.read()
     with open(runtime.__file__, encoding="utf-8") as f:
-        return _split_driver(f.read())
+        core, parts = _split_driver(f.read())
+    return f"{schema_text}\n\n{core}", parts
 
 
 def driver_parts(convention: CallingConvention) -> tuple[str, ...]:
@@ -154,7 +161,7 @@ def describe_arguments(convention: CallingConvention) -> list[str]:
     return lines
 
 
-def _describe_leaf(leaf: runtime.LeafSpec) -> str:
+def _describe_leaf(leaf: schema.LeafSpec) -> str:
     if leaf.is_value:
         return f"{leaf.value!r} (baked)"
     t = leaf.tensor
@@ -573,7 +580,7 @@ def _payload(envelope: dict) -> tuple[dict[str, bytes], dict[str, str]]:
     return kernels, digests
 
 
-class Artifact(runtime.Record):
+class Artifact(schema.Record):
     """A ``(python_code, cache)`` pair as read and checked, with nothing executed.
 
     ``read_artifact`` makes it: the first stage of ``load()``, and what the

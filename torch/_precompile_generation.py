@@ -48,7 +48,8 @@ import torch.utils._pytree as pytree
 from . import _precompile_compat as compat
 from ._precompile import precompile
 from ._precompile_kernel_store import write_atomically
-from ._precompile_runtime import PrecompileError, write_back
+from ._precompile_runtime import write_back
+from ._precompile_schema import PrecompileError
 
 
 PHASES = ("prefill", "decode")

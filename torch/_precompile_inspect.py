@@ -37,7 +37,8 @@ from typing import Any
 import torch.utils._pytree as pytree
 
 from . import _precompile_format as _format
-from ._precompile_runtime import _dtype, _leaf_path, CallingConvention, leaf_paths, PrecompileError, TensorSpec
+from ._precompile_runtime import _leaf_path, leaf_paths
+from ._precompile_schema import _dtype, CallingConvention, PrecompileError, TensorSpec
 
 
 __all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
