@@ -25,6 +25,7 @@ import tempfile
 import textwrap
 import threading
 import traceback
+import unittest
 import warnings
 import zipfile
 from unittest import mock
@@ -1417,6 +1418,74 @@ class TestFreeDims(TestCase):
             precompile(_forward, self.model, subclass)
 
 
+class TestChecksListing(TestCase):
+    """``f.checks``: what every call checks, one line each, each enforced (Note invariant 11)."""
+
+    @staticmethod
+    def step(m, opt, x, y, scale):
+        loss = F.mse_loss(m(x) * scale, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def artifact(self):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        x, y = torch.randn(5, 8), torch.randn(5, 4)
+        pair = _artifact("checks_step", self.step, m, opt, x, y, 2.0, backend="eager")
+        return m, opt, x, y, pair
+
+    def test_checks_list_each_captured_fact(self):
+        *_, pair = self.artifact()
+        lines = list(map(str, load(pair).checks))
+        for line in (
+            "binding       the call: fn(m, opt, x, y, scale) bound as Python binds it, 5 arguments",
+            "global        torch.is_grad_enabled(): True (the graph runs autograd)",
+            "global        torch.get_default_dtype(): torch.float32",
+            "module        args[0].1.training: True",
+            "attribute     args[0].1.eps: 1e-05",
+            "tensor        args[0].0.weight (parameter): Tensor(16, 8) float32 cpu, requires_grad=True",
+            "tensor        args[2]: Tensor(5, 8) float32 cpu, requires_grad=False",
+            "value         args[4]: 2.0 (baked)",
+            "alias         args[0].1.num_batches_tracked (buffer): shares memory with no other tensor argument (the graph writes it)",
+            "optimizer     args[1]: torch.optim.AdamW over the captured parameters (parameter groups: 1), other "
+            "hyperparameters as baked (lr and betas[0] read at every call)",
+        ):
+            self.assertIn(line, lines)
+        kinds = [line.split(" ", 1)[0] for line in lines]
+        order = ["binding", "global", "module", "attribute", "hooks", "tensor", "value", "alias", "optimizer", "grad"]
+        self.assertEqual(sorted(set(kinds), key=order.index), [kind for kind in order if kind in kinds])
+        self.assertEqual(kinds, sorted(kinds, key=order.index), "listed in the order a call checks them")
+
+    def test_each_listed_kind_is_enforced_naming_its_subject(self):
+        m, opt, x, y, pair = self.artifact()
+        f = load(pair)
+        subjects = {str(check.subject) for check in f.checks}
+        cases = (
+            ("tensor", "args[2]", lambda: f(m, opt, x.double(), y, 2.0)),
+            ("value", "args[4]", lambda: f(m, opt, x, y, 3.0)),
+            ("attribute", "args[0].1.eps", lambda: (setattr(m[1], "eps", 1e-3), f(m, opt, x, y, 2.0))),
+            ("module", "args[0].1", lambda: (m[1].eval(), f(m, opt, x, y, 2.0))),
+        )
+        for kind, subject, call in cases:
+            with self.subTest(kind):
+                self.assertIn(subject if kind != "module" else subject + ".training", subjects)
+                before = copy.deepcopy(m.state_dict())
+                with self.assertRaisesRegex(PrecompileError, re.escape(subject)):
+                    call()
+                for name, value in m.state_dict().items():
+                    torch.testing.assert_close(value, before[name])  # refused before any state changed
+                m[1].eps, _ = 1e-5, m[1].train()
+
+    def test_load_logs_the_checks_under_precompile_checks(self):
+        *_, pair = self.artifact()
+        with self.assertLogs("torch_precompile._precompile_checks", level=logging.INFO) as logs:
+            f = load(pair)
+        self.assertEqual(logs.records[0].getMessage().splitlines()[1:], list(map(str, f.checks)))
+
+
 class TestLogging(TestCase):
     def test_stage_timings_through_torch_logs(self):
         script = textwrap.dedent(
@@ -1435,6 +1504,19 @@ class TestLogging(TestCase):
         self.assertRegex(result.stderr, r"load: verify [\d.]+ ms, prime [\d.]+ ms, exec [\d.]+ ms")
         quiet = _run_python(script)
         self.assertNotIn("capture+enforce", quiet.stderr)
+
+    @unittest.skipIf(TORCH_RELEASE < (2, 13), "torch 2.11/2.12 parse TORCH_LOGS before the entry point registers the alias")
+    def test_checks_through_torch_logs(self):
+        script = "import torch, torch_precompile\n" + textwrap.dedent(
+            """
+            code, cache = torch_precompile.precompile(lambda x: x * 2, torch.randn(2), backend="eager")
+            torch_precompile.load(code, cache)
+            """
+        )
+        result = _run_python(script, env={"TORCH_LOGS": "precompile_checks"})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("tensor        args[0]: Tensor(2,) float32 cpu", result.stderr)
+        self.assertNotIn("load: verify", result.stderr)  # its own artifact, not the stage timings
 
 
 def _sibling_imports(path: str) -> set[str]:

@@ -403,6 +403,19 @@ class TestReader(InspectTestCase):
         with self.assertRaisesRegex(PrecompileError, "the pair does not belong together"):
             precompile.load(code, eager_cache)
 
+    def test_checks_are_the_runnables(self):
+        """The report lists what a loaded runnable checks (f.checks), read without executing python_code."""
+        code_file, cache_file = _files("inductor")
+        code, cache = _read(code_file).decode(), _read(cache_file)
+        listed = describe(code, cache)["checks"]
+        self.assertEqual(listed, [str(check) for check in torch_precompile.load(code, cache).checks])
+        text = _main(code_file, cache_file).stdout
+        self.assertRegex(text, rf"  checks              {len(listed)} at every call \(binding x1, .*\); --checks lists them\n")
+        self.assertNotIn(listed[-1], text)
+        full = _main(code_file, cache_file, "--checks").stdout
+        for line in listed:
+            self.assertIn(f"\n                      {line}\n", full)
+
     def test_outputs_with_free_dims(self):
         x = torch.randn(6, 4)
         torch._dynamo.decorators.mark_unbacked(x, 0)

@@ -205,7 +205,10 @@ says who guarantees it and, where it is enforced, which tests (in
    captured and what was passed, before any state changes (no buffer update,
    no ``.grad``, no input written).  The ledger: everything fn can observe,
    and whether it is LIFTED (a graph input, read at every call), CHECKED at
-   every call, or REFUSED at capture.  Tests are in
+   every call, or REFUSED at capture.  The runnable lists what it checks,
+   one line each (``PrecompiledFunction.checks``; ``TORCH_LOGS=precompile_checks``
+   at load; the inspector's ``--checks``), every line enforced naming its
+   subject (test_precompile.py TestChecksListing).  Tests are in
    test_precompile_soundness.py TestSoundness unless named otherwise; the
    fuzzer (test_precompile_fuzz.py test_fuzzed_soundness_call,
    test_fuzzed_read_values) flips modes, aliasing, requires_grad, module
@@ -598,6 +601,9 @@ from ._precompile_schema import CallingConvention, PrecompileError
 __all__ = ["precompile", "PrecompileError"]
 
 log = logging.getLogger(__name__)
+# TORCH_LOGS=precompile_checks: at each load, what the runnable checks at every call,
+# one line each, as Dynamo's TORCH_LOGS=guards lists its guards.
+checks_log = logging.getLogger(__name__ + "_checks")
 
 BACKENDS = ("inductor", "eager")
 TRACERS = ("make_fx", "dynamo")
@@ -955,6 +961,11 @@ class _Precompile:
             if not callable(forward):
                 raise PrecompileError("python_code does not define a callable `forward`")
         timer.done(f"backend={convention.backend} kernels={len(kernel_files)}")
+        if checks_log.isEnabledFor(logging.INFO):
+            # An older artifact's own driver may not list its checks.
+            checks = getattr(forward, "checks", None)
+            listing = "\n".join(map(str, checks)) if checks is not None else "(its driver does not list them)"
+            checks_log.info("what every call of the loaded artifact checks before its graph runs:\n%s", listing)
         return forward
 
 
@@ -1035,6 +1046,7 @@ def _attach() -> None:
         import torch.compiler as compiler
 
         compat.register_log_alias("precompile", __name__)  # torch 2.14 registers no alias of that name
+        compat.register_log_alias("precompile_checks", checks_log.name)
         if vars(compiler).get("precompile", precompile) is not precompile:
             return
         compiler.precompile = precompile

@@ -164,8 +164,7 @@ def describe_arguments(convention: CallingConvention) -> list[str]:
 def _describe_leaf(leaf: schema.LeafSpec) -> str:
     if leaf.is_value:
         return f"{leaf.value!r} (baked)"
-    t = leaf.tensor
-    return f"Tensor{t.describe_shape()} {t.dtype} {t.device}"
+    return leaf.tensor.describe()
 
 
 # ---------------------------------------------------------------------------

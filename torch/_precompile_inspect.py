@@ -37,7 +37,7 @@ from typing import Any
 import torch.utils._pytree as pytree
 
 from . import _precompile_format as _format
-from ._precompile_runtime import _leaf_path, leaf_paths
+from ._precompile_runtime import _leaf_path, leaf_paths, PrecompiledFunction
 from ._precompile_schema import _dtype, CallingConvention, PrecompileError, TensorSpec
 
 
@@ -117,6 +117,7 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         },
         "build_environment": _build_environment_report(envelope["build_env"], len(kernels)),
         "call": _call_text(convention),
+        "checks": _checks_report(convention),
         "arity": convention.arity,
         "modules": [
             {"position": m.position, "parameters": len(m.parameters), "buffers": len(m.buffers)}
@@ -141,6 +142,14 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         "kernels": {"count": len(kernels), "bytes": sum(len(blob) for blob in kernels.values())},
         "sizes": {"python_code": len(python_code.encode()), "cache": artifact.cache_size},
     }
+
+
+def _checks_report(convention: CallingConvention) -> list[str]:
+    """What a runnable of this convention checks at every call, one line each (``PrecompiledFunction.checks``).
+
+    Listed by the installed driver, on records decoded without executing python_code.
+    """
+    return [str(check) for check in PrecompiledFunction(convention, run_graph=None, constants=[]).checks]
 
 
 def _call_text(convention: CallingConvention) -> str:
@@ -290,7 +299,7 @@ def _tensor_text(entry: dict) -> str:
 _NAMES_SHOWN = 3  # parameters / buffers named in the text report
 
 
-def format_report(report: dict[str, Any], code_file: str = "", cache_file: str = "") -> str:
+def format_report(report: dict[str, Any], code_file: str = "", cache_file: str = "", checks: bool = False) -> str:
     """The human-readable form of ``describe``'s report."""
     version, backend, pair, env = (
         report["format_version"],
@@ -325,6 +334,12 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
         row("", f"DIFFERS from this host ({here})")
     row("", env["consequence"])
     row("calling convention", report["call"])
+    kinds = collections.Counter(line.split(" ", 1)[0] for line in report["checks"])
+    listed = "" if checks else "; --checks lists them"
+    row("checks", f"{len(report['checks'])} at every call ({_counts_text(kinds)}){listed}")
+    if checks:
+        for line in report["checks"]:
+            row("", line)
     for module in report["modules"]:
         row("module", f"args[{module['position']}]: {module['parameters']} parameters, {module['buffers']} buffers")
         ddp = module.get("data_parallel")
@@ -412,11 +427,12 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("code_file", metavar="CODE_FILE", help="the python_code, as written to disk")
     inspect.add_argument("cache_file", metavar="CACHE_FILE", help="the cache bytes, as written to disk")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.add_argument("--checks", action="store_true", help="list what every call checks, one line each")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m torch_precompile inspect CODE_FILE CACHE_FILE [--json]``."""
+    """``python -m torch_precompile inspect CODE_FILE CACHE_FILE [--json] [--checks]``."""
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit:  # --help, or argparse's own usage error
@@ -430,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             report = {"code_file": args.code_file, "cache_file": args.cache_file, **report}
             text = json.dumps(report, indent=2, default=repr)
         else:
-            text = format_report(report, args.code_file, args.cache_file)
+            text = format_report(report, args.code_file, args.cache_file, checks=args.checks)
     except _BadFile as error:
         print(f"{prefix}: {error}", file=sys.stderr)
         return EXIT_BAD_FILE

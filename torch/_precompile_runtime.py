@@ -237,6 +237,7 @@ if __name__.endswith("._precompile_runtime"):
         ConstantSpec,
         DataParallelSpec,
         describe_literal,
+        _describe_sizes,
         _device,
         _dtype,
         matches,
@@ -344,6 +345,18 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
     return [
         None if size == 1 else stride for size, stride in zip(spec.shape, spec.stride)
     ]
+
+
+def _describe_tensor(spec: TensorSpec, requires_grad_checked: bool) -> str:
+    """A tensor check as ``PrecompiledFunction.checks`` lists it."""
+    strides = _checked_strides(spec)
+    layout = (
+        f", {spec.memory_format}" if spec.memory_format
+        else ", strides " + _describe_sizes(["*" if s is None else s for s in strides]) if any(s is not None for s in strides)
+        else ""
+    )
+    grad = f", requires_grad={spec.requires_grad}" if requires_grad_checked else ""
+    return f"{spec.describe()}{layout}{grad}"
 
 
 # __torch_function__ of tensors whose Python logic the graph does not skip: plain
@@ -773,6 +786,22 @@ def _distinct_storages(tensors: list) -> bool:
     except (AttributeError, RuntimeError, NotImplementedError, TypeError):  # no storage of its own (DTensor)
         return False
     return 0 not in pointers and len(set(pointers)) == len(pointers)
+
+
+class Check(Record):
+    """One thing every call checks before the graph runs (``PrecompiledFunction.checks``).
+
+    Each is enforced by the runnable from the calling-convention record it is
+    listed from (Note invariant 11); a call that fails it raises a
+    PrecompileError naming ``subject``.
+    """
+
+    kind: str  # binding, global, module, attribute, data_parallel, hooks, structure, tensor, tie, value, alias, same, size, optimizer, grad
+    subject: str  # what the call passes or the process holds, e.g. "args[1]", "torch.get_default_dtype()"
+    expected: str  # what it must be, as captured
+
+    def __str__(self) -> str:
+        return f"{self.kind:<13} {self.subject}: {self.expected}"
 
 
 # ---------------------------------------------------------------------------
@@ -1595,6 +1624,84 @@ class PrecompiledFunction:
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        """What every call checks before the graph runs, one ``Check`` each, in the order a call
+        checks them (``TORCH_LOGS=precompile_checks`` lists them at load, the inspector prints them)."""
+        c = self.convention
+        signature = f"fn{self._signature}" if self._signature is not None else "fn(*args)"
+        checks = [Check("binding", "the call", f"{signature} bound as Python binds it, {self._arity} arguments")]
+        checks += self._global_checks()
+        for spec in c.modules:
+            checks += self._module_checks(spec)
+        if not self._flat_inputs:
+            for position, spec in zip(self._user_positions, self._input_spec.children()):
+                checks.append(Check("structure", f"args[{position}]", f"pytree of {spec.num_leaves} leaves, as captured: {spec}"))
+        grads = c.needs_grad
+        for index, spec in enumerate(c.state):
+            checks.append(Check("tensor", self._tensor_path(index), _describe_tensor(spec.tensor, grads)))
+            for module_index, name in spec.names[1:]:
+                checks.append(Check("tie", f"args[{self._module_positions[module_index]}].{name}", f"the same tensor as {self._tensor_path(index)}"))
+        for index in self._tensor_inputs:
+            checks.append(Check("tensor", self._input_path(index), _describe_tensor(c.inputs[index].tensor, grads)))
+        checks += [Check("value", self._input_path(index), f"{describe_literal(want)} (baked)") for index, want in self._value_inputs]
+        written = sorted({index for pair in self._input_alias_pairs + self._state_alias_pairs for index in pair} & set(c.mutated))
+        checks += [Check("alias", self._tensor_path(index), "shares memory with no other tensor argument (the graph writes it)") for index in written]
+        checks += [Check("same", self._tensor_path(j), f"the same tensor as {self._tensor_path(i)}") for i, j in self._same_inputs]
+        checks += self._size_checks()
+        for spec in c.optimizers:
+            read = " and ".join(("lr", *spec.lifted))
+            checks.append(Check("optimizer", f"args[{spec.position}]", f"torch.optim.{spec.cls} over the captured parameters "
+                                f"(parameter groups: {len(spec.groups)}), other hyperparameters as baked ({read} read at every call)"))
+        if c.grad_inputs:
+            checks.append(Check("grad", f".grad of {len(c.grad_inputs)} parameters", "None, or of the parameter's shape, dtype and strides"))
+        return tuple(checks)
+
+    def _global_checks(self) -> list[Check]:
+        c = self.convention
+        checks = []
+        if self._needs_grad:
+            checks.append(Check("global", "torch.is_grad_enabled()", "True (the graph runs autograd)"))
+            checks.append(Check("global", "autograd anomaly detection and saved_tensors_hooks", "off"))
+        elif c.grad_mode_read:
+            checks.append(Check("global", "torch.is_grad_enabled()", f"True (fn read it{c.grad_mode_read})"))
+        if c.inference_mode_read:
+            checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
+        autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
+        checks.append(Check("global", "torch.autocast", autocast))
+        checks.append(Check("global", "torch.get_default_dtype()", f"torch.{c.default_dtype}"))
+        return checks
+
+    def _module_checks(self, spec: Any) -> list[Check]:
+        where = f"args[{spec.position}]"
+        checks = [
+            Check("module", where, f"{spec.classes[0] if spec.classes else 'an nn.Module'}: parameters, buffers and "
+                  f"{len(spec.submodules)} submodules of the captured names, order and classes")
+        ]
+        modes = [(name, flag) for name, flag in spec.submodules if flag is not None]
+        checks += [Check("module", f"{where}{'.' + name if name else ''}.training", str(flag)) for name, flag in modes]
+        for name, path, want in spec.attributes:
+            checks.append(Check("attribute", f"{where}{'.' + name if name else ''}.{path}", describe_literal(want)))
+        if spec.data_parallel is not None:
+            ddp = spec.data_parallel
+            checks.append(Check("data_parallel", where, f"DistributedDataParallel over process group {ddp.group_name!r} of "
+                                f"{ddp.world_size} ranks, with the captured settings and gradient sync"))
+        checks.append(Check("hooks", where, "no hook on it, its submodules, parameters, buffers or their gradient "
+                            "accumulation, nor a global module hook, that was not there at capture"))
+        return checks
+
+    def _size_checks(self) -> list[Check]:
+        checks, first_of_group = [], {}
+        for index, _, free_dims in self._free_inputs:
+            for dim, group, low, high in free_dims:
+                name = f"{self._input_path(index)} dim {dim}"
+                equal = first_of_group.setdefault(group, name)
+                bounds = f"in [{low}, {'inf' if high is None else high}]"
+                checks.append(Check("size", name, bounds if equal == name else f"{bounds}, equal to {equal}"))
+        names = [f"{self._input_path(index)} dim {dim}" for index, dim in self._sizes]
+        checks += [Check("size", "free sizes", f"{fact.describe(names)}{fact.where}") for fact in self.convention.size_facts]
+        return checks
 
     def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
         """The flat list of graph inputs that ``self(*args, **kwargs)`` would pass to the graph.

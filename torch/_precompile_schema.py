@@ -162,6 +162,11 @@ MEMORY_FORMATS = {
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
 
 
+def _describe_sizes(sizes: list) -> str:
+    """``(2, *)``, ``(4,)``: a shape or strides as Python writes a tuple."""
+    return "(" + ", ".join(map(str, sizes)) + ("," if len(sizes) == 1 else "") + ")"
+
+
 class TensorSpec(Record):
     """What the graph was specialized to for one tensor."""
 
@@ -178,8 +183,11 @@ class TensorSpec(Record):
     requires_grad: bool = False  # checked when the convention's needs_grad is set
 
     def describe_shape(self) -> str:
-        sizes = ["*" if s is None else str(s) for s in self.shape]
-        return "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
+        return _describe_sizes(["*" if s is None else s for s in self.shape])
+
+    def describe(self) -> str:
+        """``Tensor(2, *) float32 cpu``: shape (``*`` a free dim), dtype, device."""
+        return f"Tensor{self.describe_shape()} {self.dtype} {self.device}"
 
 
 class StateSpec(Record):

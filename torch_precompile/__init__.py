@@ -28,8 +28,10 @@ that aborts ``import torch`` itself.  ``_attach`` therefore never raises
   ``torch.compiler`` imports the implementation at the first access, so
   ``import torch`` pays well under a millisecond.  torch 2.14+ ships its own
   ``torch.compiler.precompile``, which is left untouched.
-* The ``precompile`` log alias is registered now, so ``TORCH_LOGS=precompile``
-  is valid when torch parses it.
+* The ``precompile`` and ``precompile_checks`` log aliases are registered now,
+  so ``TORCH_LOGS=precompile`` (each stage's time) and
+  ``TORCH_LOGS=precompile_checks`` (what a loaded artifact checks at every
+  call) are valid when torch parses them.
 
 ``import torch_precompile`` attaches too (useful with
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), and so does importing the implementation.
@@ -101,6 +103,7 @@ def _attach() -> None:
         from ._precompile_compat import register_log_alias
 
         register_log_alias("precompile", _MODULE)
+        register_log_alias("precompile_checks", _MODULE + "_checks")  # _precompile.checks_log
         if _MODULE in sys.modules:  # already imported: it attached itself (or left torch's own)
             sys.modules[_MODULE]._attach()
             return
