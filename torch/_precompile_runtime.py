@@ -1629,79 +1629,7 @@ class PrecompiledFunction:
     def checks(self) -> tuple[Check, ...]:
         """What every call checks before the graph runs, one ``Check`` each, in the order a call
         checks them (``TORCH_LOGS=precompile_checks`` lists them at load, the inspector prints them)."""
-        c = self.convention
-        signature = f"fn{self._signature}" if self._signature is not None else "fn(*args)"
-        checks = [Check("binding", "the call", f"{signature} bound as Python binds it, {self._arity} arguments")]
-        checks += self._global_checks()
-        for spec in c.modules:
-            checks += self._module_checks(spec)
-        if not self._flat_inputs:
-            for position, spec in zip(self._user_positions, self._input_spec.children()):
-                checks.append(Check("structure", f"args[{position}]", f"pytree of {spec.num_leaves} leaves, as captured: {spec}"))
-        grads = c.needs_grad
-        for index, spec in enumerate(c.state):
-            checks.append(Check("tensor", self._tensor_path(index), _describe_tensor(spec.tensor, grads)))
-            for module_index, name in spec.names[1:]:
-                checks.append(Check("tie", f"args[{self._module_positions[module_index]}].{name}", f"the same tensor as {self._tensor_path(index)}"))
-        for index in self._tensor_inputs:
-            checks.append(Check("tensor", self._input_path(index), _describe_tensor(c.inputs[index].tensor, grads)))
-        checks += [Check("value", self._input_path(index), f"{describe_literal(want)} (baked)") for index, want in self._value_inputs]
-        written = sorted({index for pair in self._input_alias_pairs + self._state_alias_pairs for index in pair} & set(c.mutated))
-        checks += [Check("alias", self._tensor_path(index), "shares memory with no other tensor argument (the graph writes it)") for index in written]
-        checks += [Check("same", self._tensor_path(j), f"the same tensor as {self._tensor_path(i)}") for i, j in self._same_inputs]
-        checks += self._size_checks()
-        for spec in c.optimizers:
-            read = " and ".join(("lr", *spec.lifted))
-            checks.append(Check("optimizer", f"args[{spec.position}]", f"torch.optim.{spec.cls} over the captured parameters "
-                                f"(parameter groups: {len(spec.groups)}), other hyperparameters as baked ({read} read at every call)"))
-        if c.grad_inputs:
-            checks.append(Check("grad", f".grad of {len(c.grad_inputs)} parameters", "None, or of the parameter's shape, dtype and strides"))
-        return tuple(checks)
-
-    def _global_checks(self) -> list[Check]:
-        c = self.convention
-        checks = []
-        if self._needs_grad:
-            checks.append(Check("global", "torch.is_grad_enabled()", "True (the graph runs autograd)"))
-            checks.append(Check("global", "autograd anomaly detection and saved_tensors_hooks", "off"))
-        elif c.grad_mode_read:
-            checks.append(Check("global", "torch.is_grad_enabled()", f"True (fn read it{c.grad_mode_read})"))
-        if c.inference_mode_read:
-            checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
-        autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
-        checks.append(Check("global", "torch.autocast", autocast))
-        checks.append(Check("global", "torch.get_default_dtype()", f"torch.{c.default_dtype}"))
-        return checks
-
-    def _module_checks(self, spec: Any) -> list[Check]:
-        where = f"args[{spec.position}]"
-        checks = [
-            Check("module", where, f"{spec.classes[0] if spec.classes else 'an nn.Module'}: parameters, buffers and "
-                  f"{len(spec.submodules)} submodules of the captured names, order and classes")
-        ]
-        modes = [(name, flag) for name, flag in spec.submodules if flag is not None]
-        checks += [Check("module", f"{where}{'.' + name if name else ''}.training", str(flag)) for name, flag in modes]
-        for name, path, want in spec.attributes:
-            checks.append(Check("attribute", f"{where}{'.' + name if name else ''}.{path}", describe_literal(want)))
-        if spec.data_parallel is not None:
-            ddp = spec.data_parallel
-            checks.append(Check("data_parallel", where, f"DistributedDataParallel over process group {ddp.group_name!r} of "
-                                f"{ddp.world_size} ranks, with the captured settings and gradient sync"))
-        checks.append(Check("hooks", where, "no hook on it, its submodules, parameters, buffers or their gradient "
-                            "accumulation, nor a global module hook, that was not there at capture"))
-        return checks
-
-    def _size_checks(self) -> list[Check]:
-        checks, first_of_group = [], {}
-        for index, _, free_dims in self._free_inputs:
-            for dim, group, low, high in free_dims:
-                name = f"{self._input_path(index)} dim {dim}"
-                equal = first_of_group.setdefault(group, name)
-                bounds = f"in [{low}, {'inf' if high is None else high}]"
-                checks.append(Check("size", name, bounds if equal == name else f"{bounds}, equal to {equal}"))
-        names = [f"{self._input_path(index)} dim {dim}" for index, dim in self._sizes]
-        checks += [Check("size", "free sizes", f"{fact.describe(names)}{fact.where}") for fact in self.convention.size_facts]
-        return checks
+        return list_checks(self)
 
     def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
         """The flat list of graph inputs that ``self(*args, **kwargs)`` would pass to the graph.
@@ -1740,6 +1668,99 @@ class PrecompiledFunction:
         driver alone.
         """
         return type(self)(self.convention, run_graph, self._constants)
+
+
+# ---------------------------------------------------------------------------
+# The checks a runnable lists (PrecompiledFunction.checks)
+# ---------------------------------------------------------------------------
+
+
+def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
+    """``runnable.checks``: a ``Check`` per fact of the convention the call enforces, in the order it does."""
+    c = runnable.convention
+    signature = f"fn{runnable._signature}" if runnable._signature is not None else "fn(*args)"
+    checks = [Check("binding", "the call", f"{signature} bound as Python binds it, {runnable._arity} arguments")]
+    checks += _global_checks(c)
+    for spec in c.modules:
+        checks += _module_checks(spec)
+    if not runnable._flat_inputs:
+        for position, spec in zip(runnable._user_positions, runnable._input_spec.children()):
+            expected = f"pytree of {spec.num_leaves} leaves, as captured: {spec}"
+            checks.append(Check("structure", f"args[{position}]", expected))
+    grads = c.needs_grad
+    for index, spec in enumerate(c.state):
+        checks.append(Check("tensor", runnable._tensor_path(index), _describe_tensor(spec.tensor, grads)))
+        for module_index, name in spec.names[1:]:
+            tied = f"args[{runnable._module_positions[module_index]}].{name}"
+            checks.append(Check("tie", tied, f"the same tensor as {runnable._tensor_path(index)}"))
+    for index in runnable._tensor_inputs:
+        checks.append(Check("tensor", runnable._input_path(index), _describe_tensor(c.inputs[index].tensor, grads)))
+    for index, want in runnable._value_inputs:
+        checks.append(Check("value", runnable._input_path(index), f"{describe_literal(want)} (baked)"))
+    paired = {index for pair in runnable._input_alias_pairs + runnable._state_alias_pairs for index in pair}
+    for index in sorted(paired & set(c.mutated)):
+        checks.append(Check("alias", runnable._tensor_path(index), "shares memory with no other tensor argument (the graph writes it)"))
+    for i, j in runnable._same_inputs:
+        checks.append(Check("same", runnable._tensor_path(j), f"the same tensor as {runnable._tensor_path(i)}"))
+    checks += _size_checks(runnable)
+    for spec in c.optimizers:
+        read = " and ".join(("lr", *spec.lifted))
+        expected = (
+            f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
+            f"other hyperparameters as baked ({read} read at every call)"
+        )
+        checks.append(Check("optimizer", f"args[{spec.position}]", expected))
+    if c.grad_inputs:
+        grads = f".grad of {len(c.grad_inputs)} parameters"
+        checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
+    return tuple(checks)
+
+
+def _global_checks(c: CallingConvention) -> list[Check]:
+    checks = []
+    if c.needs_grad:
+        checks.append(Check("global", "torch.is_grad_enabled()", "True (the graph runs autograd)"))
+        checks.append(Check("global", "autograd anomaly detection and saved_tensors_hooks", "off"))
+    elif c.grad_mode_read:
+        checks.append(Check("global", "torch.is_grad_enabled()", f"True (fn read it{c.grad_mode_read})"))
+    if c.inference_mode_read:
+        checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
+    autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
+    checks.append(Check("global", "torch.autocast", autocast))
+    checks.append(Check("global", "torch.get_default_dtype()", f"torch.{c.default_dtype}"))
+    return checks
+
+
+def _module_checks(spec: Any) -> list[Check]:
+    where = f"args[{spec.position}]"
+    checks = [
+        Check("module", where, f"{spec.classes[0] if spec.classes else 'an nn.Module'}: parameters, buffers and "
+              f"{len(spec.submodules)} submodules of the captured names, order and classes")
+    ]
+    modes = [(name, flag) for name, flag in spec.submodules if flag is not None]
+    checks += [Check("module", f"{where}{'.' + name if name else ''}.training", str(flag)) for name, flag in modes]
+    for name, path, want in spec.attributes:
+        checks.append(Check("attribute", f"{where}{'.' + name if name else ''}.{path}", describe_literal(want)))
+    if spec.data_parallel is not None:
+        ddp = spec.data_parallel
+        checks.append(Check("data_parallel", where, f"DistributedDataParallel over process group {ddp.group_name!r} of "
+                            f"{ddp.world_size} ranks, with the captured settings and gradient sync"))
+    checks.append(Check("hooks", where, "no hook on it, its submodules, parameters, buffers or their gradient "
+                        "accumulation, nor a global module hook, that was not there at capture"))
+    return checks
+
+
+def _size_checks(runnable: PrecompiledFunction) -> list[Check]:
+    checks, first_of_group = [], {}
+    for index, _, free_dims in runnable._free_inputs:
+        for dim, group, low, high in free_dims:
+            name = f"{runnable._input_path(index)} dim {dim}"
+            equal = first_of_group.setdefault(group, name)
+            bounds = f"in [{low}, {'inf' if high is None else high}]"
+            checks.append(Check("size", name, bounds if equal == name else f"{bounds}, equal to {equal}"))
+    names = [f"{runnable._input_path(index)} dim {dim}" for index, dim in runnable._sizes]
+    checks += [Check("size", "free sizes", f"{fact.describe(names)}{fact.where}") for fact in runnable.convention.size_facts]
+    return checks
 
 
 # ---------------------------------------------------------------------------
