@@ -809,6 +809,124 @@ class Check(Record):
 # ---------------------------------------------------------------------------
 
 
+class ResultWriter:
+    """What a call writes once the graph ran: the optimizer state it created, ``.grad``
+    as ``backward()`` would (Note invariant 13), outputs that alias inputs, and fn's
+    result, with the input objects fn rebinds or returns written into or taken from
+    the caller's (invariant 5)."""
+
+    def __init__(self, convention: CallingConvention, user_positions: tuple, argument_specs: dict):
+        self.convention = convention
+        self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
+        self._input_spec = convention.input_spec
+        self._user_positions = user_positions
+        self._argument_specs = argument_specs  # by position
+        self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
+        self.writes_grads = bool(convention.grad_state or convention.grads_cleared)
+        self._grads_assigned = frozenset(convention.grads_assigned)
+        self._output_views = convention.output_views
+        self._rebound_in_place = self._plan_rebound_writes()
+        self.written: dict[int, LeftAsWritten] = {}  # by position: rebound arguments as the last call wrote them
+
+    def store(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
+        """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
+        for optimizer, entries in created:
+            OptimizerArgument.stepped(optimizer, entries)
+        if self.writes_grads:
+            self._write_grads(state, outputs)
+        if self._output_views:
+            outputs = self._alias_outputs(outputs, tensors)
+        return outputs
+
+    def _write_grads(self, state: list, outputs: Any) -> None:
+        # Like eager backward(): assign when None, else accumulate in place;
+        # grads_assigned: the graph's gradient is already the final .grad.
+        assigned = self._grads_assigned
+        for index, grad in zip(self.convention.grad_state, outputs[self._num_outputs :]):
+            param = state[index]
+            if index in assigned or param.grad is None:
+                param.grad = grad
+            else:
+                param.grad.add_(grad)
+        for index in self.convention.grads_cleared:
+            state[index].grad = None
+
+    def _alias_outputs(self, outputs: Any, tensors: list) -> list:
+        """Outputs that were graph inputs or views of them at capture, rebuilt from the runtime inputs."""
+        outputs = list(outputs)
+        for view in self._output_views:
+            base = tensors[view.base]
+            outputs[view.graph_output] = (
+                base
+                if view.shape is None
+                else base.as_strided(view.shape, view.stride, base.storage_offset() + view.offset)
+            )
+        return outputs
+
+    def _plan_rebound_writes(self) -> dict:
+        """Per rebound argument that fn leaves with its captured structure (only tensors
+        rebound, as a DynamicCache's layers are): (its node in the output spec, its first
+        output leaf, its first input leaf, its leaf slots), so that a call writes the new
+        leaves straight into the caller's object instead of rebuilding and merging it."""
+        rebound = self.convention.rebound_inputs
+        if not rebound:
+            return {}
+        result_spec, after_spec = self._output_spec.children()
+        node, out_start = 2 + result_spec.num_nodes, result_spec.num_leaves  # the root, result, the tuple
+        starts = dict(zip(self._user_positions, itertools.accumulate(
+            (spec.num_leaves for spec in self._input_spec.children()), initial=0)))
+        plans = {}
+        for position, spec in zip(rebound, after_spec.children()):
+            slots = leaf_slots(spec) if spec == self._argument_specs[position] else None
+            if slots is not None:
+                plans[position] = (node, out_start, starts[position], slots)
+            node, out_start = node + spec.num_nodes, out_start + spec.num_leaves
+        return plans
+
+    def _watch_written(self, position: int, argument: Any, places: list) -> None:
+        forget = functools.partial(_forget_written, self.written, position)
+        entry = LeftAsWritten.watch(argument, places, forget)
+        if entry is None:
+            self.written.pop(position, None)
+        else:
+            self.written[position] = entry
+
+    def rebuild(self, outputs: Any, args: tuple, inputs: list) -> Any:
+        leaves = [
+            outputs[leaf.graph_output] if leaf.graph_output is not None else leaf.value
+            for leaf in self.convention.outputs
+        ]
+        rebound, returned = self.convention.rebound_inputs, self.convention.returned_inputs
+        if not (rebound or returned):
+            return pytree.tree_unflatten(leaves, self._output_spec)
+        # Invariant 5: the caller's input objects, as eager leaves and returns them.
+        specs = self._argument_specs
+        substitutes = {index: node_at(args[position], specs[position], node) for index, position, node in returned}
+        written = set()
+        for position, (node, out_start, in_start, slots) in self._rebound_in_place.items():
+            argument, count = args[position], len(slots)
+            entry = self.written.get(position)
+            if entry is not None and entry.unchanged(argument):
+                write_places(entry.places, leaves[out_start : out_start + count])
+                entry.refresh()
+            else:
+                places = leaf_places(argument, slots, inputs[in_start : in_start + count])
+                if places is None:
+                    continue
+                write_places(places, leaves[out_start : out_start + count])
+                self._watch_written(position, argument, places)
+            substitutes[node] = None  # not rebuilt
+            written.add(position)
+        result = unflatten_substituting(leaves, self._output_spec, substitutes)
+        if not rebound:
+            return result
+        result, after = result
+        for position, argument in zip(rebound, after):
+            if position not in written:
+                write_back(args[position], argument)
+        return result
+
+
 class PrecompiledFunction:
     """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
 
@@ -846,8 +964,8 @@ class PrecompiledFunction:
         self._argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
         self._ordered_dicts = frozenset(convention.ordered_dicts)
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
-        self._rebound_in_place = self._plan_rebound_writes()
-        self._written: dict[int, LeftAsWritten] = {}  # by position: rebound arguments as the last call wrote them
+        self._results = ResultWriter(convention, self._user_positions, self._argument_specs)
+        self._written = self._results.written  # read by _flatten: where the last call left each argument
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
         # the guard and value checks below catch a container passed instead.
         self._flat_inputs = self._input_spec.type is tuple and all(
@@ -864,16 +982,13 @@ class PrecompiledFunction:
             if inputs[i].tensor.free_dims
         ]
         self._sizes = convention.sizes
-        self._num_outputs = len(convention.output_tensors)  # a tensor fn returns twice is one graph output
-        self._num_graph_outputs = self._num_outputs + len(convention.grad_state)
-        self._writes_grads = bool(convention.grad_state or convention.grads_cleared)
-        self._grads_assigned = frozenset(convention.grads_assigned)
+        # fn's tensor outputs (one returned twice is one graph output), then the gradients.
+        self._num_graph_outputs = len(convention.output_tensors) + len(convention.grad_state)
         self._output_indices = [leaf.graph_output for leaf in convention.outputs]
         self._plain_outputs = all(i is not None for i in self._output_indices) and (
             self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
         )
         self._single_output = self._plain_outputs and self._output_spec.is_leaf()
-        self._output_views = convention.output_views
         self._state_slots, self._alias_slots = self._locate_state()
         # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
         self._state_cache: dict[Any, _ModuleCache] = {}
@@ -910,8 +1025,8 @@ class PrecompiledFunction:
         self._has_trailing_inputs = bool(self._free_inputs or self._optimizers or convention.grad_inputs)
         self._read_only_grads = frozenset(convention.grad_inputs_read_only)
         self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
-        self._copies_inputs = bool(self._constants or self._output_views)
-        self._writes_state = bool(self._optimizers or self._writes_grads or self._output_views)
+        self._copies_inputs = bool(self._constants or convention.output_views)
+        self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = bool(self._value_inputs or self._input_alias_pairs or self._same_inputs)
         # One flag for the per-call path (an inference forward): between the
         # guard and the graph nothing to check or add, after it nothing to
@@ -995,24 +1110,14 @@ class PrecompiledFunction:
             if len(outputs) != self._num_graph_outputs:
                 self._raise_edited(outputs)
             if self._writes_state:
-                outputs = self._store_results(outputs, state, tensors, created)
+                outputs = self._results.store(outputs, state, tensors, created)
         finally:
             _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
         if self._single_output:
             return outputs[0]
         if self._plain_outputs:
             return tuple([outputs[i] for i in self._output_indices])
-        return self._rebuild_outputs(outputs, args, leaves)
-
-    def _store_results(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
-        """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
-        for optimizer, entries in created:
-            OptimizerArgument.stepped(optimizer, entries)
-        if self._writes_grads:
-            self._write_grads(state, outputs)
-        if self._output_views:
-            outputs = self._alias_outputs(outputs, tensors)
-        return outputs
+        return self._results.rebuild(outputs, args, leaves)
 
     def _trailing_inputs(self, args: tuple, leaves: Any, state: list, created: list) -> list:
         """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads.
@@ -1533,94 +1638,6 @@ class PrecompiledFunction:
                 )
             grads.append(grad)
         return grads
-
-    def _write_grads(self, state: list, outputs: Any) -> None:
-        # Like eager backward(): assign when None, else accumulate in place;
-        # grads_assigned: the graph's gradient is already the final .grad.
-        assigned = self._grads_assigned
-        for index, grad in zip(self.convention.grad_state, outputs[self._num_outputs :]):
-            param = state[index]
-            if index in assigned or param.grad is None:
-                param.grad = grad
-            else:
-                param.grad.add_(grad)
-        for index in self.convention.grads_cleared:
-            state[index].grad = None
-
-    def _alias_outputs(self, outputs: Any, tensors: list) -> list:
-        """Outputs that were graph inputs or views of them at capture, rebuilt from the runtime inputs."""
-        outputs = list(outputs)
-        for view in self._output_views:
-            base = tensors[view.base]
-            outputs[view.graph_output] = (
-                base
-                if view.shape is None
-                else base.as_strided(view.shape, view.stride, base.storage_offset() + view.offset)
-            )
-        return outputs
-
-    def _plan_rebound_writes(self) -> dict:
-        """Per rebound argument that fn leaves with its captured structure (only tensors
-        rebound, as a DynamicCache's layers are): (its node in the output spec, its first
-        output leaf, its first input leaf, its leaf slots), so that a call writes the new
-        leaves straight into the caller's object instead of rebuilding and merging it."""
-        rebound = self.convention.rebound_inputs
-        if not rebound:
-            return {}
-        result_spec, after_spec = self._output_spec.children()
-        node, out_start = 2 + result_spec.num_nodes, result_spec.num_leaves  # the root, result, the tuple
-        starts = dict(zip(self._user_positions, itertools.accumulate(
-            (spec.num_leaves for spec in self._input_spec.children()), initial=0)))
-        plans = {}
-        for position, spec in zip(rebound, after_spec.children()):
-            slots = leaf_slots(spec) if spec == self._argument_specs[position] else None
-            if slots is not None:
-                plans[position] = (node, out_start, starts[position], slots)
-            node, out_start = node + spec.num_nodes, out_start + spec.num_leaves
-        return plans
-
-    def _watch_written(self, position: int, argument: Any, places: list) -> None:
-        forget = functools.partial(_forget_written, self._written, position)
-        entry = LeftAsWritten.watch(argument, places, forget)
-        if entry is None:
-            self._written.pop(position, None)
-        else:
-            self._written[position] = entry
-
-    def _rebuild_outputs(self, outputs: Any, args: tuple, inputs: list) -> Any:
-        leaves = [
-            outputs[leaf.graph_output] if leaf.graph_output is not None else leaf.value
-            for leaf in self.convention.outputs
-        ]
-        rebound, returned = self.convention.rebound_inputs, self.convention.returned_inputs
-        if not (rebound or returned):
-            return pytree.tree_unflatten(leaves, self._output_spec)
-        # Invariant 5: the caller's input objects, as eager leaves and returns them.
-        specs = self._argument_specs
-        substitutes = {index: node_at(args[position], specs[position], node) for index, position, node in returned}
-        written = set()
-        for position, (node, out_start, in_start, slots) in self._rebound_in_place.items():
-            argument, count = args[position], len(slots)
-            entry = self._written.get(position)
-            if entry is not None and entry.unchanged(argument):
-                write_places(entry.places, leaves[out_start : out_start + count])
-                entry.refresh()
-            else:
-                places = leaf_places(argument, slots, inputs[in_start : in_start + count])
-                if places is None:
-                    continue
-                write_places(places, leaves[out_start : out_start + count])
-                self._watch_written(position, argument, places)
-            substitutes[node] = None  # not rebuilt
-            written.add(position)
-        result = unflatten_substituting(leaves, self._output_spec, substitutes)
-        if not rebound:
-            return result
-        result, after = result
-        for position, argument in zip(rebound, after):
-            if position not in written:
-                write_back(args[position], argument)
-        return result
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.
