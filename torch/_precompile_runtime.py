@@ -788,6 +788,19 @@ def _distinct_storages(tensors: list) -> bool:
     return 0 not in pointers and len(set(pointers)) == len(pointers)
 
 
+def raise_if_aliased(tensors: list, pairs: list, name: Callable[[int], str], mutated: Any) -> None:
+    """A PrecompileError naming the first of ``pairs`` (indices into ``tensors``) whose
+    tensors share memory: the graph writes one of each pair (``mutated``) in place."""
+    for i, j in pairs:
+        if _is_alias_of(tensors[i], tensors[j]):
+            written = name(i if i in mutated else j)
+            raise PrecompileError(
+                f"{name(i)} and {name(j)} share memory, but they were "
+                f"distinct tensors at capture and the graph writes {written} in place, so it "
+                "would compute something else than eager: pass distinct tensors (e.g. .clone())"
+            )
+
+
 class Check(Record):
     """One thing every call checks before the graph runs (``PrecompiledFunction.checks``).
 
@@ -927,6 +940,243 @@ class ResultWriter:
         return result
 
 
+class ModuleArguments:
+    """fn's module arguments at a call (Note invariant 11): walked once per set of module
+    objects and cached (``_ModuleCache``, walked again when the structure counter or a watched
+    entry moves), checked against the convention's module specs (parameter, buffer and
+    submodule names, order and classes; the training flags and plain values fn read; DDP
+    settings; tied weights; state tensors that must not share memory) and scanned for hooks
+    whenever one was registered anywhere.  The runnable's per-call path reads ``cache``."""
+
+    def __init__(self, convention: CallingConvention, state_alias_pairs: list):
+        self.convention = convention
+        self.positions = tuple(m.position for m in convention.modules)
+        self.pick = _picker(self.positions)
+        self._one_module = len(self.positions) == 1
+        self._state_slots, self._alias_slots = self._locate_state()
+        self._state_alias_pairs = state_alias_pairs  # state tensors that must not share memory
+        # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
+        self.cache: dict[Any, _ModuleCache] = {}
+
+    def state_path(self, index: int) -> str:
+        """Names lifted tensor ``index``: ``args[0].fc.weight (parameter)``."""
+        spec = self.convention.state[index]
+        module_index, name = spec.names[0]
+        return f"args[{self.positions[module_index]}].{name} ({spec.kind})"
+
+    def key(self, args: tuple) -> Any:
+        """The module arguments' cache key: the usual single module's id alone, no tuple built per call."""
+        return id(args[self.positions[0]]) if self._one_module else tuple(map(id, self.pick(args)))
+
+    def refuse_hooks(self, args: tuple, cached: _ModuleCache) -> _ModuleCache:
+        """A PrecompileError naming a hook on the module arguments or their tensors; ``cached``, marked clean, where none."""
+        epoch = hook_epoch()  # read first: a hook registered while scanning rescans next call
+        cached, state = self.state_tensors(args, cached)
+        named_modules = named_submodules(self.positions, self.pick(args))
+        named_state = list(zip(map(self.state_path, range(len(state))), state))
+        hook = find_hook(named_modules, named_state, [named_state[i] for i in self.convention.grad_state])
+        if hook is not None:
+            raise PrecompileError(
+                f"{hook}, which was not there at capture: the graph does not run it, eager would. "
+                "Remove it (handle.remove()) before calling, or call fn eagerly"
+            )
+        cached.hooks_clean_at[0] = epoch
+        return cached
+
+    def state_tensors(self, args: tuple, cached: _ModuleCache) -> tuple[_ModuleCache, list]:
+        """The lifted tensors ``cached`` locates (re-walked, naming what is missing, where one was deleted)."""
+        try:
+            state = _lifted_tensors(cached)
+        except KeyError:  # deleted with `del`, which bypasses the registration hooks
+            cached = self.walk(self.pick(args), self.key(args))  # names what is missing
+            state = _lifted_tensors(cached)
+        self.check_ties(args, cached, state)
+        return cached, state
+
+    def check_ties(self, args: tuple, cached: _ModuleCache, tensors: list) -> None:
+        """Each tied name (captured as one tensor under several names) still holds that tensor."""
+        for state_index, table, name, module_index, fqn in cached.aliases:
+            if table.get(name) is not tensors[state_index]:
+                if name not in table:  # deleted with `del`, past the registration hooks: the walk names it
+                    self.walk(self.pick(args), self.key(args))
+                self._raise_untied(state_index, module_index, fqn)
+
+    def walk(self, modules: tuple, key: Any) -> _ModuleCache:
+        """Walk the module arguments, check them against the convention, cache the result."""
+        generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
+        walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
+        accessors = [walked[m][0][slot] for m, slot in self._state_slots]
+        submodules = [sub for _, named, _, _ in walked for _, sub in named]
+        reads = ValueReads()
+        for index, (_, named, _, _) in enumerate(walked):
+            self._check_attributes(index, named, reads)
+        ddp_entries = [entry for _, _, checked, _ in walked for entry in checked]
+        flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
+        # Containers whose length is watched: every submodule's _modules that has
+        # children, and a DDP argument's comm hook list.
+        sized = [(vars(sub), _CHILDREN) for sub in submodules if _children(sub)]
+        sized += [entry for _, _, _, lengths in walked for entry in lengths]
+        # The _parameters / _buffers dict of each submodule holding a lifted tensor:
+        # rebinding one (`module._parameters = {...}` bypasses the registration hooks)
+        # would leave the tables cached below stale.
+        table_ids = {id(table) for table, _ in accessors}
+        tables_held = [
+            (vars(sub), attribute)
+            for sub in submodules
+            for attribute in _TENSOR_TABLES
+            if id(vars(sub).get(attribute)) in table_ids
+        ]
+        watched = (
+            [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
+            + ddp_entries
+            + list(reads.entries.values())
+            + tables_held
+            + sized
+        )
+        watched_values = [values.get(name, MISSING) for values, name in watched]
+        # The hook dicts of each submodule fn calls, and the global ones, stay empty (hooks are
+        # refused): a hook written into one directly, past register_forward_hook's handle, is seen.
+        called = [named[i][1] for (_, named, _, _), spec in zip(walked, self.convention.modules) for i in spec.called]
+        hook_dicts = [
+            hooks
+            for hooks in (
+                *(getattr(sub, attribute, None) for sub in called for attribute in _MODULE_HOOKS),
+                *(map(_global_module_hooks, _MODULE_HOOKS) if called else ()),
+            )
+            if type(hooks) in (dict, collections.OrderedDict) and not hooks
+        ]
+        classes = list(reads.classes.values())
+        class_values = [getattr(owner, name, MISSING) for owner, name in classes]
+        containers = list(reads.containers.values())
+        copies = [type(c)(c) for c in containers]
+        forget = functools.partial(_forget, self.cache, key)
+        cached = _ModuleCache(
+            refs=tuple(weakref.ref(m, forget) for m in modules),
+            tables=[table for table, _ in accessors],
+            names=[name for _, name in accessors],
+            aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
+            generation=generation,
+            watched_vars=[values for values, _ in watched],
+            watched_keys=[name for _, name in watched],
+            watched_values=watched_values,
+            children=[*watched_values[len(watched) - len(sized) :], *hook_dicts],  # the sized entries come last
+            lengths=[*map(_size_or_values, watched_values[len(watched) - len(sized) :]), *[0] * len(hook_dicts)],
+            hooks_clean_at=[-1],
+            class_owners=[owner for owner, _ in classes],
+            class_names=[name for _, name in classes],
+            class_values=class_values,
+            containers=containers,
+            container_copies=copies,
+            class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
+        )
+        state = _lifted_tensors(cached)
+        if len(set(map(id, state))) != len(state):
+            self._raise_tied(state)
+        if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
+            raise_if_aliased(state, self._state_alias_pairs, self.state_path, self.convention.mutated)
+        self.cache[key] = cached
+        return cached
+
+    def _walk_module(self, index: int, module: Any) -> tuple[list, list, list, list]:
+        """(owner dict, name) of each parameter and buffer, (name, submodule) of each submodule,
+        the checked DDP attributes, and the (vars, name) of containers whose length is watched."""
+        spec = self.convention.modules[index]
+        where = f"args[{spec.position}]"
+        if not isinstance(module, torch.nn.Module):
+            raise PrecompileError(
+                f"{where}: expected an nn.Module (one was captured at this position), "
+                f"got {type(module).__name__}"
+            )
+        checked, sized = [], []
+        if spec.data_parallel is not None:
+            checked += check_data_parallel(where, module, spec.data_parallel, bool(spec.buffers))
+            sized.append((vars(module), _DDP_COMM_HOOKS))  # register_comm_hook appends to it
+        named = list(module.named_modules())
+        params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+        buffers = [n for n, _ in module.named_buffers(remove_duplicate=False)]
+        for kind, want, got in (
+            ("parameters", list(spec.parameters), params),
+            ("buffers", list(spec.buffers), buffers),
+            ("submodules", [n for n, _ in spec.submodules], [n for n, _ in named]),
+        ):
+            if want != got:
+                missing = [n for n in want if n not in got]
+                extra = [n for n in got if n not in want]
+                raise PrecompileError(
+                    f"{where}: the module's {kind} differ from the captured model's: "
+                    f"expected {len(want)} {kind}, got {len(got)}; missing {missing[:5]}, "
+                    f"unexpected {extra[:5]}"
+                    + ("; order differs" if not missing and not extra else "")
+                )
+        for (name, want), (_, sub) in zip(spec.submodules, named):
+            if want is not None and sub.training != want:
+                path = f"{where}.{name}" if name else where
+                raise PrecompileError(
+                    f"{path} ({type(sub).__name__}) is in {'train' if sub.training else 'eval'} "
+                    f"mode, but was in {'train' if want else 'eval'} mode at capture (BatchNorm, "
+                    f"Dropout & co. compute differently): call .{'train' if want else 'eval'}() "
+                    "on it, or precompile again in this mode"
+                )
+        for (name, _), want, (_, sub) in zip(spec.submodules, spec.classes, named):
+            if class_name(type(sub)) != want:
+                raise PrecompileError(
+                    f"{where}{'.' + name if name else ''} is a {class_name(type(sub))}, but was a {want} "
+                    "at capture (its forward is baked into the graph): put back a module of that class, "
+                    "or precompile again"
+                )
+        accessors = [_owner_dict(module, n, "parameter") for n in params] + [
+            _owner_dict(module, n, "buffer") for n in buffers
+        ]
+        return accessors, named, checked, sized
+
+    def _check_attributes(self, index: int, named: list, reads: ValueReads) -> None:
+        """The plain values fn read from a module argument (attribute paths), as captured."""
+        spec = self.convention.modules[index]
+        subs = dict(named)
+        for name, path, want in spec.attributes:
+            got = reads.read_path(subs[name], path)
+            if not matches(got, want):
+                where = f"args[{spec.position}]{'.' + name if name else ''}.{path}"
+                raise PrecompileError(
+                    f"{where} is {_describe_read(got)}, but was "
+                    f"{describe_literal(want)} at capture (fn read it, so it is baked into the graph): "
+                    "set it back, or precompile again"
+                )
+
+    def _raise_tied(self, state: list) -> None:
+        first = {}
+        for index, tensor in enumerate(state):
+            earlier = first.setdefault(id(tensor), index)
+            if earlier != index:
+                raise PrecompileError(
+                    f"{self.state_path(index)} is the same tensor as {self.state_path(earlier)} "
+                    "(tied weights), but they were distinct tensors at capture, so the graph would "
+                    "compute and write each one separately (eager sums both uses into one .grad): "
+                    "untie them, or precompile the tied model"
+                )
+
+    def _raise_untied(self, state_index: int, module_index: int, fqn: str) -> None:
+        first_module, first_name = self.convention.state[state_index].names[0]
+        raise PrecompileError(
+            f"args[{self.positions[module_index]}].{fqn} was the same tensor as "
+            f"args[{self.positions[first_module]}].{first_name} at capture (tied "
+            "weights) but is a different tensor now; tie them again or precompile the untied model"
+        )
+
+    def _locate_state(self) -> tuple[list, list]:
+        """Where each lifted tensor lives: (module index, slot) in accessor order."""
+        slots = {}
+        for index, spec in enumerate(self.convention.modules):
+            for slot, name in enumerate(spec.parameters + spec.buffers):
+                slots[(index, name)] = slot
+        primary, aliases = [], []
+        for state_index, spec in enumerate(self.convention.state):
+            (module_index, name), *tied = spec.names
+            primary.append((module_index, slots[(module_index, name)]))
+            aliases += [(state_index, m, slots[(m, n)], n) for m, n in tied]
+        return primary, aliases
+
+
 class PrecompiledFunction:
     """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
 
@@ -958,7 +1208,6 @@ class PrecompiledFunction:
         )
         self._module_positions = tuple(m.position for m in convention.modules)
         self._user_positions = convention.user_positions
-        self._pick_modules = _picker(self._module_positions)
         self._pick_user_args = _picker(self._user_positions)
         self._input_spec = convention.input_spec
         self._argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
@@ -989,9 +1238,6 @@ class PrecompiledFunction:
             self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
         )
         self._single_output = self._plain_outputs and self._output_spec.is_leaf()
-        self._state_slots, self._alias_slots = self._locate_state()
-        # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
-        self._state_cache: dict[Any, _ModuleCache] = {}
         self._one_module = len(self._module_positions) == 1
         self._guard = None  # tensor_guard() armed by the last fully checked call
         # Global state, compared at every call with a few C calls.
@@ -1021,6 +1267,9 @@ class PrecompiledFunction:
         ]
         self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
+        self._modules = ModuleArguments(convention, self._state_alias_pairs)
+        self._pick_modules = self._modules.pick
+        self._state_cache = self._modules.cache  # read by every call (_module_entry)
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
         self._has_trailing_inputs = bool(self._free_inputs or self._optimizers or convention.grad_inputs)
         self._read_only_grads = frozenset(convention.grad_inputs_read_only)
@@ -1034,19 +1283,6 @@ class PrecompiledFunction:
         self._bare = self._single_output and not (
             self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state
         )
-
-    def _locate_state(self) -> tuple[list, list]:
-        """Where each lifted tensor lives: (module index, slot) in accessor order."""
-        slots = {}
-        for index, spec in enumerate(self.convention.modules):
-            for slot, name in enumerate(spec.parameters + spec.buffers):
-                slots[(index, name)] = slot
-        primary, aliases = [], []
-        for state_index, spec in enumerate(self.convention.state):
-            (module_index, name), *tied = spec.names
-            primary.append((module_index, slots[(module_index, name)]))
-            aliases += [(state_index, m, slots[(m, n)], n) for m, n in tied]
-        return primary, aliases
 
     # -- the call ------------------------------------------------------------
 
@@ -1062,7 +1298,7 @@ class PrecompiledFunction:
             self._check_global_state(grad_enabled)
         cached = self._module_entry(args)
         if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
-            cached = self._refuse_hooks(args, cached)
+            cached = self._modules.refuse_hooks(args, cached)
         user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._flatten(user_args)
         inputs = self._pick_tensor_inputs(leaves)
@@ -1070,12 +1306,12 @@ class PrecompiledFunction:
         # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
         tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
         if tensors is None:
-            cached, state = self._state_tensors(args, cached)
+            cached, state = self._modules.state_tensors(args, cached)
             self._check_slowly(user_args, leaves, state)
             tensors = [*state, *inputs]
             self._guard = self._build_guard(tensors)
         elif cached.aliases:
-            self._check_ties(args, cached, tensors)
+            self._modules.check_ties(args, cached, tensors)
         if self._bare:
             if grad_enabled:
                 _set_grad_enabled(False)
@@ -1181,21 +1417,6 @@ class PrecompiledFunction:
 
     # -- global state ----------------------------------------------------------
 
-    def _refuse_hooks(self, args: tuple, cached: _ModuleCache) -> _ModuleCache:
-        """A PrecompileError naming a hook on the module arguments or their tensors; ``cached``, marked clean, where none."""
-        epoch = hook_epoch()  # read first: a hook registered while scanning rescans next call
-        cached, state = self._state_tensors(args, cached)
-        named_modules = named_submodules(self._module_positions, self._pick_modules(args))
-        named_state = list(zip(map(self._tensor_path, range(len(state))), state))
-        hook = find_hook(named_modules, named_state, [named_state[i] for i in self.convention.grad_state])
-        if hook is not None:
-            raise PrecompileError(
-                f"{hook}, which was not there at capture: the graph does not run it, eager would. "
-                "Remove it (handle.remove()) before calling, or call fn eagerly"
-            )
-        cached.hooks_clean_at[0] = epoch
-        return cached
-
     def _global_state_moved(self, grad_enabled: bool) -> bool:
         """Whether the global state this artifact compares beyond autocast and the default dtype may differ (a few C calls)."""
         return (
@@ -1262,198 +1483,14 @@ class PrecompiledFunction:
 
     # -- module state --------------------------------------------------------
 
-    def _module_key(self, args: tuple) -> Any:
-        """The module arguments' cache key: the usual single module's id alone, no tuple built per call."""
-        return id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
-
     def _module_entry(self, args: tuple) -> _ModuleCache:
         """The module arguments' cache entry, re-walked when it no longer holds."""
         # self._module_key(args), inlined: one call less on every call
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
         if cached is None or cached.generation != _STRUCTURE[0] or not cached.watched_unchanged():
-            cached = self._cache_modules(self._pick_modules(args), key)
+            cached = self._modules.walk(self._pick_modules(args), key)
         return cached
-
-    def _state_tensors(self, args: tuple, cached: _ModuleCache) -> tuple[_ModuleCache, list]:
-        """The lifted tensors ``cached`` locates (re-walked, naming what is missing, where one was deleted)."""
-        try:
-            state = _lifted_tensors(cached)
-        except KeyError:  # deleted with `del`, which bypasses the registration hooks
-            cached = self._cache_modules(self._pick_modules(args), self._module_key(args))  # names what is missing
-            state = _lifted_tensors(cached)
-        self._check_ties(args, cached, state)
-        return cached, state
-
-    def _check_ties(self, args: tuple, cached: _ModuleCache, tensors: list) -> None:
-        """Each tied name (captured as one tensor under several names) still holds that tensor."""
-        for state_index, table, name, module_index, fqn in cached.aliases:
-            if table.get(name) is not tensors[state_index]:
-                if name not in table:  # deleted with `del`, past the registration hooks: the walk names it
-                    self._cache_modules(self._pick_modules(args), self._module_key(args))
-                self._raise_untied(state_index, module_index, fqn)
-
-    def _cache_modules(self, modules: tuple, key: Any) -> _ModuleCache:
-        """Walk the module arguments, check them against the convention, cache the result."""
-        generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
-        walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
-        accessors = [walked[m][0][slot] for m, slot in self._state_slots]
-        submodules = [sub for _, named, _, _ in walked for _, sub in named]
-        reads = ValueReads()
-        for index, (_, named, _, _) in enumerate(walked):
-            self._check_attributes(index, named, reads)
-        ddp_entries = [entry for _, _, checked, _ in walked for entry in checked]
-        flags = [flag for spec in self.convention.modules for _, flag in spec.submodules]
-        # Containers whose length is watched: every submodule's _modules that has
-        # children, and a DDP argument's comm hook list.
-        sized = [(vars(sub), _CHILDREN) for sub in submodules if _children(sub)]
-        sized += [entry for _, _, _, lengths in walked for entry in lengths]
-        # The _parameters / _buffers dict of each submodule holding a lifted tensor:
-        # rebinding one (`module._parameters = {...}` bypasses the registration hooks)
-        # would leave the tables cached below stale.
-        table_ids = {id(table) for table, _ in accessors}
-        tables_held = [
-            (vars(sub), attribute)
-            for sub in submodules
-            for attribute in _TENSOR_TABLES
-            if id(vars(sub).get(attribute)) in table_ids
-        ]
-        watched = (
-            [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
-            + ddp_entries
-            + list(reads.entries.values())
-            + tables_held
-            + sized
-        )
-        watched_values = [values.get(name, MISSING) for values, name in watched]
-        # The hook dicts of each submodule fn calls, and the global ones, stay empty (hooks are
-        # refused): a hook written into one directly, past register_forward_hook's handle, is seen.
-        called = [named[i][1] for (_, named, _, _), spec in zip(walked, self.convention.modules) for i in spec.called]
-        hook_dicts = [
-            hooks
-            for hooks in (
-                *(getattr(sub, attribute, None) for sub in called for attribute in _MODULE_HOOKS),
-                *(map(_global_module_hooks, _MODULE_HOOKS) if called else ()),
-            )
-            if type(hooks) in (dict, collections.OrderedDict) and not hooks
-        ]
-        classes = list(reads.classes.values())
-        class_values = [getattr(owner, name, MISSING) for owner, name in classes]
-        containers = list(reads.containers.values())
-        copies = [type(c)(c) for c in containers]
-        forget = functools.partial(_forget, self._state_cache, key)
-        cached = _ModuleCache(
-            refs=tuple(weakref.ref(m, forget) for m in modules),
-            tables=[table for table, _ in accessors],
-            names=[name for _, name in accessors],
-            aliases=[(i, *walked[m][0][slot], m, fqn) for i, m, slot, fqn in self._alias_slots],
-            generation=generation,
-            watched_vars=[values for values, _ in watched],
-            watched_keys=[name for _, name in watched],
-            watched_values=watched_values,
-            children=[*watched_values[len(watched) - len(sized) :], *hook_dicts],  # the sized entries come last
-            lengths=[*map(_size_or_values, watched_values[len(watched) - len(sized) :]), *[0] * len(hook_dicts)],
-            hooks_clean_at=[-1],
-            class_owners=[owner for owner, _ in classes],
-            class_names=[name for _, name in classes],
-            class_values=class_values,
-            containers=containers,
-            container_copies=copies,
-            class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
-        )
-        state = _lifted_tensors(cached)
-        if len(set(map(id, state))) != len(state):
-            self._raise_tied(state)
-        if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
-            self._check_aliasing(state, self._state_alias_pairs)
-        self._state_cache[key] = cached
-        return cached
-
-    def _walk_module(self, index: int, module: Any) -> tuple[list, list, list, list]:
-        """(owner dict, name) of each parameter and buffer, (name, submodule) of each submodule,
-        the checked DDP attributes, and the (vars, name) of containers whose length is watched."""
-        spec = self.convention.modules[index]
-        where = f"args[{spec.position}]"
-        if not isinstance(module, torch.nn.Module):
-            raise PrecompileError(
-                f"{where}: expected an nn.Module (one was captured at this position), "
-                f"got {type(module).__name__}"
-            )
-        checked, sized = [], []
-        if spec.data_parallel is not None:
-            checked += check_data_parallel(where, module, spec.data_parallel, bool(spec.buffers))
-            sized.append((vars(module), _DDP_COMM_HOOKS))  # register_comm_hook appends to it
-        named = list(module.named_modules())
-        params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
-        buffers = [n for n, _ in module.named_buffers(remove_duplicate=False)]
-        for kind, want, got in (
-            ("parameters", list(spec.parameters), params),
-            ("buffers", list(spec.buffers), buffers),
-            ("submodules", [n for n, _ in spec.submodules], [n for n, _ in named]),
-        ):
-            if want != got:
-                missing = [n for n in want if n not in got]
-                extra = [n for n in got if n not in want]
-                raise PrecompileError(
-                    f"{where}: the module's {kind} differ from the captured model's: "
-                    f"expected {len(want)} {kind}, got {len(got)}; missing {missing[:5]}, "
-                    f"unexpected {extra[:5]}"
-                    + ("; order differs" if not missing and not extra else "")
-                )
-        for (name, want), (_, sub) in zip(spec.submodules, named):
-            if want is not None and sub.training != want:
-                path = f"{where}.{name}" if name else where
-                raise PrecompileError(
-                    f"{path} ({type(sub).__name__}) is in {'train' if sub.training else 'eval'} "
-                    f"mode, but was in {'train' if want else 'eval'} mode at capture (BatchNorm, "
-                    f"Dropout & co. compute differently): call .{'train' if want else 'eval'}() "
-                    "on it, or precompile again in this mode"
-                )
-        for (name, _), want, (_, sub) in zip(spec.submodules, spec.classes, named):
-            if class_name(type(sub)) != want:
-                raise PrecompileError(
-                    f"{where}{'.' + name if name else ''} is a {class_name(type(sub))}, but was a {want} "
-                    "at capture (its forward is baked into the graph): put back a module of that class, "
-                    "or precompile again"
-                )
-        accessors = [_owner_dict(module, n, "parameter") for n in params] + [
-            _owner_dict(module, n, "buffer") for n in buffers
-        ]
-        return accessors, named, checked, sized
-
-    def _check_attributes(self, index: int, named: list, reads: ValueReads) -> None:
-        """The plain values fn read from a module argument (attribute paths), as captured."""
-        spec = self.convention.modules[index]
-        subs = dict(named)
-        for name, path, want in spec.attributes:
-            got = reads.read_path(subs[name], path)
-            if not matches(got, want):
-                where = f"args[{spec.position}]{'.' + name if name else ''}.{path}"
-                raise PrecompileError(
-                    f"{where} is {_describe_read(got)}, but was "
-                    f"{describe_literal(want)} at capture (fn read it, so it is baked into the graph): "
-                    "set it back, or precompile again"
-                )
-
-    def _raise_tied(self, state: list) -> None:
-        first = {}
-        for index, tensor in enumerate(state):
-            earlier = first.setdefault(id(tensor), index)
-            if earlier != index:
-                raise PrecompileError(
-                    f"{self._tensor_path(index)} is the same tensor as {self._tensor_path(earlier)} "
-                    "(tied weights), but they were distinct tensors at capture, so the graph would "
-                    "compute and write each one separately (eager sums both uses into one .grad): "
-                    "untie them, or precompile the tied model"
-                )
-
-    def _raise_untied(self, state_index: int, module_index: int, fqn: str) -> None:
-        first_module, first_name = self.convention.state[state_index].names[0]
-        raise PrecompileError(
-            f"args[{self._module_positions[module_index]}].{fqn} was the same tensor as "
-            f"args[{self._module_positions[first_module]}].{first_name} at capture (tied "
-            "weights) but is a different tensor now; tie them again or precompile the untied model"
-        )
 
     # -- user inputs ---------------------------------------------------------
 
@@ -1507,7 +1544,7 @@ class PrecompiledFunction:
     def _check_inputs(self, user_args: tuple, leaves: list, tensors: list) -> None:
         """Baked values, no memory shared with a tensor the graph writes, and the tensors that must be one, as captured."""
         self._check_values(user_args, leaves)
-        self._check_aliasing(tensors, self._input_alias_pairs)
+        raise_if_aliased(tensors, self._input_alias_pairs, self._tensor_path, self.convention.mutated)
         self._check_same_inputs(tensors)
 
     def _check_values(self, user_args: tuple, leaves: list) -> None:
@@ -1583,19 +1620,7 @@ class PrecompiledFunction:
         """Names tensor graph input ``index``: a parameter/buffer, then the user tensors."""
         if index >= len(self.convention.state):
             return self._input_path(self._tensor_inputs[index - len(self.convention.state)])
-        spec = self.convention.state[index]
-        module_index, name = spec.names[0]
-        return f"args[{self._module_positions[module_index]}].{name} ({spec.kind})"
-
-    def _check_aliasing(self, tensors: list, pairs: list) -> None:
-        for i, j in pairs:
-            if _is_alias_of(tensors[i], tensors[j]):
-                written = self._tensor_path(i if i in self.convention.mutated else j)
-                raise PrecompileError(
-                    f"{self._tensor_path(i)} and {self._tensor_path(j)} share memory, but they were "
-                    f"distinct tensors at capture and the graph writes {written} in place, so it "
-                    "would compute something else than eager: pass distinct tensors (e.g. .clone())"
-                )
+        return self._modules.state_path(index)
 
     def _check_same_inputs(self, tensors: list) -> None:
         for i, j in self._same_inputs:
@@ -1661,7 +1686,7 @@ class PrecompiledFunction:
             args = self._bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
-        _, state = self._state_tensors(args, self._module_entry(args))
+        _, state = self._modules.state_tensors(args, self._module_entry(args))
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._check_slowly(user_args, leaves, state)
         self._check_inputs(user_args, leaves, tensors)
