@@ -940,6 +940,89 @@ class ResultWriter:
         return result
 
 
+class GlobalState:
+    """The process-global state a call must share with capture (Note invariant 11): grad
+    mode where the graph runs autograd or fn read it, inference mode where fn read it, no
+    anomaly detection or saved-tensor hooks around a compiled backward, autocast, and the
+    default dtype.  ``moved`` is the fast test, ``check`` raises the PrecompileError."""
+
+    def __init__(self, convention: CallingConvention):
+        self.convention = convention
+        self._needs_grad = convention.needs_grad
+        # Grad mode must be on for an artifact that runs autograd or whose fn read it.
+        self._needs_grad_mode = convention.needs_grad or bool(convention.grad_mode_read)
+        self._inference_mode_read = bool(convention.inference_mode_read)
+        self.default_dtype = self._default_dtype = _dtype(convention.default_dtype)
+        self._any_autocast = bool(convention.autocast)
+        # Whether any of the above is compared beyond autocast and the default dtype, which
+        # every call tests itself (most forwards compare nothing more).
+        self.reads_more = self._any_autocast or self._needs_grad_mode or self._needs_grad or self._inference_mode_read
+
+    def moved(self, grad_enabled: bool) -> bool:
+        """Whether the global state this artifact compares beyond autocast and the default dtype may differ (a few C calls)."""
+        return (
+            self._any_autocast  # captured under autocast: compared in full at every call
+            or (self._needs_grad_mode and not grad_enabled)
+            or (self._needs_grad and (_is_anomaly_enabled() or _saved_tensors_hooks() is not None))
+            or (self._inference_mode_read and _is_inference_mode_enabled())
+        )
+
+    def check(self, grad_enabled: bool) -> None:
+        """Grad mode (and the modes fn read), saved-tensor hooks, autocast and default dtype as captured, or a PrecompileError."""
+        where = "torch.inference_mode()" if _is_inference_mode_enabled() else "torch.no_grad()"
+        if self._needs_grad and not grad_enabled:
+            raise PrecompileError(
+                f"called under {where}, but this artifact runs autograd (fn calls backward() or "
+                "torch.autograd.grad) and was captured with grad mode enabled; whether fn would "
+                "enable grad itself is not recorded: call it with grad mode enabled, outside "
+                "no_grad() / inference_mode()"
+            )
+        read = self.convention.grad_mode_read
+        if read and not grad_enabled:
+            raise PrecompileError(
+                f"called under {where}, but fn reads torch.is_grad_enabled(){read} and was "
+                "captured with grad mode enabled: the graph follows that branch. Call it with grad "
+                "mode enabled, or pass the mode to fn as a Python argument (baked and checked)"
+            )
+        read = self.convention.inference_mode_read
+        if read and _is_inference_mode_enabled():
+            raise PrecompileError(
+                f"called under torch.inference_mode(), but fn reads "
+                f"torch.is_inference_mode_enabled(){read} and was captured outside it: the graph "
+                "follows that branch. Call it outside inference_mode() (no_grad() is fine), or pass "
+                "the mode to fn as a Python argument (baked and checked)"
+            )
+        if self._needs_grad and _is_anomaly_enabled():
+            raise PrecompileError(
+                "called with autograd anomaly detection enabled, but this artifact's backward is "
+                "compiled and cannot check for anomalies: disable torch.autograd.detect_anomaly / "
+                "set_detect_anomaly, or call fn eagerly to debug"
+            )
+        hooks = _saved_tensors_hooks() if self._needs_grad else None
+        if hooks is not None:
+            raise PrecompileError(
+                f"called inside torch.autograd.graph.saved_tensors_hooks (pack hook "
+                f"{getattr(hooks[0], '__qualname__', hooks[0])!s}), but this artifact runs autograd in "
+                "its compiled graph, which saves no tensors through them: eager would pack and "
+                "unpack them. Call it outside the hooks, or enter them inside fn and precompile again "
+                "(the trace then records what they do)"
+            )
+        captured, now = self.convention.autocast, autocast_state()
+        if now != captured:
+            raise PrecompileError(
+                f"autocast state differs from capture: captured {list(captured) or 'no autocast'}, "
+                f"now {list(now) or 'no autocast'}; the casts are baked into the graph: call it "
+                "under the same torch.autocast(...) as at capture, or precompile again under this one"
+            )
+        dtype = torch.get_default_dtype()
+        if dtype is not self._default_dtype:
+            raise PrecompileError(
+                f"torch.get_default_dtype() is {dtype}, but it was {self._default_dtype} at capture "
+                "(tensors fn creates take that dtype): call "
+                f"torch.set_default_dtype({self._default_dtype}) first, or precompile again"
+            )
+
+
 class ModuleArguments:
     """fn's module arguments at a call (Note invariant 11): walked once per set of module
     objects and cached (``_ModuleCache``, walked again when the structure counter or a watched
@@ -1242,14 +1325,9 @@ class PrecompiledFunction:
         self._guard = None  # tensor_guard() armed by the last fully checked call
         # Global state, compared at every call with a few C calls.
         self._needs_grad = convention.needs_grad
-        # Grad mode must be on for an artifact that runs autograd or whose fn read it.
-        self._needs_grad_mode = convention.needs_grad or bool(convention.grad_mode_read)
-        self._inference_mode_read = bool(convention.inference_mode_read)
-        self._default_dtype = _dtype(convention.default_dtype)
-        self._any_autocast = bool(convention.autocast)
-        # One flag for the per-call path: any of the global state above is compared beyond
-        # autocast and the default dtype (most forwards compare neither).
-        self._reads_global_state = self._any_autocast or self._needs_grad_mode or self._needs_grad or self._inference_mode_read
+        self._global_state = GlobalState(convention)
+        self._default_dtype = self._global_state.default_dtype
+        self._reads_global_state = self._global_state.reads_more
         # Memory shared with a tensor the graph writes changes what it computes.
         # Pairs of tensor graph inputs that must not share memory: those with
         # a user input are checked at every call, state-only ones whenever
@@ -1293,9 +1371,9 @@ class PrecompiledFunction:
         if (
             _is_any_autocast_enabled()
             or _get_default_dtype() is not self._default_dtype
-            or (self._reads_global_state and self._global_state_moved(grad_enabled))
+            or (self._reads_global_state and self._global_state.moved(grad_enabled))
         ):
-            self._check_global_state(grad_enabled)
+            self._global_state.check(grad_enabled)
         cached = self._module_entry(args)
         if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
             cached = self._modules.refuse_hooks(args, cached)
@@ -1416,70 +1494,6 @@ class PrecompiledFunction:
         )
 
     # -- global state ----------------------------------------------------------
-
-    def _global_state_moved(self, grad_enabled: bool) -> bool:
-        """Whether the global state this artifact compares beyond autocast and the default dtype may differ (a few C calls)."""
-        return (
-            self._any_autocast  # captured under autocast: compared in full at every call
-            or (self._needs_grad_mode and not grad_enabled)
-            or (self._needs_grad and (_is_anomaly_enabled() or _saved_tensors_hooks() is not None))
-            or (self._inference_mode_read and _is_inference_mode_enabled())
-        )
-
-    def _check_global_state(self, grad_enabled: bool) -> None:
-        """Grad mode (and the modes fn read), saved-tensor hooks, autocast and default dtype as captured, or a PrecompileError."""
-        where = "torch.inference_mode()" if _is_inference_mode_enabled() else "torch.no_grad()"
-        if self._needs_grad and not grad_enabled:
-            raise PrecompileError(
-                f"called under {where}, but this artifact runs autograd (fn calls backward() or "
-                "torch.autograd.grad) and was captured with grad mode enabled; whether fn would "
-                "enable grad itself is not recorded: call it with grad mode enabled, outside "
-                "no_grad() / inference_mode()"
-            )
-        read = self.convention.grad_mode_read
-        if read and not grad_enabled:
-            raise PrecompileError(
-                f"called under {where}, but fn reads torch.is_grad_enabled(){read} and was "
-                "captured with grad mode enabled: the graph follows that branch. Call it with grad "
-                "mode enabled, or pass the mode to fn as a Python argument (baked and checked)"
-            )
-        read = self.convention.inference_mode_read
-        if read and _is_inference_mode_enabled():
-            raise PrecompileError(
-                f"called under torch.inference_mode(), but fn reads "
-                f"torch.is_inference_mode_enabled(){read} and was captured outside it: the graph "
-                "follows that branch. Call it outside inference_mode() (no_grad() is fine), or pass "
-                "the mode to fn as a Python argument (baked and checked)"
-            )
-        if self._needs_grad and _is_anomaly_enabled():
-            raise PrecompileError(
-                "called with autograd anomaly detection enabled, but this artifact's backward is "
-                "compiled and cannot check for anomalies: disable torch.autograd.detect_anomaly / "
-                "set_detect_anomaly, or call fn eagerly to debug"
-            )
-        hooks = _saved_tensors_hooks() if self._needs_grad else None
-        if hooks is not None:
-            raise PrecompileError(
-                f"called inside torch.autograd.graph.saved_tensors_hooks (pack hook "
-                f"{getattr(hooks[0], '__qualname__', hooks[0])!s}), but this artifact runs autograd in "
-                "its compiled graph, which saves no tensors through them: eager would pack and "
-                "unpack them. Call it outside the hooks, or enter them inside fn and precompile again "
-                "(the trace then records what they do)"
-            )
-        captured, now = self.convention.autocast, autocast_state()
-        if now != captured:
-            raise PrecompileError(
-                f"autocast state differs from capture: captured {list(captured) or 'no autocast'}, "
-                f"now {list(now) or 'no autocast'}; the casts are baked into the graph: call it "
-                "under the same torch.autocast(...) as at capture, or precompile again under this one"
-            )
-        dtype = torch.get_default_dtype()
-        if dtype is not self._default_dtype:
-            raise PrecompileError(
-                f"torch.get_default_dtype() is {dtype}, but it was {self._default_dtype} at capture "
-                "(tensors fn creates take that dtype): call "
-                f"torch.set_default_dtype({self._default_dtype}) first, or precompile again"
-            )
 
     # -- module state --------------------------------------------------------
 
