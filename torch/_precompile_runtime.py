@@ -940,6 +940,58 @@ class ResultWriter:
         return result
 
 
+class Binding:
+    """A call's arguments bound as Python binds fn's (its signature as captured), to the
+    positional arguments the convention describes; a parameter whose default was baked
+    may not be passed."""
+
+    def __init__(self, convention: CallingConvention):
+        self._arity = convention.arity
+        self.signature = call_signature(convention.signature) if convention.signature else None
+        self._baked_parameters = frozenset(name for name, _, bound in convention.signature if not bound)
+        # Names a call may pass by keyword; None: any (fn takes **kwargs, whose emptiness is baked).
+        kinds = {kind for _, kind, _ in convention.signature}
+        self._keywords = None if "VAR_KEYWORD" in kinds else frozenset(
+            name for name, kind, _ in convention.signature if kind in ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
+        )
+
+    def bind(self, args: tuple, kwargs: dict) -> tuple:
+        """fn's arguments as captured (positionally), bound from a call as Python binds fn's."""
+        if self.signature is None:  # fn had no signature: positional calls only
+            self._raise_call_shape(args, kwargs)
+        unknown = [name for name in kwargs if self._keywords is not None and name not in self._keywords]
+        try:
+            if unknown:  # named before a missing argument, as Python's own call does
+                raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise PrecompileError(f"fn{self.signature}: {error} (the artifact binds its arguments like fn)") from None
+        for name in bound.arguments:
+            if name in self._baked_parameters:
+                raise PrecompileError(
+                    f"fn's parameter {name!r} was not passed at capture, so its default is baked into the "
+                    "artifact: leave it out, or precompile again passing it"
+                )
+        if len(bound.args) != self._arity:  # more or fewer *args than at capture
+            self._raise_call_shape(bound.args, {})
+        return bound.args
+
+    def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
+        if kwargs:
+            raise PrecompileError(
+                f"keyword arguments are not supported (got {sorted(kwargs)}); pass every "
+                "argument positionally, as at capture"
+            )
+        raise PrecompileError(
+            f"expected {self._arity} positional arguments (as captured), got {len(args)}"
+        )
+
+    def checks(self) -> list[Check]:
+        """The one ``Check`` of binding."""
+        signature = f"fn{self.signature}" if self.signature is not None else "fn(*args)"
+        return [Check("binding", "the call", f"{signature} bound as Python binds it, {self._arity} arguments")]
+
+
 class GlobalState:
     """The process-global state a call must share with capture (Note invariant 11): grad
     mode where the graph runs autograd or fn read it, inference mode where fn read it, no
@@ -1021,6 +1073,22 @@ class GlobalState:
                 "(tensors fn creates take that dtype): call "
                 f"torch.set_default_dtype({self._default_dtype}) first, or precompile again"
             )
+
+    def checks(self) -> list[Check]:
+        """A ``Check`` per global state ``check`` compares."""
+        c = self.convention
+        checks = []
+        if c.needs_grad:
+            checks.append(Check("global", "torch.is_grad_enabled()", "True (the graph runs autograd)"))
+            checks.append(Check("global", "autograd anomaly detection and saved_tensors_hooks", "off"))
+        elif c.grad_mode_read:
+            checks.append(Check("global", "torch.is_grad_enabled()", f"True (fn read it{c.grad_mode_read})"))
+        if c.inference_mode_read:
+            checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
+        autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
+        checks.append(Check("global", "torch.autocast", autocast))
+        checks.append(Check("global", "torch.get_default_dtype()", f"torch.{c.default_dtype}"))
+        return checks
 
 
 class ModuleArguments:
@@ -1259,6 +1327,29 @@ class ModuleArguments:
             aliases += [(state_index, m, slots[(m, n)], n) for m, n in tied]
         return primary, aliases
 
+    def checks(self) -> list[Check]:
+        """A ``Check`` per fact of each module argument this walk compares, then its hook scan."""
+        return [check for spec in self.convention.modules for check in self._spec_checks(spec)]
+
+    @staticmethod
+    def _spec_checks(spec: Any) -> list[Check]:
+        where = f"args[{spec.position}]"
+        checks = [
+            Check("module", where, f"{spec.classes[0] if spec.classes else 'an nn.Module'}: parameters, buffers and "
+                  f"{len(spec.submodules)} submodules of the captured names, order and classes")
+        ]
+        modes = [(name, flag) for name, flag in spec.submodules if flag is not None]
+        checks += [Check("module", f"{where}{'.' + name if name else ''}.training", str(flag)) for name, flag in modes]
+        for name, path, want in spec.attributes:
+            checks.append(Check("attribute", f"{where}{'.' + name if name else ''}.{path}", describe_literal(want)))
+        if spec.data_parallel is not None:
+            ddp = spec.data_parallel
+            checks.append(Check("data_parallel", where, f"DistributedDataParallel over process group {ddp.group_name!r} of "
+                                f"{ddp.world_size} ranks, with the captured settings and gradient sync"))
+        checks.append(Check("hooks", where, "no hook on it, its submodules, parameters, buffers or their gradient "
+                            "accumulation, nor a global module hook, that was not there at capture"))
+        return checks
+
 
 class PrecompiledFunction:
     """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
@@ -1282,13 +1373,7 @@ class PrecompiledFunction:
         self._run_graph = run_graph
         self._constants = constants
         self._arity = convention.arity
-        self._signature = call_signature(convention.signature) if convention.signature else None
-        self._baked_parameters = frozenset(name for name, _, bound in convention.signature if not bound)
-        # Names a call may pass by keyword; None: any (fn takes **kwargs, whose emptiness is baked).
-        kinds = {kind for _, kind, _ in convention.signature}
-        self._keywords = None if "VAR_KEYWORD" in kinds else frozenset(
-            name for name, kind, _ in convention.signature if kind in ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
-        )
+        self._binding = Binding(convention)
         self._module_positions = tuple(m.position for m in convention.modules)
         self._user_positions = convention.user_positions
         self._pick_user_args = _picker(self._user_positions)
@@ -1366,7 +1451,7 @@ class PrecompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._arity:
-            args = self._bind(args, kwargs)
+            args = self._binding.bind(args, kwargs)
         grad_enabled = _is_grad_enabled()
         if (
             _is_any_autocast_enabled()
@@ -1460,37 +1545,6 @@ class PrecompiledFunction:
         raise PrecompileError(
             f"the captured graph returned {len(outputs)} outputs but the calling convention "
             f"describes {self._num_graph_outputs}: python_code was edited"
-        )
-
-    def _bind(self, args: tuple, kwargs: dict) -> tuple:
-        """fn's arguments as captured (positionally), bound from a call as Python binds fn's."""
-        if self._signature is None:  # fn had no signature: positional calls only
-            self._raise_call_shape(args, kwargs)
-        unknown = [name for name in kwargs if self._keywords is not None and name not in self._keywords]
-        try:
-            if unknown:  # named before a missing argument, as Python's own call does
-                raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as error:
-            raise PrecompileError(f"fn{self._signature}: {error} (the artifact binds its arguments like fn)") from None
-        for name in bound.arguments:
-            if name in self._baked_parameters:
-                raise PrecompileError(
-                    f"fn's parameter {name!r} was not passed at capture, so its default is baked into the "
-                    "artifact: leave it out, or precompile again passing it"
-                )
-        if len(bound.args) != self._arity:  # more or fewer *args than at capture
-            self._raise_call_shape(bound.args, {})
-        return bound.args
-
-    def _raise_call_shape(self, args: tuple, kwargs: dict) -> None:
-        if kwargs:
-            raise PrecompileError(
-                f"keyword arguments are not supported (got {sorted(kwargs)}); pass every "
-                "argument positionally, as at capture"
-            )
-        raise PrecompileError(
-            f"expected {self._arity} positional arguments (as captured), got {len(args)}"
         )
 
     # -- global state ----------------------------------------------------------
@@ -1697,7 +1751,7 @@ class PrecompiledFunction:
         autocast, hooks) is not.  Nothing runs and nothing is written.
         """
         if kwargs or len(args) != self._arity:
-            args = self._bind(args, kwargs)
+            args = self._binding.bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._flatten(user_args)
         _, state = self._modules.state_tensors(args, self._module_entry(args))
@@ -1734,11 +1788,7 @@ class PrecompiledFunction:
 def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
     """``runnable.checks``: a ``Check`` per fact of the convention the call enforces, in the order it does."""
     c = runnable.convention
-    signature = f"fn{runnable._signature}" if runnable._signature is not None else "fn(*args)"
-    checks = [Check("binding", "the call", f"{signature} bound as Python binds it, {runnable._arity} arguments")]
-    checks += _global_checks(c)
-    for spec in c.modules:
-        checks += _module_checks(spec)
+    checks = [*runnable._binding.checks(), *runnable._global_state.checks(), *runnable._modules.checks()]
     if not runnable._flat_inputs:
         for position, spec in zip(runnable._user_positions, runnable._input_spec.children()):
             expected = f"pytree of {spec.num_leaves} leaves, as captured: {spec}"
@@ -1770,40 +1820,6 @@ def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
         grads = f".grad of {len(c.grad_inputs)} parameters"
         checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
     return tuple(checks)
-
-
-def _global_checks(c: CallingConvention) -> list[Check]:
-    checks = []
-    if c.needs_grad:
-        checks.append(Check("global", "torch.is_grad_enabled()", "True (the graph runs autograd)"))
-        checks.append(Check("global", "autograd anomaly detection and saved_tensors_hooks", "off"))
-    elif c.grad_mode_read:
-        checks.append(Check("global", "torch.is_grad_enabled()", f"True (fn read it{c.grad_mode_read})"))
-    if c.inference_mode_read:
-        checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
-    autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
-    checks.append(Check("global", "torch.autocast", autocast))
-    checks.append(Check("global", "torch.get_default_dtype()", f"torch.{c.default_dtype}"))
-    return checks
-
-
-def _module_checks(spec: Any) -> list[Check]:
-    where = f"args[{spec.position}]"
-    checks = [
-        Check("module", where, f"{spec.classes[0] if spec.classes else 'an nn.Module'}: parameters, buffers and "
-              f"{len(spec.submodules)} submodules of the captured names, order and classes")
-    ]
-    modes = [(name, flag) for name, flag in spec.submodules if flag is not None]
-    checks += [Check("module", f"{where}{'.' + name if name else ''}.training", str(flag)) for name, flag in modes]
-    for name, path, want in spec.attributes:
-        checks.append(Check("attribute", f"{where}{'.' + name if name else ''}.{path}", describe_literal(want)))
-    if spec.data_parallel is not None:
-        ddp = spec.data_parallel
-        checks.append(Check("data_parallel", where, f"DistributedDataParallel over process group {ddp.group_name!r} of "
-                            f"{ddp.world_size} ranks, with the captured settings and gradient sync"))
-    checks.append(Check("hooks", where, "no hook on it, its submodules, parameters, buffers or their gradient "
-                        "accumulation, nor a global module hook, that was not there at capture"))
-    return checks
 
 
 def _size_checks(runnable: PrecompiledFunction) -> list[Check]:
