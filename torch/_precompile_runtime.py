@@ -1328,8 +1328,13 @@ class ModuleArguments:
         return primary, aliases
 
     def checks(self) -> list[Check]:
-        """A ``Check`` per fact of each module argument this walk compares, then its hook scan."""
-        return [check for spec in self.convention.modules for check in self._spec_checks(spec)]
+        """A ``Check`` per fact of each module argument this walk compares, its hook scan, and tied weights."""
+        checks = [check for spec in self.convention.modules for check in self._spec_checks(spec)]
+        for index, spec in enumerate(self.convention.state):
+            for module_index, name in spec.names[1:]:
+                tied = f"args[{self.positions[module_index]}].{name}"
+                checks.append(Check("tie", tied, f"the same tensor as {self.state_path(index)}"))
+        return checks
 
     @staticmethod
     def _spec_checks(spec: Any) -> list[Check]:
@@ -1351,218 +1356,39 @@ class ModuleArguments:
         return checks
 
 
-class PrecompiledFunction:
-    """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
+class UserInputs:
+    """fn's arguments other than modules and optimizers at a call (Note invariants 1, 3 and
+    11): their pytree structure (read where the last call wrote an argument it left as
+    written), baked values, tensor layouts (the slow path's full check, and the guard that
+    arms the fast one), free dim sizes with their bounds, groups and size facts, and memory
+    shared with a tensor the graph writes."""
 
-    Every call is checked against the calling convention, runs the graph,
-    accumulates parameter gradients onto the runtime model like eager
-    ``.backward()``, and rebuilds fn's result.  The checks cost microseconds:
-    a call whose modules and tensor layouts were already fully checked is
-    verified by one C++ tensor check (``tensor_guard``); anything else takes the slow
-    path, which either raises a PrecompileError naming what differs or
-    re-arms the fast path for the new layout.
-    """
-
-    def __init__(
-        self,
-        convention: CallingConvention,
-        run_graph: Callable[[list], Any],
-        constants: list[torch.Tensor],
-    ):
+    def __init__(self, convention: CallingConvention, written: dict, state_path: Callable[[int], str], input_alias_pairs: list):
         self.convention = convention
-        self._run_graph = run_graph
-        self._constants = constants
-        self._arity = convention.arity
-        self._binding = Binding(convention)
-        self._module_positions = tuple(m.position for m in convention.modules)
         self._user_positions = convention.user_positions
-        self._pick_user_args = _picker(self._user_positions)
         self._input_spec = convention.input_spec
         self._argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
         self._ordered_dicts = frozenset(convention.ordered_dicts)
-        self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
-        self._results = ResultWriter(convention, self._user_positions, self._argument_specs)
-        self._written = self._results.written  # read by _flatten: where the last call left each argument
+        self._written = written  # by position: where the last call left each argument (ResultWriter's)
+        self._state_path = state_path
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
-        # the guard and value checks below catch a container passed instead.
-        self._flat_inputs = self._input_spec.type is tuple and all(
-            c.is_leaf() for c in self._input_spec.children()
-        )
+        # the guard and value checks catch a container passed instead.
+        self.flat = self._input_spec.type is tuple and all(c.is_leaf() for c in self._input_spec.children())
         inputs = convention.inputs
-        self._tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
-        self._pick_tensor_inputs = _picker(self._tensor_inputs)
+        self.tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
-        self._free_inputs = [
+        self.free_inputs = [
             (i, MEMORY_FORMATS[inputs[i].tensor.memory_format], inputs[i].tensor.free_dims)
-            for i in self._tensor_inputs
+            for i in self.tensor_inputs
             if inputs[i].tensor.free_dims
         ]
         self._sizes = convention.sizes
-        # fn's tensor outputs (one returned twice is one graph output), then the gradients.
-        self._num_graph_outputs = len(convention.output_tensors) + len(convention.grad_state)
-        self._output_indices = [leaf.graph_output for leaf in convention.outputs]
-        self._plain_outputs = all(i is not None for i in self._output_indices) and (
-            self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
-        )
-        self._single_output = self._plain_outputs and self._output_spec.is_leaf()
-        self._one_module = len(self._module_positions) == 1
-        self._guard = None  # tensor_guard() armed by the last fully checked call
-        # Global state, compared at every call with a few C calls.
-        self._needs_grad = convention.needs_grad
-        self._global_state = GlobalState(convention)
-        self._default_dtype = self._global_state.default_dtype
-        self._reads_global_state = self._global_state.reads_more
-        # Memory shared with a tensor the graph writes changes what it computes.
-        # Pairs of tensor graph inputs that must not share memory: those with
-        # a user input are checked at every call, state-only ones whenever
-        # the module cache is rebuilt.
-        num_state = self._num_state = len(convention.state)
-        num_tensors = num_state + len(self._tensor_inputs)
-        mutated = frozenset(convention.mutated)
         self._same_inputs = convention.same_inputs
-        one_tensor = pairs_within_groups(self._same_inputs)  # checked by identity instead
-        pairs = [
-            (i, j)
-            for i in range(num_tensors)
-            for j in range(i + 1, num_tensors)
-            if (i in mutated or j in mutated) and (i, j) not in one_tensor
-        ]
-        self._input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
-        self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
-        self._modules = ModuleArguments(convention, self._state_alias_pairs)
-        self._pick_modules = self._modules.pick
-        self._state_cache = self._modules.cache  # read by every call (_module_entry)
-        self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
-        self._has_trailing_inputs = bool(self._free_inputs or self._optimizers or convention.grad_inputs)
-        self._read_only_grads = frozenset(convention.grad_inputs_read_only)
-        self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
-        self._copies_inputs = bool(self._constants or convention.output_views)
-        self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
-        self._checks_inputs = bool(self._value_inputs or self._input_alias_pairs or self._same_inputs)
-        # One flag for the per-call path (an inference forward): between the
-        # guard and the graph nothing to check or add, after it nothing to
-        # store, and one output to return.
-        self._bare = self._single_output and not (
-            self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state
-        )
+        self._input_alias_pairs = input_alias_pairs  # (i, j) tensor graph inputs, j a user input
+        self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs)
 
-    # -- the call ------------------------------------------------------------
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != self._arity:
-            args = self._binding.bind(args, kwargs)
-        grad_enabled = _is_grad_enabled()
-        if (
-            _is_any_autocast_enabled()
-            or _get_default_dtype() is not self._default_dtype
-            or (self._reads_global_state and self._global_state.moved(grad_enabled))
-        ):
-            self._global_state.check(grad_enabled)
-        cached = self._module_entry(args)
-        if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
-            cached = self._modules.refuse_hooks(args, cached)
-        user_args = self._pick_user_args(args)
-        leaves = user_args if self._flat_inputs else self._flatten(user_args)
-        inputs = self._pick_tensor_inputs(leaves)
-        guard = self._guard
-        # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
-        tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
-        if tensors is None:
-            cached, state = self._modules.state_tensors(args, cached)
-            self._check_slowly(user_args, leaves, state)
-            tensors = [*state, *inputs]
-            self._guard = self._build_guard(tensors)
-        elif cached.aliases:
-            self._modules.check_ties(args, cached, tensors)
-        if self._bare:
-            if grad_enabled:
-                _set_grad_enabled(False)
-            try:
-                outputs = self._run_graph(tensors)
-            except AssertionError as error:
-                self._raise_rejected(error)
-            finally:
-                _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
-            if len(outputs) != 1:
-                self._raise_edited(outputs)
-            return outputs[0]
-        state = tensors[: self._num_state]
-        if self._checks_inputs:
-            self._check_inputs(user_args, leaves, tensors)
-        created = ()  # (optimizer, state entries this call creates): stored once the graph ran
-        if self._has_trailing_inputs:
-            created = []
-            tensors += self._trailing_inputs(args, leaves, state, created)
-        # The graph already contains any backward: run it without autograd
-        # recording (Inductor's out= kernels refuse inputs that require grad),
-        # and write .grad as the autograd engine does, with grad mode off
-        # (already off under no_grad(): nothing to switch).
-        if grad_enabled:
-            _set_grad_enabled(False)
-        try:
-            try:
-                # Inductor's call() empties the list it gets: a copy where tensors is read afterwards.
-                outputs = self._run_graph(tensors + self._constants if self._copies_inputs else tensors)
-            except AssertionError as error:
-                self._raise_rejected(error)
-            if len(outputs) != self._num_graph_outputs:
-                self._raise_edited(outputs)
-            if self._writes_state:
-                outputs = self._results.store(outputs, state, tensors, created)
-        finally:
-            _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
-        if self._single_output:
-            return outputs[0]
-        if self._plain_outputs:
-            return tuple([outputs[i] for i in self._output_indices])
-        return self._results.rebuild(outputs, args, leaves)
-
-    def _trailing_inputs(self, args: tuple, leaves: Any, state: list, created: list) -> list:
-        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads.
-
-        Optimizer state a call creates goes to ``created``, not to the
-        optimizers: a call refused by a later check changes no state.
-        """
-        trailing = self._free_sizes(leaves) if self._free_inputs else []
-        for optimizer in self._optimizers:
-            trailing += optimizer.inputs(args[optimizer.spec.position], state, created)
-        if self.convention.grad_inputs:
-            trailing += self._prior_grads(state)
-        return trailing
-
-    def _raise_rejected(self, error: AssertionError) -> None:
-        if self.convention.backend != "inductor":
-            raise error
-        # Inductor's own size/stride asserts: the checks above should have
-        # caught this first; never leak a bare AssertionError.
-        raise PrecompileError(
-            f"the compiled graph rejected its inputs: {error}; pass tensors with the "
-            "captured shapes and layout, or precompile with backend='eager'"
-        ) from error
-
-    def _raise_edited(self, outputs: Any) -> None:
-        raise PrecompileError(
-            f"the captured graph returned {len(outputs)} outputs but the calling convention "
-            f"describes {self._num_graph_outputs}: python_code was edited"
-        )
-
-    # -- global state ----------------------------------------------------------
-
-    # -- module state --------------------------------------------------------
-
-    def _module_entry(self, args: tuple) -> _ModuleCache:
-        """The module arguments' cache entry, re-walked when it no longer holds."""
-        # self._module_key(args), inlined: one call less on every call
-        key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
-        cached = self._state_cache.get(key)
-        if cached is None or cached.generation != _STRUCTURE[0] or not cached.watched_unchanged():
-            cached = self._modules.walk(self._pick_modules(args), key)
-        return cached
-
-    # -- user inputs ---------------------------------------------------------
-
-    def _flatten(self, user_args: tuple) -> list:
+    def flatten(self, user_args: tuple) -> list:
         if self._written:
             leaves = self._flatten_unless_written(user_args)
             if leaves is not None:
@@ -1609,32 +1435,32 @@ class PrecompiledFunction:
                 )
         raise PrecompileError("input structure differs from the captured one")
 
-    def _check_inputs(self, user_args: tuple, leaves: list, tensors: list) -> None:
+    def check(self, user_args: tuple, leaves: list, tensors: list) -> None:
         """Baked values, no memory shared with a tensor the graph writes, and the tensors that must be one, as captured."""
         self._check_values(user_args, leaves)
-        raise_if_aliased(tensors, self._input_alias_pairs, self._tensor_path, self.convention.mutated)
+        raise_if_aliased(tensors, self._input_alias_pairs, self.tensor_path, self.convention.mutated)
         self._check_same_inputs(tensors)
 
     def _check_values(self, user_args: tuple, leaves: list) -> None:
         for index, want in self._value_inputs:
             got = leaves[index]
             if not matches(got, want):
-                if self._flat_inputs:
-                    self._flatten(user_args)  # a container passed for a value: say so
+                if self.flat:
+                    self.flatten(user_args)  # a container passed for a value: say so
                 raise PrecompileError(
-                    f"{self._input_path(index)}: expected {describe_literal(want)} (baked into the artifact at "
+                    f"{self.input_path(index)}: expected {describe_literal(want)} (baked into the artifact at "
                     f"capture), got {got!r}; precompile again for another value"
                 )
 
-    def _input_path(self, index: int) -> str:
+    def input_path(self, index: int) -> str:
         positional, *rest = leaf_paths(self._input_spec)[index]
         return _leaf_path(self._user_positions[positional.idx], tuple(rest))
 
-    def _free_sizes(self, leaves: list) -> list:
+    def free_sizes(self, leaves: list) -> list:
         """Sizes of the free dims (graph inputs, the convention's ``sizes`` order), after
         checking layouts, bounds and shape groups."""
         sizes, by_group = [], {}
-        for index, memory_format, free_dims in self._free_inputs:
+        for index, memory_format, free_dims in self.free_inputs:
             tensor = leaves[index]
             if not tensor.is_contiguous(memory_format=memory_format):
                 self._check_free_input(index, leaves)
@@ -1648,7 +1474,7 @@ class PrecompiledFunction:
                 sizes.append(size)
         for fact in self.convention.size_facts:
             if not fact.holds(sizes):
-                names = [f"{self._input_path(index)} dim {dim}" for index, dim in self._sizes]
+                names = [f"{self.input_path(index)} dim {dim}" for index, dim in self._sizes]
                 got = ", ".join(f"{names[i]} is {sizes[i]}" for i, _ in fact.terms)
                 raise PrecompileError(
                     f"the captured graph requires {fact.describe(names)}, decided by the example "
@@ -1659,51 +1485,279 @@ class PrecompiledFunction:
 
     def _check_free_input(self, index: int, leaves: list) -> None:
         """The full check of a free-dim input the fast test doubted (a PrecompileError naming it, if it fails)."""
-        check_tensor(self._input_path(index), leaves[index], self.convention.inputs[index].tensor, self.convention.backend)
+        check_tensor(self.input_path(index), leaves[index], self.convention.inputs[index].tensor, self.convention.backend)
 
     def _raise_unequal_group(self, index: int, dim: int, group: int, leaves: list) -> None:
         """Names ``index``'s ``dim`` and the first dim of ``group``, whose sizes differ."""
         first, first_dim = next(
-            (i, d) for i, _, free_dims in self._free_inputs for d, g, _, _ in free_dims if g == group
+            (i, d) for i, _, free_dims in self.free_inputs for d, g, _, _ in free_dims if g == group
         )
         raise PrecompileError(
-            f"{self._input_path(index)} dim {dim} has size {leaves[index].shape[dim]} but "
-            f"{self._input_path(first)} dim {first_dim} has size {leaves[first].shape[first_dim]}; "
+            f"{self.input_path(index)} dim {dim} has size {leaves[index].shape[dim]} but "
+            f"{self.input_path(first)} dim {first_dim} has size {leaves[first].shape[first_dim]}; "
             "the captured graph requires them equal"
         )
 
-    # -- the slow path -------------------------------------------------------
-
-    def _check_slowly(self, user_args: tuple, leaves: list, state: list) -> None:
+    def check_slowly(self, user_args: tuple, leaves: list, state: list) -> None:
         """Full check with precise errors; returns when the call is valid."""
-        if self._flat_inputs:
-            self._flatten(user_args)  # the fast path skipped the structure check
-        backend, grads = self.convention.backend, self._needs_grad
+        if self.flat:
+            self.flatten(user_args)  # the fast path skipped the structure check
+        backend, grads = self.convention.backend, self.convention.needs_grad
         for index, (spec, value) in enumerate(zip(self.convention.state, state)):
-            check_tensor(self._tensor_path(index), value, spec.tensor, backend, grads)
-        for index in self._tensor_inputs:
-            check_tensor(self._input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, grads)
+            check_tensor(self.tensor_path(index), value, spec.tensor, backend, grads)
+        for index in self.tensor_inputs:
+            check_tensor(self.input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, grads)
 
-    def _tensor_path(self, index: int) -> str:
+    def tensor_path(self, index: int) -> str:
         """Names tensor graph input ``index``: a parameter/buffer, then the user tensors."""
         if index >= len(self.convention.state):
-            return self._input_path(self._tensor_inputs[index - len(self.convention.state)])
-        return self._modules.state_path(index)
+            return self.input_path(self.tensor_inputs[index - len(self.convention.state)])
+        return self._state_path(index)
 
     def _check_same_inputs(self, tensors: list) -> None:
         for i, j in self._same_inputs:
             if tensors[i] is not tensors[j]:
                 raise PrecompileError(
-                    f"{self._tensor_path(j)} must be the same tensor as {self._tensor_path(i)}, as at "
+                    f"{self.tensor_path(j)} must be the same tensor as {self.tensor_path(i)}, as at "
                     "capture: fn writes one of them in place and was traced with both as one tensor. "
                     "Pass one tensor for both, or precompile again with distinct example tensors"
                 )
 
-    def _build_guard(self, tensors: list):
+    def build_guard(self, tensors: list):
         specs = [s.tensor for s in self.convention.state] + [
-            self.convention.inputs[i].tensor for i in self._tensor_inputs
+            self.convention.inputs[i].tensor for i in self.tensor_inputs
         ]
         return tensor_guard(tensors, specs)
+
+    def checks(self) -> list[Check]:
+        """A ``Check`` per fact of the inputs a call compares, tensors of modules (``state_path``) included."""
+        c = self.convention
+        checks = []
+        if not self.flat:
+            for position, spec in zip(self._user_positions, self._input_spec.children()):
+                expected = f"pytree of {spec.num_leaves} leaves, as captured: {spec}"
+                checks.append(Check("structure", f"args[{position}]", expected))
+        for index, spec in enumerate(c.state):
+            checks.append(Check("tensor", self._state_path(index), _describe_tensor(spec.tensor, c.needs_grad)))
+        for index in self.tensor_inputs:
+            checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, c.needs_grad)))
+        for index, want in self._value_inputs:
+            checks.append(Check("value", self.input_path(index), f"{describe_literal(want)} (baked)"))
+        return checks
+
+    def pair_checks(self, state_alias_pairs: list) -> list[Check]:
+        """A ``Check`` per tensor the graph writes that must share memory with no other, and per same-tensor rule."""
+        paired = {index for pair in self._input_alias_pairs + state_alias_pairs for index in pair}
+        checks = [
+            Check("alias", self.tensor_path(index), "shares memory with no other tensor argument (the graph writes it)")
+            for index in sorted(paired & set(self.convention.mutated))
+        ]
+        checks += [Check("same", self.tensor_path(j), f"the same tensor as {self.tensor_path(i)}") for i, j in self._same_inputs]
+        return checks
+
+    def size_checks(self) -> list[Check]:
+        """A ``Check`` per free dim (bounds, shape group) and per size fact."""
+        checks, first_of_group = [], {}
+        for index, _, free_dims in self.free_inputs:
+            for dim, group, low, high in free_dims:
+                name = f"{self.input_path(index)} dim {dim}"
+                equal = first_of_group.setdefault(group, name)
+                bounds = f"in [{low}, {'inf' if high is None else high}]"
+                checks.append(Check("size", name, bounds if equal == name else f"{bounds}, equal to {equal}"))
+        names = [f"{self.input_path(index)} dim {dim}" for index, dim in self._sizes]
+        checks += [Check("size", "free sizes", f"{fact.describe(names)}{fact.where}") for fact in self.convention.size_facts]
+        return checks
+
+
+class PrecompiledFunction:
+    """The callable returned by ``load`` (and bound to ``forward`` in an artifact).
+
+    Every call is checked against the calling convention, runs the graph,
+    accumulates parameter gradients onto the runtime model like eager
+    ``.backward()``, and rebuilds fn's result.  The checks cost microseconds:
+    a call whose modules and tensor layouts were already fully checked is
+    verified by one C++ tensor check (``tensor_guard``); anything else takes the slow
+    path, which either raises a PrecompileError naming what differs or
+    re-arms the fast path for the new layout.
+    """
+
+    def __init__(
+        self,
+        convention: CallingConvention,
+        run_graph: Callable[[list], Any],
+        constants: list[torch.Tensor],
+    ):
+        self.convention = convention
+        self._run_graph = run_graph
+        self._constants = constants
+        self._arity = convention.arity
+        self._binding = Binding(convention)
+        self._module_positions = tuple(m.position for m in convention.modules)
+        self._pick_user_args = _picker(convention.user_positions)
+        self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
+        argument_specs = dict(zip(convention.user_positions, convention.input_spec.children()))  # by position
+        self._results = ResultWriter(convention, convention.user_positions, argument_specs)
+        # fn's tensor outputs (one returned twice is one graph output), then the gradients.
+        self._num_graph_outputs = len(convention.output_tensors) + len(convention.grad_state)
+        self._output_indices = [leaf.graph_output for leaf in convention.outputs]
+        self._plain_outputs = all(i is not None for i in self._output_indices) and (
+            self._output_spec.is_leaf() or (self._output_spec.type is tuple and all(c.is_leaf() for c in self._output_spec.children()))
+        )
+        self._single_output = self._plain_outputs and self._output_spec.is_leaf()
+        self._one_module = len(self._module_positions) == 1
+        self._guard = None  # tensor_guard() armed by the last fully checked call
+        # Global state, compared at every call with a few C calls.
+        self._global_state = GlobalState(convention)
+        self._default_dtype = self._global_state.default_dtype
+        self._reads_global_state = self._global_state.reads_more
+        # Memory shared with a tensor the graph writes changes what it computes.
+        # Pairs of tensor graph inputs that must not share memory: those with
+        # a user input are checked at every call, state-only ones whenever
+        # the module cache is rebuilt.
+        num_state = self._num_state = len(convention.state)
+        num_tensors = num_state + sum(leaf.tensor is not None for leaf in convention.inputs)
+        mutated = frozenset(convention.mutated)
+        one_tensor = pairs_within_groups(convention.same_inputs)  # checked by identity instead
+        pairs = [
+            (i, j)
+            for i in range(num_tensors)
+            for j in range(i + 1, num_tensors)
+            if (i in mutated or j in mutated) and (i, j) not in one_tensor
+        ]
+        self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
+        self._modules = ModuleArguments(convention, self._state_alias_pairs)
+        self._pick_modules = self._modules.pick
+        self._state_cache = self._modules.cache  # read by every call (_module_entry)
+        input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
+        self._inputs = UserInputs(convention, self._results.written, self._modules.state_path, input_alias_pairs)
+        self._flat_inputs = self._inputs.flat
+        self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
+        self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
+        self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or convention.grad_inputs)
+        self._read_only_grads = frozenset(convention.grad_inputs_read_only)
+        self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
+        self._copies_inputs = bool(self._constants or convention.output_views)
+        self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
+        self._checks_inputs = self._inputs.has_checks
+        # One flag for the per-call path (an inference forward): between the
+        # guard and the graph nothing to check or add, after it nothing to
+        # store, and one output to return.
+        self._bare = self._single_output and not (
+            self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state
+        )
+
+    # -- the call ------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != self._arity:
+            args = self._binding.bind(args, kwargs)
+        grad_enabled = _is_grad_enabled()
+        if (
+            _is_any_autocast_enabled()
+            or _get_default_dtype() is not self._default_dtype
+            or (self._reads_global_state and self._global_state.moved(grad_enabled))
+        ):
+            self._global_state.check(grad_enabled)
+        cached = self._module_entry(args)
+        if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
+            cached = self._modules.refuse_hooks(args, cached)
+        user_args = self._pick_user_args(args)
+        leaves = user_args if self._flat_inputs else self._inputs.flatten(user_args)
+        inputs = self._pick_tensor_inputs(leaves)
+        guard = self._guard
+        # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
+        tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
+        if tensors is None:
+            cached, state = self._modules.state_tensors(args, cached)
+            self._inputs.check_slowly(user_args, leaves, state)
+            tensors = [*state, *inputs]
+            self._guard = self._inputs.build_guard(tensors)
+        elif cached.aliases:
+            self._modules.check_ties(args, cached, tensors)
+        if self._bare:
+            if grad_enabled:
+                _set_grad_enabled(False)
+            try:
+                outputs = self._run_graph(tensors)
+            except AssertionError as error:
+                self._raise_rejected(error)
+            finally:
+                _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
+            if len(outputs) != 1:
+                self._raise_edited(outputs)
+            return outputs[0]
+        state = tensors[: self._num_state]
+        if self._checks_inputs:
+            self._inputs.check(user_args, leaves, tensors)
+        created = ()  # (optimizer, state entries this call creates): stored once the graph ran
+        if self._has_trailing_inputs:
+            created = []
+            tensors += self._trailing_inputs(args, leaves, state, created)
+        # The graph already contains any backward: run it without autograd
+        # recording (Inductor's out= kernels refuse inputs that require grad),
+        # and write .grad as the autograd engine does, with grad mode off
+        # (already off under no_grad(): nothing to switch).
+        if grad_enabled:
+            _set_grad_enabled(False)
+        try:
+            try:
+                # Inductor's call() empties the list it gets: a copy where tensors is read afterwards.
+                outputs = self._run_graph(tensors + self._constants if self._copies_inputs else tensors)
+            except AssertionError as error:
+                self._raise_rejected(error)
+            if len(outputs) != self._num_graph_outputs:
+                self._raise_edited(outputs)
+            if self._writes_state:
+                outputs = self._results.store(outputs, state, tensors, created)
+        finally:
+            _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
+        if self._single_output:
+            return outputs[0]
+        if self._plain_outputs:
+            return tuple([outputs[i] for i in self._output_indices])
+        return self._results.rebuild(outputs, args, leaves)
+
+    def _trailing_inputs(self, args: tuple, leaves: Any, state: list, created: list) -> list:
+        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads.
+
+        Optimizer state a call creates goes to ``created``, not to the
+        optimizers: a call refused by a later check changes no state.
+        """
+        trailing = self._inputs.free_sizes(leaves) if self._inputs.free_inputs else []
+        for optimizer in self._optimizers:
+            trailing += optimizer.inputs(args[optimizer.spec.position], state, created)
+        if self.convention.grad_inputs:
+            trailing += self._prior_grads(state)
+        return trailing
+
+    def _raise_rejected(self, error: AssertionError) -> None:
+        if self.convention.backend != "inductor":
+            raise error
+        # Inductor's own size/stride asserts: the checks above should have
+        # caught this first; never leak a bare AssertionError.
+        raise PrecompileError(
+            f"the compiled graph rejected its inputs: {error}; pass tensors with the "
+            "captured shapes and layout, or precompile with backend='eager'"
+        ) from error
+
+    def _raise_edited(self, outputs: Any) -> None:
+        raise PrecompileError(
+            f"the captured graph returned {len(outputs)} outputs but the calling convention "
+            f"describes {self._num_graph_outputs}: python_code was edited"
+        )
+
+    # -- global state ----------------------------------------------------------
+
+    # -- module state --------------------------------------------------------
+
+    def _module_entry(self, args: tuple) -> _ModuleCache:
+        """The module arguments' cache entry, re-walked when it no longer holds."""
+        # self._module_key(args), inlined: one call less on every call
+        key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
+        cached = self._state_cache.get(key)
+        if cached is None or cached.generation != _STRUCTURE[0] or not cached.watched_unchanged():
+            cached = self._modules.walk(self._pick_modules(args), key)
+        return cached
 
     # -- results -------------------------------------------------------------
 
@@ -1753,11 +1807,11 @@ class PrecompiledFunction:
         if kwargs or len(args) != self._arity:
             args = self._binding.bind(args, kwargs)
         user_args = self._pick_user_args(args)
-        leaves = self._flatten(user_args)
+        leaves = self._inputs.flatten(user_args)
         _, state = self._modules.state_tensors(args, self._module_entry(args))
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
-        self._check_slowly(user_args, leaves, state)
-        self._check_inputs(user_args, leaves, tensors)
+        self._inputs.check_slowly(user_args, leaves, state)
+        self._inputs.check(user_args, leaves, tensors)
         return [*tensors, *self._trailing_inputs(args, leaves, state, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:
@@ -1787,28 +1841,15 @@ class PrecompiledFunction:
 
 def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
     """``runnable.checks``: a ``Check`` per fact of the convention the call enforces, in the order it does."""
-    c = runnable.convention
-    checks = [*runnable._binding.checks(), *runnable._global_state.checks(), *runnable._modules.checks()]
-    if not runnable._flat_inputs:
-        for position, spec in zip(runnable._user_positions, runnable._input_spec.children()):
-            expected = f"pytree of {spec.num_leaves} leaves, as captured: {spec}"
-            checks.append(Check("structure", f"args[{position}]", expected))
-    grads = c.needs_grad
-    for index, spec in enumerate(c.state):
-        checks.append(Check("tensor", runnable._tensor_path(index), _describe_tensor(spec.tensor, grads)))
-        for module_index, name in spec.names[1:]:
-            tied = f"args[{runnable._module_positions[module_index]}].{name}"
-            checks.append(Check("tie", tied, f"the same tensor as {runnable._tensor_path(index)}"))
-    for index in runnable._tensor_inputs:
-        checks.append(Check("tensor", runnable._input_path(index), _describe_tensor(c.inputs[index].tensor, grads)))
-    for index, want in runnable._value_inputs:
-        checks.append(Check("value", runnable._input_path(index), f"{describe_literal(want)} (baked)"))
-    paired = {index for pair in runnable._input_alias_pairs + runnable._state_alias_pairs for index in pair}
-    for index in sorted(paired & set(c.mutated)):
-        checks.append(Check("alias", runnable._tensor_path(index), "shares memory with no other tensor argument (the graph writes it)"))
-    for i, j in runnable._same_inputs:
-        checks.append(Check("same", runnable._tensor_path(j), f"the same tensor as {runnable._tensor_path(i)}"))
-    checks += _size_checks(runnable)
+    c, inputs = runnable.convention, runnable._inputs
+    checks = [
+        *runnable._binding.checks(),
+        *runnable._global_state.checks(),
+        *runnable._modules.checks(),
+        *inputs.checks(),
+        *inputs.pair_checks(runnable._state_alias_pairs),
+        *inputs.size_checks(),
+    ]
     for spec in c.optimizers:
         read = " and ".join(("lr", *spec.lifted))
         expected = (
@@ -1820,19 +1861,6 @@ def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
         grads = f".grad of {len(c.grad_inputs)} parameters"
         checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
     return tuple(checks)
-
-
-def _size_checks(runnable: PrecompiledFunction) -> list[Check]:
-    checks, first_of_group = [], {}
-    for index, _, free_dims in runnable._free_inputs:
-        for dim, group, low, high in free_dims:
-            name = f"{runnable._input_path(index)} dim {dim}"
-            equal = first_of_group.setdefault(group, name)
-            bounds = f"in [{low}, {'inf' if high is None else high}]"
-            checks.append(Check("size", name, bounds if equal == name else f"{bounds}, equal to {equal}"))
-    names = [f"{runnable._input_path(index)} dim {dim}" for index, dim in runnable._sizes]
-    checks += [Check("size", "free sizes", f"{fact.describe(names)}{fact.where}") for fact in runnable.convention.size_facts]
-    return checks
 
 
 # ---------------------------------------------------------------------------
