@@ -3,17 +3,23 @@
 This file (its core, and of its marked optional parts those an artifact
 uses), after the schema (``_precompile_schema.py``), is embedded verbatim into
 every artifact's ``python_code``; it is also an ordinary module so that it can
-be linted and unit-tested.  It must
-therefore depend on nothing but the standard library and ``torch`` itself:
-an artifact runs in a fresh interpreter where only torch is installed.
+be linted and unit-tested.  It must therefore depend on nothing but the
+standard library and ``torch`` itself: an artifact runs in a fresh interpreter
+where only torch is installed.
 
 The driver enforces the runtime half of Note [precompile programming model]
 (see ``torch/_precompile.py``): every call is checked against the artifact's
-``CallingConvention`` before the captured graph runs.  The warm path needs
+``CallingConvention`` before the captured graph runs.  ``PrecompiledFunction``
+runs a call through one part per concern, each with a fast test on the
+per-call path, a check that raises the PrecompileError naming what differs,
+and the list of what it checks (``PrecompiledFunction.checks``): ``Binding``,
+``GlobalState``, ``ModuleArguments`` (module structure, values read, hooks,
+tied weights), ``UserInputs`` (structure, values, tensor layouts, free sizes,
+aliasing); then the graph, then ``ResultWriter`` (optimizer state, ``.grad``,
+outputs that alias inputs, input objects fn rebinds).  The warm path needs
 neither ``torch._inductor`` nor ``torch._dynamo``; they are imported only when
 a kernel has to be compiled because the cache did not provide it.
 """
-
 import ast
 import base64
 import collections
@@ -1625,11 +1631,11 @@ class PrecompiledFunction:
             if (i in mutated or j in mutated) and (i, j) not in one_tensor
         ]
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
-        self._modules = ModuleArguments(convention, self._state_alias_pairs)
-        self._pick_modules = self._modules.pick
-        self._state_cache = self._modules.cache  # read by every call (_module_entry)
+        self._module_arguments = ModuleArguments(convention, self._state_alias_pairs)
+        self._pick_modules = self._module_arguments.pick
+        self._state_cache = self._module_arguments.cache  # read by every call (_module_entry)
         input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
-        self._inputs = UserInputs(convention, self._results.written, self._modules.state_path, input_alias_pairs)
+        self._inputs = UserInputs(convention, self._results.written, self._module_arguments.state_path, input_alias_pairs)
         self._flat_inputs = self._inputs.flat
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
@@ -1660,7 +1666,7 @@ class PrecompiledFunction:
             self._global_state.check(grad_enabled)
         cached = self._module_entry(args)
         if RemovableHandle.next_id - _HOOK_PROBES[0] != cached.hooks_clean_at[0]:  # hook_epoch(), inlined
-            cached = self._modules.refuse_hooks(args, cached)
+            cached = self._module_arguments.refuse_hooks(args, cached)
         user_args = self._pick_user_args(args)
         leaves = user_args if self._flat_inputs else self._inputs.flatten(user_args)
         inputs = self._pick_tensor_inputs(leaves)
@@ -1668,12 +1674,12 @@ class PrecompiledFunction:
         # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
         tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
         if tensors is None:
-            cached, state = self._modules.state_tensors(args, cached)
+            cached, state = self._module_arguments.state_tensors(args, cached)
             self._inputs.check_slowly(user_args, leaves, state)
             tensors = [*state, *inputs]
             self._guard = self._inputs.build_guard(tensors)
         elif cached.aliases:
-            self._modules.check_ties(args, cached, tensors)
+            self._module_arguments.check_ties(args, cached, tensors)
         if self._bare:
             if grad_enabled:
                 _set_grad_enabled(False)
@@ -1756,7 +1762,7 @@ class PrecompiledFunction:
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
         if cached is None or cached.generation != _STRUCTURE[0] or not cached.watched_unchanged():
-            cached = self._modules.walk(self._pick_modules(args), key)
+            cached = self._module_arguments.walk(self._pick_modules(args), key)
         return cached
 
     # -- results -------------------------------------------------------------
@@ -1808,7 +1814,7 @@ class PrecompiledFunction:
             args = self._binding.bind(args, kwargs)
         user_args = self._pick_user_args(args)
         leaves = self._inputs.flatten(user_args)
-        _, state = self._modules.state_tensors(args, self._module_entry(args))
+        _, state = self._module_arguments.state_tensors(args, self._module_entry(args))
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._inputs.check_slowly(user_args, leaves, state)
         self._inputs.check(user_args, leaves, tensors)
@@ -1845,7 +1851,7 @@ def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
     checks = [
         *runnable._binding.checks(),
         *runnable._global_state.checks(),
-        *runnable._modules.checks(),
+        *runnable._module_arguments.checks(),
         *inputs.checks(),
         *inputs.pair_checks(runnable._state_alias_pairs),
         *inputs.size_checks(),
