@@ -1369,7 +1369,9 @@ class UserInputs:
     arms the fast one), free dim sizes with their bounds, groups and size facts, and memory
     shared with a tensor the graph writes."""
 
-    def __init__(self, convention: CallingConvention, written: dict, state_path: Callable[[int], str], input_alias_pairs: list):
+    def __init__(
+        self, convention: CallingConvention, written: dict, state_path: Callable[[int], str], input_alias_pairs: list
+    ):
         self.convention = convention
         self._user_positions = convention.user_positions
         self._input_spec = convention.input_spec
@@ -1752,20 +1754,18 @@ class PrecompiledFunction:
             f"describes {self._num_graph_outputs}: python_code was edited"
         )
 
-    # -- global state ----------------------------------------------------------
-
-    # -- module state --------------------------------------------------------
+    # -- module arguments (ModuleArguments walks them; the cache hit is inlined here) --
 
     def _module_entry(self, args: tuple) -> _ModuleCache:
         """The module arguments' cache entry, re-walked when it no longer holds."""
-        # self._module_key(args), inlined: one call less on every call
+        # ModuleArguments.key(args), inlined: one call less on every call
         key = id(args[self._module_positions[0]]) if self._one_module else tuple(map(id, self._pick_modules(args)))
         cached = self._state_cache.get(key)
         if cached is None or cached.generation != _STRUCTURE[0] or not cached.watched_unchanged():
             cached = self._module_arguments.walk(self._pick_modules(args), key)
         return cached
 
-    # -- results -------------------------------------------------------------
+    # -- incoming gradients ----------------------------------------------------
 
     def _prior_grads(self, state: list) -> list:
         """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g).
