@@ -834,18 +834,18 @@ class ResultWriter:
     result, with the input objects fn rebinds or returns written into or taken from
     the caller's (invariant 5)."""
 
-    def __init__(self, convention: CallingConvention, user_positions: tuple, argument_specs: dict):
+    def __init__(self, convention: CallingConvention, argument_specs: dict, written: dict):
         self.convention = convention
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
         self._input_spec = convention.input_spec
-        self._user_positions = user_positions
-        self._argument_specs = argument_specs  # by position
+        self._user_positions = convention.user_positions
+        self._argument_specs = argument_specs  # by position (UserInputs')
         self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
         self.writes_grads = bool(convention.grad_state or convention.grads_cleared)
         self._grads_assigned = frozenset(convention.grads_assigned)
         self._output_views = convention.output_views
         self._rebound_in_place = self._plan_rebound_writes()
-        self.written: dict[int, LeftAsWritten] = {}  # by position: rebound arguments as the last call wrote them
+        self.written = written  # UserInputs': the rebound arguments as the last call wrote them
 
     def store(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
         """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
@@ -1010,7 +1010,7 @@ class GlobalState:
         # Grad mode must be on for an artifact that runs autograd or whose fn read it.
         self._needs_grad_mode = convention.needs_grad or bool(convention.grad_mode_read)
         self._inference_mode_read = bool(convention.inference_mode_read)
-        self.default_dtype = self._default_dtype = _dtype(convention.default_dtype)
+        self.default_dtype = _dtype(convention.default_dtype)
         self._any_autocast = bool(convention.autocast)
         # Whether any of the above is compared beyond autocast and the default dtype, which
         # every call tests itself (most forwards compare nothing more).
@@ -1073,11 +1073,11 @@ class GlobalState:
                 "under the same torch.autocast(...) as at capture, or precompile again under this one"
             )
         dtype = torch.get_default_dtype()
-        if dtype is not self._default_dtype:
+        if dtype is not self.default_dtype:
             raise PrecompileError(
-                f"torch.get_default_dtype() is {dtype}, but it was {self._default_dtype} at capture "
+                f"torch.get_default_dtype() is {dtype}, but it was {self.default_dtype} at capture "
                 "(tensors fn creates take that dtype): call "
-                f"torch.set_default_dtype({self._default_dtype}) first, or precompile again"
+                f"torch.set_default_dtype({self.default_dtype}) first, or precompile again"
             )
 
     def checks(self) -> list[Check]:
@@ -1369,15 +1369,14 @@ class UserInputs:
     arms the fast one), free dim sizes with their bounds, groups and size facts, and memory
     shared with a tensor the graph writes."""
 
-    def __init__(
-        self, convention: CallingConvention, written: dict, state_path: Callable[[int], str], input_alias_pairs: list
-    ):
+    def __init__(self, convention: CallingConvention, state_path: Callable[[int], str], input_alias_pairs: list):
         self.convention = convention
         self._user_positions = convention.user_positions
         self._input_spec = convention.input_spec
-        self._argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
+        self.argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
         self._ordered_dicts = frozenset(convention.ordered_dicts)
-        self._written = written  # by position: where the last call left each argument (ResultWriter's)
+        # By position: arguments as the last call left them, written by ResultWriter after the graph.
+        self.written: dict[int, LeftAsWritten] = {}
         self._state_path = state_path
         # A flat tuple of leaves (the common `fn(model, x)` case) skips pytree;
         # the guard and value checks catch a container passed instead.
@@ -1397,7 +1396,7 @@ class UserInputs:
         self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs)
 
     def flatten(self, user_args: tuple) -> list:
-        if self._written:
+        if self.written:
             leaves = self._flatten_unless_written(user_args)
             if leaves is not None:
                 return leaves
@@ -1413,7 +1412,7 @@ class UserInputs:
         """The leaves, read where the last call wrote them for each argument nothing changed
         since (``LeftAsWritten``), the other arguments flattened; None where one of those has
         another structure (the full flatten conforms dict order or names the difference)."""
-        leaves, written, specs = [], self._written, self._argument_specs
+        leaves, written, specs = [], self.written, self.argument_specs
         for position, argument in zip(self._user_positions, user_args):
             entry = written.get(position)
             if entry is not None and entry.unchanged(argument):
@@ -1603,8 +1602,6 @@ class PrecompiledFunction:
         self._module_positions = tuple(m.position for m in convention.modules)
         self._pick_user_args = _picker(convention.user_positions)
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
-        argument_specs = dict(zip(convention.user_positions, convention.input_spec.children()))  # by position
-        self._results = ResultWriter(convention, convention.user_positions, argument_specs)
         # fn's tensor outputs (one returned twice is one graph output), then the gradients.
         self._num_graph_outputs = len(convention.output_tensors) + len(convention.grad_state)
         self._output_indices = [leaf.graph_output for leaf in convention.outputs]
@@ -1637,7 +1634,8 @@ class PrecompiledFunction:
         self._pick_modules = self._module_arguments.pick
         self._state_cache = self._module_arguments.cache  # read by every call (_module_entry)
         input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
-        self._inputs = UserInputs(convention, self._results.written, self._module_arguments.state_path, input_alias_pairs)
+        self._inputs = UserInputs(convention, self._module_arguments.state_path, input_alias_pairs)
+        self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written)
         self._flat_inputs = self._inputs.flat
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
         self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
