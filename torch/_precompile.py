@@ -796,13 +796,14 @@ def _exec_artifact(
     """
     sections = _split_sections(python_code)
     compiled = compiled or {}
+    # Hashed once, and only if a section is compiled here (the cache has no driver
+    # since cache version 11): the file name the cache's parts were compiled under.
+    filename = functools.cache(lambda: _artifact_filename(_text_hashes(python_code)[0]))
 
     def code(name: str) -> Any:
         if name in compiled:
             return marshal.loads(compiled[name])
-        # Compiled now (the cache has no driver since cache version 11) under the
-        # file name the cache's parts were compiled under.
-        return _compile_section(_artifact_filename(_text_hashes(python_code)[0]), *sections[name])
+        return _compile_section(filename(), *sections[name])
 
     namespace = {
         "__name__": "torch_precompile_artifact",
