@@ -356,11 +356,11 @@ def _checked_strides(spec: TensorSpec) -> list[int | None]:
 def _describe_tensor(spec: TensorSpec, requires_grad_checked: bool) -> str:
     """A tensor check as ``PrecompiledFunction.checks`` lists it."""
     strides = _checked_strides(spec)
-    layout = (
-        f", {spec.memory_format}" if spec.memory_format
-        else ", strides " + _describe_sizes(["*" if s is None else s for s in strides]) if any(s is not None for s in strides)
-        else ""
-    )
+    layout = ""
+    if spec.memory_format:
+        layout = f", {spec.memory_format}"
+    elif any(s is not None for s in strides):
+        layout = ", strides " + _describe_sizes(["*" if s is None else s for s in strides])
     grad = f", requires_grad={spec.requires_grad}" if requires_grad_checked else ""
     return f"{spec.describe()}{layout}{grad}"
 
@@ -1797,7 +1797,26 @@ class PrecompiledFunction:
     def checks(self) -> tuple[Check, ...]:
         """What every call checks before the graph runs, one ``Check`` each, in the order a call
         checks them (``TORCH_LOGS=precompile_checks`` lists them at load, the inspector prints them)."""
-        return list_checks(self)
+        c, inputs = self.convention, self._inputs
+        checks = [
+            *self._binding.checks(),
+            *self._global_state.checks(),
+            *self._module_arguments.checks(),
+            *inputs.checks(),
+            *inputs.pair_checks(self._state_alias_pairs),
+            *inputs.size_checks(),
+        ]
+        for spec in c.optimizers:
+            read = " and ".join(("lr", *spec.lifted))
+            expected = (
+                f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
+                f"other hyperparameters as baked ({read} read at every call)"
+            )
+            checks.append(Check("optimizer", f"args[{spec.position}]", expected))
+        if c.grad_inputs:
+            grads = f".grad of {len(c.grad_inputs)} parameters"
+            checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
+        return tuple(checks)
 
     def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
         """The flat list of graph inputs that ``self(*args, **kwargs)`` would pass to the graph.
@@ -1836,35 +1855,6 @@ class PrecompiledFunction:
         driver alone.
         """
         return type(self)(self.convention, run_graph, self._constants)
-
-
-# ---------------------------------------------------------------------------
-# The checks a runnable lists (PrecompiledFunction.checks)
-# ---------------------------------------------------------------------------
-
-
-def list_checks(runnable: PrecompiledFunction) -> tuple[Check, ...]:
-    """``runnable.checks``: a ``Check`` per fact of the convention the call enforces, in the order it does."""
-    c, inputs = runnable.convention, runnable._inputs
-    checks = [
-        *runnable._binding.checks(),
-        *runnable._global_state.checks(),
-        *runnable._module_arguments.checks(),
-        *inputs.checks(),
-        *inputs.pair_checks(runnable._state_alias_pairs),
-        *inputs.size_checks(),
-    ]
-    for spec in c.optimizers:
-        read = " and ".join(("lr", *spec.lifted))
-        expected = (
-            f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
-            f"other hyperparameters as baked ({read} read at every call)"
-        )
-        checks.append(Check("optimizer", f"args[{spec.position}]", expected))
-    if c.grad_inputs:
-        grads = f".grad of {len(c.grad_inputs)} parameters"
-        checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
-    return tuple(checks)
 
 
 # ---------------------------------------------------------------------------
