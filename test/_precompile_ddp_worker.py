@@ -184,10 +184,9 @@ def example_models() -> dict:
         "comm_hook": example_ddp(),
     }
     models["comm_hook"].register_comm_hook(None, default_hooks.fp16_compress_hook)
-    from torch.distributed.fsdp import fully_shard, FullyShardedDataParallel
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
     models["fsdp"] = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
-    models["fully_shard"] = fully_shard(make_model())
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module, RowwiseParallel
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -303,7 +302,7 @@ def capture_refusals(backend: str, models: dict) -> dict:
     out = {
         name: refusal(lambda: torch_precompile.precompile(step, models[model], x, y, backend=backend))
         for name, model in (
-            ("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("fsdp", "fsdp"), ("fully_shard", "fully_shard"),
+            ("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("fsdp", "fsdp"),
         )
     }
     with models["batchnorm"].no_sync():

@@ -575,7 +575,7 @@ class TestTensorSubclasses(TestCase):
             with self.assertRaisesRegex(
                 PrecompileError,
                 r"^args\[0\]\.0 is parallelized by torch\.distributed \(a hook from torch\.distributed\.[\w.]+ "
-                r"redistributes what it computes.*\): tensor parallel and FSDP are not supported",
+                r"redistributes what it computes.*\): tensor parallel is not supported yet\. Shard the model with fully_shard",
             ):
                 torch_precompile.precompile(_infer, model, torch.randn(2, 4), backend=backend)
 

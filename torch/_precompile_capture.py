@@ -28,7 +28,13 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _precompile_compat as compat, _precompile_ddp as ddp, _precompile_runtime as runtime, _precompile_schema as schema
+from . import (
+    _precompile_compat as compat,
+    _precompile_ddp as ddp,
+    _precompile_fsdp as fsdp,
+    _precompile_runtime as runtime,
+    _precompile_schema as schema,
+)
 from ._precompile_format import (
     _driver_source,
     _marker,
@@ -59,9 +65,11 @@ from ._precompile_schema import (
 
 @dataclasses.dataclass
 class _LiftedTensor:
-    tensor: torch.Tensor  # the caller's tensor (never written)
+    tensor: torch.Tensor  # the caller's tensor (never written); a fully_shard parameter's local shard
     kind: str  # "parameter" | "buffer"
     names: list  # [(module index, fqn), ...]
+    sharded: Any = None  # a fully_shard parameter's ShardSpec (Note invariant 17)
+    param: Any = None  # ... and the parameter, a DTensor
 
 
 @dataclasses.dataclass
@@ -134,14 +142,16 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         else:
             _input_value_literal(what, leaf)
     lifted = _lift_state(modules)
+    # DDP and fully_shard first: the artifact does what DDP's reducer and fully_shard's
+    # hooks would (generic checks of hooks and DTensors must skip theirs).
+    for position, module in zip(module_positions, modules):
+        ddp.refuse_sharded_wrappers(f"args[{position}]", module)
+        fsdp.check_module(f"args[{position}]", module)
+    _lift_shards(lifted, module_positions, modules)
     for entry in lifted:
         module_index, fqn = entry.names[0]
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
-    # DDP first: the artifact does what DDP's reducer would (a generic check of
-    # gradient-accumulator hooks must skip the DDP arguments' parameters).
-    for position, module in zip(module_positions, modules):
-        ddp.refuse_sharded_wrappers(f"args[{position}]", module)
     _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
     _refuse_parallelized(runtime.named_submodules(module_positions, modules))
     data_parallel = [
@@ -149,7 +159,10 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         for index, (position, module) in enumerate(zip(module_positions, modules))
         if runtime.is_data_parallel(module)
     ]
-    _refuse_hooks(runtime.named_submodules(module_positions, modules), _named_state(module_positions, lifted))
+    _refuse_hooks(
+        runtime.named_submodules(module_positions, modules),
+        _named_state(module_positions, lifted) + _named_sharded(module_positions, lifted),
+    )
     return _Arguments(
         example_inputs=example_inputs,
         module_positions=module_positions,
@@ -234,6 +247,24 @@ def _named_state(module_positions: list, lifted: list) -> list:
     return [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.tensor) for e in lifted]
 
 
+def _named_sharded(module_positions: list, lifted: list) -> list:
+    """(path, DTensor) of each fully_shard parameter (``_named_state`` names its local shard)."""
+    return [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.param) for e in lifted if e.sharded]
+
+
+def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
+    """Each DTensor parameter of a model fully_shard sharded: lift its local shard (Note invariant 17)."""
+    sharded_models = {i for i, m in enumerate(modules) if any(map(fsdp.is_fully_shard_module, m.modules()))}
+    if not sharded_models:
+        return
+    dtensor = sys.modules["torch.distributed.tensor"]  # imported by fully_shard
+    for entry in lifted:
+        module_index, fqn = entry.names[0]
+        if module_index in sharded_models and entry.kind == "parameter" and isinstance(entry.tensor, dtensor.DTensor):
+            entry.param, entry.sharded = entry.tensor, fsdp.shard_spec(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
+            entry.tensor = fsdp.local_shard(entry.param)
+
+
 def _refuse_hooks(named_modules: list, named_tensors: list, named_accumulated: list = ()) -> None:
     """Hooks on fn's modules, their tensors or their AccumulateGrad nodes (Note invariant 11).
 
@@ -282,6 +313,13 @@ def _repr_contexts(node: Any):
         yield type_path, context
     for child in children:
         yield from _repr_contexts(child)
+
+
+def _state_spec(entry: _LiftedTensor, backend: str) -> StateSpec:
+    """A fully_shard parameter's tensor spec is the DTensor's (what a call checks; its local
+    shard, the graph input, follows from it and the ShardSpec)."""
+    tensor = _tensor_spec(entry.param if entry.sharded else entry.tensor, backend)
+    return StateSpec(kind=entry.kind, names=tuple(entry.names), tensor=tensor, sharded=entry.sharded)
 
 
 def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
@@ -611,8 +649,8 @@ def _collective_error(func) -> PrecompileError:
     return PrecompileError(
         f"fn runs the collective {func}{_user_line(traceback.extract_stack())} while it is captured. "
         "Capture runs in one process, and the other ranks do not join it, so the collective would wait "
-        "until the process group times out. Inside fn, only DistributedDataParallel's gradient all-reduce "
-        "is supported: pass the DDP-wrapped model. Run other collectives outside fn"
+        "until the process group times out. Inside fn, only the collectives of DistributedDataParallel and "
+        "fully_shard (FSDP2) are supported: pass the wrapped or sharded model. Run other collectives outside fn"
     )
 
 
@@ -640,9 +678,9 @@ def _refuse_dtensors(named_tensors: list) -> None:
         if _is_spread_dtensor(tensor):
             raise PrecompileError(
                 f"{what} is a DTensor ({tuple(tensor.placements)} on a device mesh of {tensor.device_mesh.size()} "
-                "ranks), as tensor parallel (parallelize_module) and FSDP2 (fully_shard) make: tensors sharded "
-                "over ranks are not supported. Precompile the unsharded model (DistributedDataParallel is "
-                "supported), or run this one eagerly or with torch.compile"
+                "ranks), as tensor parallel (parallelize_module) makes: tensors sharded over ranks are supported "
+                "only as the parameters of a model fully_shard (FSDP2) sharded. Shard the model with fully_shard "
+                "or wrap it in DistributedDataParallel, or run this one eagerly or with torch.compile"
             )
 
 
@@ -653,12 +691,12 @@ def _refuse_parallelized(named_modules: list) -> None:
         for attribute in runtime.MODULE_HOOK_DICTS:
             for hook in (getattr(module, attribute, None) or {}).values():
                 defined_in = getattr(getattr(hook, "func", hook), "__module__", None) or ""
-                if defined_in.startswith("torch.distributed"):
+                if defined_in.startswith("torch.distributed") and not runtime.is_fully_shard_hook(hook):
                     raise PrecompileError(
                         f"{path} is parallelized by torch.distributed (a hook from {defined_in} redistributes "
                         "what it computes, as tensor parallel's parallelize_module installs): tensor parallel "
-                        "and FSDP are not supported. Precompile the unparallelized model "
-                        "(DistributedDataParallel is supported), or run this one eagerly or with torch.compile"
+                        "is not supported yet. Shard the model with fully_shard (FSDP2) or wrap it in "
+                        "DistributedDataParallel, or run this one eagerly or with torch.compile"
                     )
 
 
@@ -922,8 +960,9 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             call_args[position] = _probe_dicts(arg, f"args[{position}]", probes)
         mappings = [{} for _ in args.modules]
         for entry, leaf in zip(args.lifted, state):
+            whole = fsdp.gathered(leaf, entry.sharded) if entry.sharded else leaf
             for index, fqn in entry.names:
-                mappings[index][fqn] = leaf
+                mappings[index][fqn] = whole
         guard = _CaptureGuard(caller_tensors, bool(args.optimizers))
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
@@ -933,6 +972,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             for index, grad in zip(candidates, incoming_grads):
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
+            stack.enter_context(fsdp.hooks_skipped(args.modules))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with (
                 torch.enable_grad(),
@@ -1342,6 +1382,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             if same:  # the same tensor passed twice and written: trace it as one tensor, as eager runs it
                 graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions, same)
     ddp.use_collectives(graph)
+    fsdp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
     # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
@@ -1391,10 +1432,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             )
             for index, (position, m) in enumerate(zip(args.module_positions, args.modules))
         ),
-        state=tuple(
-            StateSpec(kind=e.kind, names=tuple(e.names), tensor=_tensor_spec(e.tensor, backend))
-            for e in args.lifted
-        ),
+        state=tuple(_state_spec(entry, backend) for entry in args.lifted),
         input_spec=args.input_spec,
         inputs=tuple(
             LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
@@ -2043,7 +2081,8 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
         )
     if compat.optimizer_has_step_hooks(optimizer):
         raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
-    parameter_index = {id(e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
+    # A fully_shard parameter's step updates its local shard (Note invariant 17).
+    parameter_index = {id(e.param if e.sharded else e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
     cycled = {_cycled_hyperparameters(cls, group) for group in optimizer.param_groups}
     cycled = cycled.pop() if len(cycled) == 1 else ()  # groups that disagree: all baked
     groups, hyper, state, keys = [], [], [], None
@@ -2064,8 +2103,9 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
                     "parameter of any module argument of fn; the artifact can only update lifted "
                     "parameters: pass the module that owns it as an argument"
                 )
-            indices.append(parameter_index[id(param)])
-            state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), param))
+            index = parameter_index[id(param)]
+            indices.append(index)
+            state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), lifted[index].tensor))
         groups.append(indices)
         hyper.append(_baked_hyperparameters(optimizer.defaults, group, cycled))
     return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled)
@@ -2125,7 +2165,7 @@ def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: 
             f"{where} state of param_groups[{g}]['params'][{j}] has keys {sorted(existing)}, expected "
             f"{sorted(keys)}: it does not belong to this optimizer's options"
         )
-    return {key: _clone_leaf(existing[key]) for key in keys}
+    return {key: _clone_leaf(runtime.local_shard_of(existing[key])) for key in keys}
 
 
 def _trailing_example_inputs(args: _Arguments) -> list:

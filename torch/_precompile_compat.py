@@ -669,6 +669,16 @@ def data_parallel_collectives() -> tuple[Any, Any, Any]:
     return ops.all_reduce.default, ops.broadcast.default, ops.wait_tensor.default
 
 
+def fully_shard_collectives() -> tuple[Any, Any, Any]:
+    """``(all_gather_into_tensor, reduce_scatter_tensor, wait_tensor)``: functional collective
+    ops, same in 2.11-2.14.  ``all_gather_into_tensor(shard, world_size, group_name)``
+    concatenates the ranks' shards along dim 0, ``reduce_scatter_tensor(whole, "sum",
+    world_size, group_name)`` sums the ranks' tensors and keeps this rank's part of dim 0;
+    neither waits (the public wrappers wait at once while a tracer is active)."""
+    ops = torch.ops._c10d_functional
+    return ops.all_gather_into_tensor.default, ops.reduce_scatter_tensor.default, ops.wait_tensor.default
+
+
 def first_bucket_bytes() -> int:
     # DDP's smaller first bucket (1 MiB), so the first all-reduce starts early;
     # torch.distributed's private module constant in 2.11-2.14.

@@ -32,6 +32,7 @@ collectives afterwards, so the graph communicates when it runs.
 import contextlib
 import dataclasses
 import functools
+import sys
 from typing import Any
 
 import torch
@@ -51,13 +52,18 @@ class DataParallelArgument:
 
 
 def refuse_sharded_wrappers(where: str, module: torch.nn.Module) -> None:
-    """FSDP (FullyShardedDataParallel, fully_shard) anywhere, and DDP below the top."""
+    """FSDP1 (FullyShardedDataParallel) anywhere, and DDP below the top.  (A module
+    fully_shard sharded, FSDP2, is an FSDP class too: ``_precompile_fsdp`` checks it.)"""
+    fully_shard = sys.modules.get("torch.distributed.fsdp")
     for path, sub in module.named_modules():
         name = f"{where}.{path}" if path else where
+        if fully_shard is not None and isinstance(sub, fully_shard.FSDPModule):
+            continue
         if any(k.__module__.startswith("torch.distributed.fsdp") for k in type(sub).__mro__):
             raise PrecompileError(
-                f"{name} is a {type(sub).__name__} (FSDP): sharded parameters are not supported; wrap the "
-                "model in torch.nn.parallel.DistributedDataParallel instead, or precompile the unwrapped model"
+                f"{name} is a {type(sub).__name__} (FSDP1), which precompile does not support: shard the model "
+                "with torch.distributed.fsdp.fully_shard (FSDP2) instead, or wrap it in "
+                "torch.nn.parallel.DistributedDataParallel"
             )
         if path and runtime.is_data_parallel(sub):
             raise PrecompileError(

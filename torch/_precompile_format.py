@@ -52,9 +52,11 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # them, an older driver refuses 8.  9: grad_inputs_read_only (zeros kept across
 # calls for a None .grad); an older convention reads as one without it.  10:
 # rebound_inputs and returned_inputs (input objects fn changes or returns, as a
-# cache); an older convention reads as one without them.
+# cache); an older convention reads as one without them.  11: StateSpec.sharded
+# (parameters fully_shard sharded, invariant 17); an older convention reads as one
+# without it.
 MIN_CONVENTION_VERSION = 7
-CONVENTION_VERSION = 10
+CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save
 # pickle, carrying the header's constants beside the compiled sections.  7: its
 # code_hash is derived from python_code's source hash (_text_hashes: python_code
@@ -113,6 +115,7 @@ def driver_parts(convention: CallingConvention) -> tuple[str, ...]:
     """The driver's optional parts a runnable of ``convention`` calls into, in file order."""
     used = {
         "data_parallel": any(m.data_parallel is not None for m in convention.modules),
+        "fully_shard": any(spec.sharded is not None for spec in convention.state),
         "optimizer": bool(convention.optimizers),
         "input_objects": bool(convention.rebound_inputs or convention.returned_inputs),
         "inductor": convention.backend == "inductor",

@@ -224,6 +224,49 @@ def _resolve_process_group(group_name: str) -> Any:
     return _resolve_process_group(group_name)
 
 
+# fully_shard's (FSDP2) forward pre- and post-hook on each module it sharded: methods of
+# its FSDPState; the graph does what they do (Note invariant 17).  Private in 2.11-2.14.
+# None until torch.distributed.fsdp is imported (no module has them before).
+def is_fully_shard_hook(hook: Any) -> bool:
+    state = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_state")
+    return state is not None and getattr(hook, "__func__", None) in (
+        state.FSDPState._pre_forward,
+        state.FSDPState._post_forward,
+    )
+
+
+# The fully_shard state of a module it sharded (FSDPModule._get_fsdp_state), or None, and
+# its parameter groups (a list from 2.13, one group or None before).  Private in 2.11-2.14.
+def _fully_shard_state(module: Any) -> Any:
+    get_state = getattr(type(module), "_get_fsdp_state", None)
+    return get_state(module) if get_state is not None else None
+
+
+def _fully_shard_param_groups(state: Any) -> list:
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
+
+
+# A parameter group's settings (attributes of the private FSDPParamGroup, set by
+# FSDPModule's setters) that change what a step computes, with the values the
+# graph assumes (set_gradient_divide_factor, set_reduce_scatter_unused_params,
+# set_all_reduce_hook); an attribute a release lacks reads as its default.
+_FULLY_SHARD_DEFAULTS = (("gradient_divide_factor", None), ("reduce_scatter_unused_params", False), ("_all_reduce_hook", None))
+
+
+# A DTensor's local shard, a slot of this name; no public API returns that tensor
+# itself (to_local() is a view made through autograd) as of 2.14.
+DTENSOR_LOCAL = "_local_tensor"
+
+
+def local_shard_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; any other tensor itself."""
+    return getattr(tensor, DTENSOR_LOCAL, tensor)
+
+
 # Whether DDP broadcasts buffers before forward: the instance attribute
 # ``broadcast_buffers`` in 2.11-2.12, ``forward_sync_buffers`` from 2.13.
 _DDP_BUFFER_SYNC = ("forward_sync_buffers", "broadcast_buffers")
@@ -253,6 +296,7 @@ if __name__.endswith("._precompile_runtime"):
         OptimizerSpec,
         PrecompileError,
         Record,
+        ShardSpec,
         TensorSpec,
     )
 
@@ -753,7 +797,8 @@ def find_hook(named_modules: Any, named_tensors: Any, named_accumulated: Any = (
             return f"a global module {kind} (torch.nn.modules.module.register_module_{kind.replace(' ', '_').replace('-', '_')})"
     for path, module in named_modules:
         for attribute, kind in _MODULE_HOOKS.items():
-            if getattr(module, attribute, None):
+            hooks = getattr(module, attribute, None)
+            if hooks and not all(map(is_fully_shard_hook, hooks.values())):
                 return f"{path} has a {kind}"
     for path, tensor in named_tensors:
         for attribute, kind in _TENSOR_HOOKS.items():
@@ -1112,6 +1157,7 @@ class ModuleArguments:
         self._one_module = len(self.positions) == 1
         self._state_slots, self._alias_slots = self._locate_state()
         self._state_alias_pairs = state_alias_pairs  # state tensors that must not share memory
+        self.sharded = [(index, spec.sharded) for index, spec in enumerate(convention.state) if spec.sharded is not None]
         # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
         self.cache: dict[Any, _ModuleCache] = {}
 
@@ -1183,16 +1229,22 @@ class ModuleArguments:
             for attribute in _TENSOR_TABLES
             if id(vars(sub).get(attribute)) in table_ids
         ]
+        sharded_entries = []
+        if self.sharded:
+            sharded_entries = check_sharded_parameters(accessors, self.sharded, self.state_path)
+            sharded_entries += check_fully_shard(named_submodules(self.positions, modules))
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
             + ddp_entries
             + list(reads.entries.values())
             + tables_held
+            + sharded_entries
             + sized
         )
         watched_values = [values.get(name, MISSING) for values, name in watched]
         # The hook dicts of each submodule fn calls, and the global ones, stay empty (hooks are
-        # refused): a hook written into one directly, past register_forward_hook's handle, is seen.
+        # refused) or hold fully_shard's own: a hook written into one directly, past
+        # register_forward_hook's handle, is seen.
         called = [named[i][1] for (_, named, _, _), spec in zip(walked, self.convention.modules) for i in spec.called]
         hook_dicts = [
             hooks
@@ -1200,7 +1252,7 @@ class ModuleArguments:
                 *(getattr(sub, attribute, None) for sub in called for attribute in _MODULE_HOOKS),
                 *(map(_global_module_hooks, _MODULE_HOOKS) if called else ()),
             )
-            if type(hooks) in (dict, collections.OrderedDict) and not hooks
+            if type(hooks) in (dict, collections.OrderedDict) and all(map(is_fully_shard_hook, hooks.values()))
         ]
         classes = list(reads.classes.values())
         class_values = [getattr(owner, name, MISSING) for owner, name in classes]
@@ -1217,7 +1269,7 @@ class ModuleArguments:
             watched_keys=[name for _, name in watched],
             watched_values=watched_values,
             children=[*watched_values[len(watched) - len(sized) :], *hook_dicts],  # the sized entries come last
-            lengths=[*map(_size_or_values, watched_values[len(watched) - len(sized) :]), *[0] * len(hook_dicts)],
+            lengths=[*map(_size_or_values, watched_values[len(watched) - len(sized) :]), *map(len, hook_dicts)],
             hooks_clean_at=[-1],
             class_owners=[owner for owner, _ in classes],
             class_names=[name for _, name in classes],
@@ -1340,6 +1392,12 @@ class ModuleArguments:
             for module_index, name in spec.names[1:]:
                 tied = f"args[{self.positions[module_index]}].{name}"
                 checks.append(Check("tie", tied, f"the same tensor as {self.state_path(index)}"))
+        for index, shard in self.sharded:
+            checks.append(Check("sharded", self.state_path(index), f"a DTensor of shape {_describe_sizes(list(shard.shape))} "
+                                f"placed Shard(0) on a 1-D mesh over process group {shard.group_name!r} of {shard.world_size} ranks"))
+        if self.sharded:
+            checks.append(Check("sharded", "fully_shard settings", "no mixed precision or offload policy, gradient sync on, "
+                                "the default gradient reduction"))
         return checks
 
     @staticmethod
@@ -1638,18 +1696,21 @@ class PrecompiledFunction:
         self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written)
         self._flat_inputs = self._inputs.flat
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
-        self._optimizers = [OptimizerArgument(spec, convention.backend) for spec in convention.optimizers]
+        sharded = any(spec.sharded is not None for spec in convention.state)
+        self._optimizers = [OptimizerArgument(spec, convention.backend, sharded) for spec in convention.optimizers]
         self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or convention.grad_inputs)
         self._read_only_grads = frozenset(convention.grad_inputs_read_only)
         self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
         self._copies_inputs = bool(self._constants or convention.output_views)
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
+        self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
+        self._compiled = convention.backend == "inductor"
         # One flag for the per-call path (an inference forward): between the
-        # guard and the graph nothing to check or add, after it nothing to
-        # store, and one output to return.
+        # guard and the graph nothing to check, add or replace, after it nothing
+        # to store, and one output to return.
         self._bare = self._single_output and not (
-            self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state
+            self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state or self._sharded
         )
 
     # -- the call ------------------------------------------------------------
@@ -1692,13 +1753,15 @@ class PrecompiledFunction:
             if len(outputs) != 1:
                 self._raise_edited(outputs)
             return outputs[0]
-        state = tensors[: self._num_state]
+        state = grad_owners = tensors[: self._num_state]
+        if self._sharded:  # fully_shard's parameters: the graph takes their local shards
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled)
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
         if self._has_trailing_inputs:
             created = []
-            tensors += self._trailing_inputs(args, leaves, state, created)
+            tensors += self._trailing_inputs(args, leaves, state, grad_owners, tensors, created)
         # The graph already contains any backward: run it without autograd
         # recording (Inductor's out= kernels refuse inputs that require grad),
         # and write .grad as the autograd engine does, with grad mode off
@@ -1714,7 +1777,7 @@ class PrecompiledFunction:
             if len(outputs) != self._num_graph_outputs:
                 self._raise_edited(outputs)
             if self._writes_state:
-                outputs = self._results.store(outputs, state, tensors, created)
+                outputs = self._results.store(outputs, grad_owners, tensors, created)
         finally:
             _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
         if self._single_output:
@@ -1723,8 +1786,9 @@ class PrecompiledFunction:
             return tuple([outputs[i] for i in self._output_indices])
         return self._results.rebuild(outputs, args, leaves)
 
-    def _trailing_inputs(self, args: tuple, leaves: Any, state: list, created: list) -> list:
-        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads.
+    def _trailing_inputs(self, args: tuple, leaves: Any, state: list, grad_owners: list, tensors: list, created: list) -> list:
+        """The graph inputs after the tensors: free dim sizes, optimizer state, incoming grads
+        (``.grad`` of ``grad_owners``, ``state`` or what stands for a fully_shard parameter).
 
         Optimizer state a call creates goes to ``created``, not to the
         optimizers: a call refused by a later check changes no state.
@@ -1733,7 +1797,7 @@ class PrecompiledFunction:
         for optimizer in self._optimizers:
             trailing += optimizer.inputs(args[optimizer.spec.position], state, created)
         if self.convention.grad_inputs:
-            trailing += self._prior_grads(state)
+            trailing += self._prior_grads(grad_owners, tensors)
         return trailing
 
     def _raise_rejected(self, error: AssertionError) -> None:
@@ -1765,15 +1829,16 @@ class PrecompiledFunction:
 
     # -- incoming gradients ----------------------------------------------------
 
-    def _prior_grads(self, state: list) -> list:
-        """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g).
+    def _prior_grads(self, grad_owners: list, tensors: list) -> list:
+        """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g), with the
+        layout of its graph input in ``tensors``.
 
         The zeros for an input the graph only reads are made once and kept:
         their layout is the parameter's, which every call checked.
         """
         grads = []
         for index in self.convention.grad_inputs:
-            param, grad = state[index], state[index].grad
+            param, grad = tensors[index], grad_owners[index].grad
             if grad is None:
                 grad = self._kept_zeros.get(index)
                 if grad is None:
@@ -1835,7 +1900,10 @@ class PrecompiledFunction:
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._inputs.check_slowly(user_args, leaves, state)
         self._inputs.check(user_args, leaves, tensors)
-        return [*tensors, *self._trailing_inputs(args, leaves, state, []), *self._constants]
+        grad_owners = state
+        if self._sharded:
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled)
+        return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:
         """Run the graph alone on ``inputs`` (from ``graph_inputs``), which it leaves as they are.
@@ -1973,6 +2041,146 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
     return [(values, name) for name in (*watched, buffer_sync)]
 
 
+# ~~~~ driver part: fully_shard ~~~~
+# Parameters fully_shard (FSDP2) sharded (Note invariant 17).  Only in artifacts
+# with such a parameter.
+
+
+def fully_shard_unsupported(group: Any) -> str | None:
+    """What of a fully_shard parameter group's settings the graph does not reproduce, or None.
+
+    The graph all-gathers the parameters in their own dtype and reduce-scatters the
+    gradients to their average in it, as fully_shard with its defaults does."""
+    mp_policy = group.mp_policy
+    if mp_policy.param_dtype is not None or mp_policy.reduce_dtype is not None or mp_policy.output_dtype is not None:
+        return (
+            f"it has a mixed precision policy ({mp_policy}), which precompile does not support yet: "
+            "fully_shard it without mp_policy (torch.autocast inside fn computes in a lower precision)"
+        )
+    if type(group.offload_policy).__name__ != "OffloadPolicy":  # the base class is "no offload"
+        return (
+            f"it offloads parameters to the CPU ({type(group.offload_policy).__name__}), which precompile does "
+            "not support: fully_shard it without offload_policy"
+        )
+    if not group.reduce_grads:
+        return (
+            "its gradient sync is off (set_requires_gradient_sync(False), accumulation without communication), "
+            "which precompile does not support yet: the graph reduce-scatters every gradient; call "
+            "set_requires_gradient_sync(True)"
+        )
+    for name, default in _FULLY_SHARD_DEFAULTS:
+        if getattr(group, name, default) != default:
+            return (
+                f"its {name.lstrip('_')} is {getattr(group, name)!r}, not {default!r} as the graph's gradient "
+                "reduction assumes: use fully_shard's default"
+            )
+    return None
+
+
+
+def check_fully_shard(named_modules: list) -> list:
+    """Refuse a module fully_shard sharded with settings the graph does not reproduce;
+    return the (vars, name) entries of those settings, which the module cache watches."""
+    watched = []
+    for path, module in named_modules:
+        state = _fully_shard_state(module)
+        for group in _fully_shard_param_groups(state) if state is not None else ():
+            problem = fully_shard_unsupported(group)
+            if problem is not None:
+                raise PrecompileError(f"{path} is sharded by fully_shard, and {problem}")
+            values = vars(group)
+            watched += [(values, name) for name in ("reduce_grads", "mp_policy", "offload_policy")]
+            watched += [(values, name) for name, _ in _FULLY_SHARD_DEFAULTS]
+    return watched
+
+
+def check_sharded_parameters(accessors: list, sharded: list, state_path: Callable) -> list:
+    """Refuse a fully_shard parameter not sharded as captured; return the entries of their
+    modules' tables the module cache watches (a replaced parameter is checked again)."""
+    for index, spec in sharded:
+        table, name = accessors[index]
+        check_sharded(state_path(index), table[name], spec)
+    return [accessors[index] for index, _ in sharded]
+
+
+def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
+    """Refuse a parameter that is not sharded as ``spec`` records."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None or not isinstance(param, dtensor.DTensor):
+        raise PrecompileError(
+            f"{where} is a {type(param).__name__}, but was a DTensor sharded by fully_shard at capture (the graph "
+            "all-gathers its shards): pass the fully_shard-ed model with its parameters sharded (after an "
+            "explicit model.unshard(), call model.reshard())"
+        )
+    mesh, placements = param.device_mesh, tuple(param.placements)
+    if mesh.ndim != 1 or placements != (dtensor.Shard(0),) or tuple(param.shape) != spec.shape:
+        raise PrecompileError(
+            f"{where} is a DTensor of shape {tuple(param.shape)} placed {placements} on a {mesh.ndim}-D mesh, "
+            f"but was of shape {spec.shape} placed (Shard(dim=0),) on a 1-D mesh at capture: shard the model "
+            "as at capture, or precompile again"
+        )
+    group = mesh.get_group()
+    if group.size() != spec.world_size:
+        raise PrecompileError(
+            f"{where} is sharded over {group.size()} ranks, but over {spec.world_size} at capture (the graph "
+            f"gathers that many shards): precompile again for a world size of {group.size()}"
+        )
+    if group.group_name != spec.group_name or _resolve_process_group(spec.group_name) is not group:
+        raise PrecompileError(
+            f"{where} is sharded over the process group {group.group_name!r}, but the graph's collectives "
+            f"run on {spec.group_name!r} (its group at capture): shard the model over the same device mesh"
+        )
+
+
+class ShardedGradient:
+    """A fully_shard parameter as the gradient reader and writer see it: ``.grad`` is the local
+    shard of its DTensor gradient, and setting it sets a DTensor placed as the parameter, as
+    FSDP2's reduce-scatter does."""
+
+    __slots__ = ("param",)
+
+    def __init__(self, param: Any):
+        self.param = param
+
+    @property
+    def grad(self) -> torch.Tensor | None:
+        grad = self.param.grad
+        if grad is None:
+            return None
+        local = getattr(grad, DTENSOR_LOCAL, None)
+        if local is None:
+            raise PrecompileError(
+                f"a fully_shard parameter's .grad is a {type(grad).__name__}, not a DTensor as FSDP2 leaves it: "
+                "set it to None (opt.zero_grad())"
+            )
+        return local
+
+    @grad.setter
+    def grad(self, local: torch.Tensor | None) -> None:
+        param = self.param
+        param.grad = None if local is None else type(param).from_local(
+            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )
+
+
+def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: bool) -> tuple[list, list]:
+    """(gradient owners, graph inputs) for the checked ``tensors``, whose fully_shard
+    parameters are DTensors: each one's gradient owner is a ShardedGradient (what reads
+    and writes ``.grad``); the graph takes its local shard (contiguous, as fully_shard
+    keeps it, where the compiled graph assumes it)."""
+    state, tensors = list(tensors[:num_state]), list(tensors)
+    for index, _ in sharded:
+        param = tensors[index]
+        local = tensors[index] = getattr(param, DTENSOR_LOCAL)
+        if contiguous and not local.is_contiguous():
+            raise PrecompileError(
+                f"a fully_shard parameter's local shard has strides {local.stride()}, not contiguous as "
+                "fully_shard leaves it and the compiled graph assumes: reshard the model (model.reshard())"
+            )
+        state[index] = ShardedGradient(param)
+    return state, tensors
+
+
 # ~~~~ driver part: optimizer ~~~~
 # Optimizer arguments (Note [precompile programming model], invariant 11).  Only
 # in artifacts with an optimizer argument.
@@ -2027,8 +2235,8 @@ def _group_key(key: str) -> str:
 class OptimizerArgument:
     """Per-call work for one optimizer argument: check it, return its graph inputs."""
 
-    def __init__(self, spec: OptimizerSpec, backend: str):
-        self.spec, self.backend = spec, backend
+    def __init__(self, spec: OptimizerSpec, backend: str, sharded: bool):
+        self.spec, self.backend, self.sharded = spec, backend, sharded
         self.where = f"args[{spec.position}] (optimizer)"
         self.hyper_keys = [tuple(k for k, _ in group) for group in spec.hyper]
         self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
@@ -2067,6 +2275,8 @@ class OptimizerArgument:
                     f"{self.where} state of param_groups[{group_index}]['params'][{param_index}] has no "
                     f"{error.args[0]!r} (captured keys {list(spec.keys)}); load a state_dict of the same optimizer"
                 ) from None
+        if self.sharded:  # fully_shard's parameters' state is DTensors, as theirs: the graph takes their shards
+            tensors = list(map(local_shard_of, tensors))
         if self.guard is None or not guard_passes(self.guard, tensors):
             self._check_state(tensors)
             self.guard = tensor_guard(tensors, spec.tensors)

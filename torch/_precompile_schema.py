@@ -190,12 +190,30 @@ class TensorSpec(Record):
         return f"Tensor{self.describe_shape()} {self.dtype} {self.device}"
 
 
+class ShardSpec(Record):
+    """A parameter that ``fully_shard`` (FSDP2) sharded (Note invariant 17): a DTensor whose
+    local shard is the graph input, ``tensor`` of its StateSpec.
+
+    The graph all-gathers the shards into the whole parameter over the process group
+    ``group_name`` of ``world_size`` ranks and reduce-scatters its gradient back, averaged
+    as FSDP2 does; no rank is baked.  Checked at every call: a DTensor of ``shape`` placed
+    ``Shard(0)`` on a 1-D mesh over that group, and its ``requires_grad`` (the local
+    shard's own flag is always False).
+    """
+
+    shape: tuple[Count, ...]  # the whole parameter's; dim 0 divides evenly over the ranks
+    world_size: Count
+    group_name: str
+    requires_grad: bool
+
+
 class StateSpec(Record):
     """One lifted parameter or buffer (tied names collapse onto one entry)."""
 
     kind: Literal["parameter", "buffer"]
     names: tuple[tuple[Count, str], ...]  # (module index, fully-qualified name)
     tensor: TensorSpec
+    sharded: ShardSpec | None = None  # a parameter fully_shard sharded: ``tensor`` is its local shard
 
 
 class DataParallelSpec(Record):
@@ -736,7 +754,7 @@ def _record_decoder(cls: Any) -> Callable[[Any], Any]:
 
 
 for _record in (
-    TensorSpec, StateSpec, DataParallelSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, SizeFact,
+    TensorSpec, ShardSpec, StateSpec, DataParallelSpec, ModuleSpec, LeafSpec, ConstantSpec, OutputView, SizeFact,
     OptimizerSpec, CallingConvention,
 ):
     _DECODERS[_record] = _record_decoder(_record)

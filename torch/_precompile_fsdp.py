@@ -1,0 +1,173 @@
+"""fully_shard (FSDP2) models at capture (Note [precompile programming model], invariant 17).
+
+A model whose submodules ``torch.distributed.fsdp.fully_shard`` sharded is a
+module argument like any other.  Each sharded parameter is a DTensor placed
+``Shard(0)`` on a 1-D device mesh; its local shard is lifted (the graph input),
+its ``ShardSpec`` (whole shape, group, world size) recorded and checked at every
+call (``runtime.local_shards``).  What fully_shard does around the model is
+traced instead of run, as SimpleFSDP formulates it:
+
+- its forward pre- and post-hooks never run: before fn, the graph all-gathers
+  each parameter from its shards (one functional collective each) and the
+  modules compute with the whole parameters;
+- the all-gather's backward reduce-scatters the whole gradient and divides it
+  by the world size, so backward leaves each local shard the average of its
+  part of the gradient, as fully_shard's reduce-scatter does; the driver writes
+  it to ``.grad`` as a DTensor placed like the parameter
+  (``runtime.ShardedGradient``).
+
+Capture runs no collective: the trace calls stand-in ops that compute nothing
+(``_stand_in_ops``) and ``use_collectives`` turns them into the functional
+collectives afterwards, so one rank precompiles alone.  Refused at capture:
+FSDP1, mixed precision and offload policies, settings that change the gradient
+reduction (``runtime.fully_shard_unsupported``), modules sharded together in
+one call, parameters whose dim 0 does not divide evenly over the ranks, and a
+mesh other than 1-D.
+"""
+
+import contextlib
+import functools
+import sys
+from typing import Any
+
+import torch
+
+from . import _precompile_compat as compat, _precompile_runtime as runtime
+from ._precompile_schema import PrecompileError, ShardSpec
+
+
+def is_fully_shard_module(module: Any) -> bool:
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # no module is sharded before its import
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def check_module(where: str, module: torch.nn.Module) -> None:
+    """Refuse a fully_shard submodule whose settings the graph does not reproduce."""
+    for path, sub in module.named_modules():
+        if not is_fully_shard_module(sub):
+            continue
+        name = f"{where}.{path}" if path else where
+        runtime.check_fully_shard([(name, sub)])
+        hooks = [h for attribute in runtime.MODULE_HOOK_DICTS for h in getattr(sub, attribute).values()]
+        if not any(map(runtime.is_fully_shard_hook, hooks)):
+            raise PrecompileError(
+                f"{name} was sharded by one fully_shard call together with other modules (fully_shard([...])), "
+                "whose shared hooks precompile does not support yet: call fully_shard on each module"
+            )
+
+
+def shard_spec(where: str, param: Any) -> ShardSpec:
+    """A fully_shard parameter's ShardSpec; refuse what the graph's all-gather cannot reproduce."""
+    dtensor = sys.modules["torch.distributed.tensor"]
+    mesh = param.device_mesh
+    if mesh.ndim != 1 or tuple(param.placements) != (dtensor.Shard(0),):
+        raise PrecompileError(
+            f"{where} is placed {tuple(param.placements)} on a {mesh.ndim}-D device mesh: precompile supports "
+            "fully_shard on a 1-D mesh with its default Shard(0) placement only (HSDP, tensor parallel or "
+            "shard_placement_fn are not supported yet)"
+        )
+    group = mesh.get_group()
+    if param.shape[0] % group.size():
+        raise PrecompileError(
+            f"{where} has {param.shape[0]} rows over {group.size()} ranks: its shards differ in size from rank "
+            "to rank, and one artifact serves every rank; precompile supports parameters whose dim 0 is a "
+            "multiple of the world size (pad the layer, or change its size)"
+        )
+    return ShardSpec(
+        shape=tuple(param.shape), world_size=group.size(), group_name=group.group_name, requires_grad=param.requires_grad
+    )
+
+
+def local_shard(param: Any) -> torch.Tensor:
+    """What capture lifts for a fully_shard parameter: its local shard's storage, with the
+    parameter's requires_grad (the shard itself never requires grad)."""
+    return getattr(param, runtime.DTENSOR_LOCAL).detach().requires_grad_(param.requires_grad)
+
+
+def gathered(shard: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    """The whole parameter from ``shard`` (the trace's stand-in for fully_shard's all-gather)."""
+    all_gather, _, wait = _stand_in_ops()
+    with torch.enable_grad():  # backward reaches the shard through it, whatever fn's grad mode
+        return wait(all_gather(shard, spec.world_size, spec.group_name))
+
+
+@contextlib.contextmanager
+def hooks_skipped(modules: list):
+    """While fn is traced: fully_shard's forward hooks stay out of the modules' hook dicts
+    (the graph gathers the parameters itself); put back, in order, on exit."""
+    saved = []
+    try:
+        for module in modules:
+            for sub in module.modules():
+                if is_fully_shard_module(sub):
+                    for attribute in runtime.MODULE_HOOK_DICTS:
+                        hooks = getattr(sub, attribute)
+                        saved.append((hooks, dict(hooks)))
+                        for key in [k for k, hook in hooks.items() if runtime.is_fully_shard_hook(hook)]:
+                            del hooks[key]
+        yield
+    finally:
+        for hooks, entries in saved:
+            hooks.clear()
+            hooks.update(entries)
+
+
+@functools.cache
+def _stand_in_ops() -> tuple[Any, Any, Any]:
+    """``(all_gather(shard, world_size, group_name), reduce_scatter(whole, world_size,
+    group_name), wait(tensor))`` for the trace: shapes right, values not communicated.
+
+    The all-gather's autograd formula is the reduce-scatter, divided by the world
+    size (fully_shard averages); ``use_collectives`` retargets them to
+    ``_c10d_functional.all_gather_into_tensor``, ``reduce_scatter_tensor(.., "sum",
+    ..)`` and ``wait_tensor``.  make_fx runs every op it records, and capture must not
+    run a collective: the other ranks do not join it.
+    """
+    namespace = torch.ops.precompile_fsdp
+    if not hasattr(namespace, "all_gather"):  # registered once per process (another copy of this module)
+
+        @torch.library.custom_op("precompile_fsdp::all_gather", mutates_args=())
+        def all_gather(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+            return shard.repeat(world_size, *[1] * (shard.dim() - 1))
+
+        @torch.library.custom_op("precompile_fsdp::reduce_scatter", mutates_args=())
+        def reduce_scatter(whole: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+            return whole[: whole.shape[0] // world_size].clone()
+
+        @torch.library.custom_op("precompile_fsdp::wait", mutates_args=())
+        def wait(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.clone()
+
+        all_gather.register_fake(lambda shard, world_size, group_name: shard.new_empty((shard.shape[0] * world_size, *shard.shape[1:])))
+        reduce_scatter.register_fake(lambda whole, world_size, group_name: whole.new_empty((whole.shape[0] // world_size, *whole.shape[1:])))
+        wait.register_fake(lambda tensor: torch.empty_like(tensor))
+
+        def remember_group(ctx, inputs, output):
+            ctx.world_size, ctx.group_name = inputs[1], inputs[2]
+
+        def average_shards(ctx, grad):
+            return wait(reduce_scatter(grad.contiguous(), ctx.world_size, ctx.group_name)) / ctx.world_size, None, None
+
+        all_gather.register_autograd(average_shards, setup_context=remember_group)
+        wait.register_autograd(lambda ctx, grad: grad)
+    return namespace.all_gather.default, namespace.reduce_scatter.default, namespace.wait.default
+
+
+def use_collectives(graph: torch.fx.GraphModule) -> None:
+    """Retarget the trace's stand-in ops to the functional collectives they stand for."""
+    stand_in_all_gather, stand_in_reduce_scatter, stand_in_wait = _stand_in_ops()
+    all_gather, reduce_scatter, wait = compat.fully_shard_collectives()
+    changed = False
+    for node in graph.graph.nodes:
+        if node.target is stand_in_all_gather:
+            node.target = all_gather  # same arguments
+        elif node.target is stand_in_reduce_scatter:
+            whole, world_size, group_name = node.args
+            node.target, node.args = reduce_scatter, (whole, "sum", world_size, group_name)
+        elif node.target is stand_in_wait:
+            node.target = wait
+        else:
+            continue
+        changed = True
+    if changed:
+        graph.recompile()
