@@ -20,7 +20,8 @@ same world size and default process group, ``find_unused_parameters``,
 ``static_graph`` and comm hook as at capture, and whether gradients are
 synchronized: for gradient accumulation precompile a second step under
 ``with ddp.no_sync():`` and call it inside ``no_sync()``.  Refused with a
-PrecompileError naming the fix: FSDP / ``fully_shard``, comm hooks other than
+PrecompileError naming the fix: FSDP1 (``fully_shard``, FSDP2, is supported:
+examples/fsdp2_train.py), comm hooks other than
 ``default_hooks.allreduce_hook``, a step captured inside ``no_sync()`` for a
 model with buffers DDP broadcasts (use ``broadcast_buffers=False``; from
 torch 2.13 ``forward_sync_buffers=False``), parameters that get no gradient

@@ -973,8 +973,8 @@ class TestConventionSchema(TestCase):
             schema.TensorSpec((2,))
         with self.assertRaisesRegex(TypeError, r"unexpected or repeated fields \['shape'\]"):
             schema.TensorSpec((2,), None, "float32", "cpu", shape=(3,))
-        with self.assertRaisesRegex(TypeError, "takes 3 fields, got 4"):
-            schema.StateSpec(1, 2, 3, 4)
+        with self.assertRaisesRegex(TypeError, "takes 4 fields, got 5"):
+            schema.StateSpec(1, 2, 3, 4, 5)
         with self.assertRaisesRegex(TypeError, "fields with defaults must come last"):
 
             class Bad(schema.Record):

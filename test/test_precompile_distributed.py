@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "distributed_train.py")
 WORKER = os.path.join(REPO, "test", "_precompile_ddp_worker.py")
 FSDP_WORKER = os.path.join(REPO, "test", "_precompile_fsdp_worker.py")
+FSDP_EXAMPLE = os.path.join(REPO, "examples", "fsdp2_train.py")
 STEPS, GLOBAL_BATCH, WORLD_SIZE = 3, 8, 2
 BACKENDS = ("eager", "inductor")
 RUNS = ("plain", "accumulate", "sgd", "adamw", "unused", "batchnorm", "bucket_view", "mixed")  # see _precompile_ddp_worker.run_all
@@ -369,6 +370,10 @@ class TestFullyShard(_JobResults):
             with self.subTest(name):
                 self.assertRegex(refusals[name], pattern)
                 self.assertNotIn("Remove it", refusals[name])
+
+    def test_example_trains_as_eager_fully_shard(self):
+        """examples/fsdp2_train.py asserts each rank's losses and final shards against eager FSDP2."""
+        _run_job([FSDP_EXAMPLE, "--steps", "2", "--backend", "eager"])
 
     def test_checks_list_the_shardings(self):
         checks = [line for line in self.ranks[0]["checks"] if line.startswith("sharded")]

@@ -333,7 +333,7 @@ says who guarantees it and, where it is enforced, which tests (in
      (test_precompile_distributed.py TestDataParallel
      test_other_world_size_is_refused, test_no_sync_must_match_capture,
      test_buffers_are_broadcast_where_ddp_would,
-     test_plain_module_for_ddp_is_refused); FSDP / fully_shard, other comm
+     test_plain_module_for_ddp_is_refused); FSDP1, other comm
      hooks, mixed_precision, a non-default process group, broadcast buffers
      with a step captured inside no_sync(), and parameters without a
      gradient unless find_unused_parameters=True REFUSED at capture
@@ -342,6 +342,16 @@ says who guarantees it and, where it is enforced, which tests (in
      ``_register_builtin_comm_hook`` after the first call (the driver sees
      ``register_comm_hook`` at every call, the private one only when the
      DDP object is first checked).
+   - A model fully_shard (FSDP2) sharded (invariant 17): each sharded
+     parameter is CHECKED at every call as a DTensor of the captured shape
+     placed ``Shard(0)`` on a 1-D mesh over the captured process group and
+     world size (its local shard's layout by the tensor check), and its
+     ``requires_grad``; fully_shard's settings (mixed precision and offload
+     policies, gradient sync, divide factor, unused-parameter reduction,
+     all-reduce hook) are CHECKED and watched by the module cache; fully_shard's
+     own forward hooks are expected, any other hook is refused as above
+     (test_precompile_distributed.py TestFullyShard
+     test_calls_refuse_other_shardings_before_changing_anything).
    Non-tensor values
    - Python leaves of the inputs: baked and CHECKED by type and, for floats,
      sign: ``-0.0`` is not ``0.0``, ``True`` is not ``1``, ``nan`` equals
@@ -537,11 +547,41 @@ says who guarantees it and, where it is enforced, which tests (in
    depend on them.  Any other collective fn runs (``torch.distributed``'s,
    functional collectives, a DTensor's redistribution) is refused when the
    trace reaches it, before it communicates: the other ranks do not join a
-   capture.  Tensors sharded over ranks (DTensor arguments or module state on
-   a mesh of several ranks, from tensor parallel or FSDP2; FSDP wrappers) are
-   refused before any trace.  Tested on 2
+   capture.  Tensors sharded over ranks other than fully_shard's parameters
+   (DTensor arguments, tensor parallel's module state and hooks) and FSDP1
+   wrappers are refused before any trace.  Tested on 2
    gloo ranks against eager DDP, per rank, on both backends
    (test_precompile_distributed.py TestDataParallel).
+17. Sharded data parallel.  A model whose submodules
+   ``torch.distributed.fsdp.fully_shard`` (FSDP2) sharded is a module argument
+   whose sharded parameters are DTensors placed ``Shard(0)`` on a 1-D device
+   mesh: each one's local shard is lifted (the graph input) and its
+   ``ShardSpec`` recorded and checked at every call (invariant 11).  The trace
+   does what fully_shard's hooks would, as SimpleFSDP formulates it
+   (``torch/_precompile_fsdp.py``): fully_shard's forward hooks do not run;
+   the graph all-gathers each parameter from its shards before fn's forward,
+   and the all-gather's backward reduce-scatters the whole gradient and
+   divides it by the world size, so each rank's ``.grad`` is a DTensor placed
+   like the parameter holding its part of the average, as eager FSDP2 leaves
+   it (assigned when None, else accumulated into its local shard).  An
+   optimizer inside fn (invariant 15) steps the local shards, and state it
+   creates is DTensors, as eager's.  The collectives are
+   ``_c10d_functional.all_gather_into_tensor`` and ``reduce_scatter_tensor``
+   in the graph, on both backends, one per parameter; the whole parameters
+   are kept for backward (memory as ``reshard_after_forward=False``; values
+   do not depend on it, and it is not checked).  No rank is baked: one
+   artifact serves every rank, and capture runs no collective (stand-in ops,
+   retargeted afterwards).  Refused at capture, with a fix that keeps the
+   model's meaning: FSDP1, mixed precision and CPU offload policies, gradient
+   sync turned off, a custom gradient divide factor, unused-parameter
+   reduction or all-reduce hook, modules sharded together by one fully_shard
+   call, a dim 0 that does not divide evenly over the ranks (shard sizes
+   would differ per rank), and meshes other than 1-D (HSDP, FSDP with tensor
+   parallel).  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
+   backends, for a step without an optimizer (accumulating over 3 calls), with
+   SGD / Adam / AdamW inside fn and AdamW outside it, both
+   ``reshard_after_forward`` settings, and a no_grad forward
+   (test_precompile_distributed.py TestFullyShard).
 """
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ class _LiftedTensor:
     kind: str  # "parameter" | "buffer"
     names: list  # [(module index, fqn), ...]
     sharded: Any = None  # a fully_shard parameter's ShardSpec (Note invariant 17)
-    param: Any = None  # ... and the parameter, a DTensor
+    param: Any = None  # ... the parameter, a DTensor
+    gather_group: int | None = None  # ... and which of the all-gathers gathers it
 
 
 @dataclasses.dataclass
@@ -258,11 +259,17 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
     if not sharded_models:
         return
     dtensor = sys.modules["torch.distributed.tensor"]  # imported by fully_shard
+    # One all-gather per fully_shard parameter group and dtype, as eager FSDP2's.
+    all_groups = [group for index in sorted(sharded_models) for group in fsdp.parameter_groups(modules[index])]
+    groups = {id(param): (g, param.dtype) for g, group in enumerate(all_groups) for param in group}
+    buckets: dict = {}
     for entry in lifted:
         module_index, fqn = entry.names[0]
         if module_index in sharded_models and entry.kind == "parameter" and isinstance(entry.tensor, dtensor.DTensor):
             entry.param, entry.sharded = entry.tensor, fsdp.shard_spec(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
             entry.tensor = fsdp.local_shard(entry.param)
+            key = groups.get(id(entry.param), (None, entry.param.dtype))
+            entry.gather_group = buckets.setdefault(key, len(buckets))
 
 
 def _refuse_hooks(named_modules: list, named_tensors: list, named_accumulated: list = ()) -> None:
@@ -959,10 +966,12 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for position, arg in zip(args.user_positions, pytree.tree_unflatten(leaves, args.input_spec)):
             call_args[position] = _probe_dicts(arg, f"args[{position}]", probes)
         mappings = [{} for _ in args.modules]
-        for entry, leaf in zip(args.lifted, state):
-            whole = fsdp.gathered(leaf, entry.sharded) if entry.sharded else leaf
+        whole = dict(enumerate(state))
+        for members in _gather_groups(args.lifted):
+            whole.update(zip(members, fsdp.gathered([state[i] for i in members], args.lifted[members[0]].sharded)))
+        for i, entry in enumerate(args.lifted):
             for index, fqn in entry.names:
-                mappings[index][fqn] = whole
+                mappings[index][fqn] = whole[i]
         guard = _CaptureGuard(caller_tensors, bool(args.optimizers))
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
@@ -1006,6 +1015,15 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
     return flat_fn
+
+
+def _gather_groups(lifted: list) -> list[list[int]]:
+    """The lifted fully_shard parameters (indices), by the all-gather that gathers them."""
+    groups: dict = {}
+    for index, entry in enumerate(lifted):
+        if entry.sharded:
+            groups.setdefault(entry.gather_group, []).append(index)
+    return list(groups.values())
 
 
 def _unique_tensors(leaves: list) -> list:

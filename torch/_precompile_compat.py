@@ -669,6 +669,13 @@ def data_parallel_collectives() -> tuple[Any, Any, Any]:
     return ops.all_reduce.default, ops.broadcast.default, ops.wait_tensor.default
 
 
+def fully_shard_group_parameters(group: Any) -> list:
+    """The sharded parameters (DTensors) of one fully_shard parameter group, which eager
+    FSDP2 all-gathers in one collective.  FSDPParamGroup.fsdp_params and
+    FSDPParam.sharded_param are attributes of private classes in 2.11-2.14."""
+    return [fsdp_param.sharded_param for fsdp_param in group.fsdp_params]
+
+
 def fully_shard_collectives() -> tuple[Any, Any, Any]:
     """``(all_gather_into_tensor, reduce_scatter_tensor, wait_tensor)``: functional collective
     ops, same in 2.11-2.14.  ``all_gather_into_tensor(shard, world_size, group_name)``

@@ -84,11 +84,32 @@ def local_shard(param: Any) -> torch.Tensor:
     return getattr(param, runtime.DTENSOR_LOCAL).detach().requires_grad_(param.requires_grad)
 
 
-def gathered(shard: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
-    """The whole parameter from ``shard`` (the trace's stand-in for fully_shard's all-gather)."""
+def parameter_groups(model: torch.nn.Module) -> list[list]:
+    """The sharded parameters of each fully_shard parameter group in ``model`` (each group is
+    all-gathered in one collective, as eager FSDP2 does)."""
+    groups = []
+    for module in model.modules():
+        state = runtime.fully_shard_state(module) if is_fully_shard_module(module) else None
+        for group in runtime.fully_shard_param_groups(state) if state is not None else ():
+            groups.append(compat.fully_shard_group_parameters(group))
+    return groups
+
+
+def gathered(shards: list, spec: ShardSpec) -> list:
+    """The whole parameters from their ``shards`` (one group's: one all-gather of them
+    flattened into one tensor, and one reduce-scatter of their gradients, as fully_shard's
+    own flat collectives), through the trace's stand-in ops."""
     all_gather, _, wait = _stand_in_ops()
-    with torch.enable_grad():  # backward reaches the shard through it, whatever fn's grad mode
-        return wait(all_gather(shard, spec.world_size, spec.group_name))
+    world_size = spec.world_size
+    with torch.enable_grad():  # backward reaches the shards through it, whatever fn's grad mode
+        flat = torch.cat([shard.reshape(-1) for shard in shards]) if len(shards) > 1 else shards[0].reshape(-1)
+        whole = wait(all_gather(flat, world_size, spec.group_name)).view(world_size, -1)  # a row per rank
+        params, offset = [], 0
+        for shard in shards:
+            part = whole[:, offset : offset + shard.numel()]  # each rank's shard of this parameter
+            params.append(part.reshape(world_size * shard.shape[0], *shard.shape[1:]))
+            offset += shard.numel()
+    return params
 
 
 @contextlib.contextmanager

@@ -237,12 +237,12 @@ def is_fully_shard_hook(hook: Any) -> bool:
 
 # The fully_shard state of a module it sharded (FSDPModule._get_fsdp_state), or None, and
 # its parameter groups (a list from 2.13, one group or None before).  Private in 2.11-2.14.
-def _fully_shard_state(module: Any) -> Any:
+def fully_shard_state(module: Any) -> Any:
     get_state = getattr(type(module), "_get_fsdp_state", None)
     return get_state(module) if get_state is not None else None
 
 
-def _fully_shard_param_groups(state: Any) -> list:
+def fully_shard_param_groups(state: Any) -> list:
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is None:
         group = getattr(state, "_fsdp_param_group", None)
@@ -2083,8 +2083,8 @@ def check_fully_shard(named_modules: list) -> list:
     return the (vars, name) entries of those settings, which the module cache watches."""
     watched = []
     for path, module in named_modules:
-        state = _fully_shard_state(module)
-        for group in _fully_shard_param_groups(state) if state is not None else ():
+        state = fully_shard_state(module)
+        for group in fully_shard_param_groups(state) if state is not None else ():
             problem = fully_shard_unsupported(group)
             if problem is not None:
                 raise PrecompileError(f"{path} is sharded by fully_shard, and {problem}")
