@@ -142,9 +142,15 @@ def precompile_all(backend: str) -> dict:
 # -- refusals -------------------------------------------------------------------
 
 
+def state(model: nn.Module) -> list:
+    """Each parameter's local shard, and its .grad object with a copy of its values."""
+    return [(local(p.detach()), p.grad, local(p.grad)) for p in model.parameters()]
+
+
 def untouched(model: nn.Module, before: list) -> bool:
-    return all(p.grad is None for p in model.parameters()) and all(
-        torch.equal(local(p.detach()), b) for p, b in zip(model.parameters(), before)
+    return all(
+        torch.equal(local(p.detach()), value) and p.grad is grad and (grad is None or torch.equal(local(grad), grad_value))
+        for p, (value, grad, grad_value) in zip(model.parameters(), before)
     )
 
 
@@ -154,7 +160,7 @@ def call_refusals(runnable) -> dict:
     one_rank = dist.new_group([0])  # every rank creates it; only rank 0 uses it
     unsharded = make_model()
     unsharded[0].unshard()  # its own parameters (not recursive); a collective: on every rank
-    before = [local(p.detach()) for p in unsharded.parameters()]
+    before = state(unsharded)
     out = {"unsharded": refusal(lambda: runnable(unsharded, x, y)), "unsharded_untouched": untouched(unsharded, before)}
     if dist.get_rank() != 0:
         return out
@@ -164,13 +170,23 @@ def call_refusals(runnable) -> dict:
         ("world_size", lambda: make_model(mesh=DeviceMesh.from_group(one_rank, "cpu"))),
         ("no_gradient_sync", lambda: _without_gradient_sync(make_model())),
         ("requires_grad", lambda: make_model().requires_grad_(False)),
+        ("replicated_grad", lambda: _with_replicated_grad(make_model())),
         ("plain_model", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))),
     ):
         model = model()
-        before = [local(p.detach()) for p in model.parameters()]
+        before = state(model)
         out[name] = refusal(lambda: runnable(model, x, y))
         out[f"{name}_untouched"] = untouched(model, before)
     return out
+
+
+def _with_replicated_grad(model: nn.Module) -> nn.Module:
+    """The first parameter's .grad a whole (Replicate) DTensor, not a shard placed like it."""
+    from torch.distributed.tensor import Replicate
+
+    param = next(model.parameters())
+    param.grad = DTensor.from_local(torch.ones(param.shape), param.device_mesh, [Replicate()], run_check=False)
+    return model
 
 
 def _without_gradient_sync(model: nn.Module) -> nn.Module:

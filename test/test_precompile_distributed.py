@@ -348,6 +348,8 @@ class TestFullyShard(_JobResults):
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off "
                                  r"\(set_requires_gradient_sync\(False\).*call set_requires_gradient_sync\(True\)"),
             ("requires_grad", r"^args\[0\]\.0\.weight \(parameter\): requires_grad was True at capture, got False"),
+            ("replicated_grad", r"^args\[0\]\.0\.weight \(parameter\)\.grad is a DTensor of shape \(32, 16\), not a DTensor "
+                                r"placed like the parameter .*set it to None"),
             ("plain_model", r"^args\[0\] is a torch\.nn\.modules\.container\.Sequential, but was a .*FSDPSequential"),
         ):
             with self.subTest(name):

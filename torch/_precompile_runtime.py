@@ -1705,6 +1705,7 @@ class PrecompiledFunction:
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
         self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
+        self._state_path = self._module_arguments.state_path
         self._compiled = convention.backend == "inductor"
         # One flag for the per-call path (an inference forward): between the
         # guard and the graph nothing to check, add or replace, after it nothing
@@ -1755,7 +1756,7 @@ class PrecompiledFunction:
             return outputs[0]
         state = grad_owners = tensors[: self._num_state]
         if self._sharded:  # fully_shard's parameters: the graph takes their local shards
-            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled)
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled, self._state_path)
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
@@ -1902,7 +1903,7 @@ class PrecompiledFunction:
         self._inputs.check(user_args, leaves, tensors)
         grad_owners = state
         if self._sharded:
-            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled)
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled, self._state_path)
         return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:
@@ -2144,16 +2145,8 @@ class ShardedGradient:
 
     @property
     def grad(self) -> torch.Tensor | None:
-        grad = self.param.grad
-        if grad is None:
-            return None
-        local = getattr(grad, DTENSOR_LOCAL, None)
-        if local is None:
-            raise PrecompileError(
-                f"a fully_shard parameter's .grad is a {type(grad).__name__}, not a DTensor as FSDP2 leaves it: "
-                "set it to None (opt.zero_grad())"
-            )
-        return local
+        grad = self.param.grad  # a DTensor placed as the parameter (sharded_inputs checked it)
+        return None if grad is None else getattr(grad, DTENSOR_LOCAL)
 
     @grad.setter
     def grad(self, local: torch.Tensor | None) -> None:
@@ -2163,19 +2156,30 @@ class ShardedGradient:
         )
 
 
-def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: bool) -> tuple[list, list]:
+def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: bool, state_path: Callable) -> tuple[list, list]:
     """(gradient owners, graph inputs) for the checked ``tensors``, whose fully_shard
     parameters are DTensors: each one's gradient owner is a ShardedGradient (what reads
     and writes ``.grad``); the graph takes its local shard (contiguous, as fully_shard
-    keeps it, where the compiled graph assumes it)."""
+    keeps it, where the compiled graph assumes it).  Refuses, before anything runs, a
+    ``.grad`` the writer could not accumulate into."""
     state, tensors = list(tensors[:num_state]), list(tensors)
     for index, _ in sharded:
         param = tensors[index]
         local = tensors[index] = getattr(param, DTENSOR_LOCAL)
         if contiguous and not local.is_contiguous():
             raise PrecompileError(
-                f"a fully_shard parameter's local shard has strides {local.stride()}, not contiguous as "
-                "fully_shard leaves it and the compiled graph assumes: reshard the model (model.reshard())"
+                f"{state_path(index)}: its local shard has strides {local.stride()}, not contiguous as fully_shard "
+                "leaves it and the compiled graph assumes: reshard the model (model.reshard())"
+            )
+        grad = param.grad
+        if grad is not None and (
+            type(grad) is not type(param)
+            or grad.placements != param.placements
+            or getattr(grad, DTENSOR_LOCAL).shape != local.shape
+        ):
+            raise PrecompileError(
+                f"{state_path(index)}.grad is a {type(grad).__name__} of shape {tuple(grad.shape)}, not a DTensor placed "
+                "like the parameter as FSDP2 leaves it, which the step accumulates into: set it to None (opt.zero_grad())"
             )
         state[index] = ShardedGradient(param)
     return state, tensors
