@@ -323,7 +323,9 @@ def capture_refusals(backend: str, models: dict) -> dict:
     return out
 
 
-def main(out_dir: str, backends: list) -> None:
+def start_rank(out_dir: str) -> tuple[int, str]:
+    """Join the job's process group; on ranks > 0 every compiler is a recording stub that
+    fails, and the Inductor cache is empty.  Returns (rank, the compiler log's path)."""
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a hang fails the job
     rank = dist.get_rank()
     os.makedirs(out_dir, exist_ok=True)
@@ -332,6 +334,11 @@ def main(out_dir: str, backends: list) -> None:
         open(compiler_log, "w").close()
         _example().install_stub_compilers(os.path.join(out_dir, f"stub_compilers_rank{rank}"), compiler_log)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(out_dir, f"inductor_cache_rank{rank}")
+    return rank, compiler_log
+
+
+def main(out_dir: str, backends: list) -> None:
+    rank, compiler_log = start_rank(out_dir)
     models = example_models()
     pairs = {}
     for backend in backends:

@@ -13,7 +13,6 @@ installs them); and the PrecompileError messages of the refusal checks, with
 whether the refused call left the model as it was.
 """
 
-import datetime
 import os
 import sys
 
@@ -25,7 +24,7 @@ import torch_precompile
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from _precompile_ddp_worker import _example, refusal
+from _precompile_ddp_worker import refusal, start_rank
 
 
 STEPS = 3
@@ -214,14 +213,7 @@ def _grouped() -> nn.Module:
 
 
 def main(out_dir: str, backends: list) -> None:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a hang fails the job
-    rank = dist.get_rank()
-    os.makedirs(out_dir, exist_ok=True)
-    compiler_log = os.path.join(out_dir, f"compiler_calls_rank{rank}.log")
-    if rank > 0:  # any compiler this rank runs is recorded (and fails)
-        open(compiler_log, "w").close()
-        _example().install_stub_compilers(os.path.join(out_dir, f"stub_compilers_rank{rank}"), compiler_log)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(out_dir, f"inductor_cache_rank{rank}")
+    rank, compiler_log = start_rank(out_dir)
     result = {"artifact": {}, "eager": {}, "refusals": {}}
     for backend in backends:
         shipped = [precompile_all(backend) if rank == 0 else None]
