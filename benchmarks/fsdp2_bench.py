@@ -355,7 +355,8 @@ def render(ranks: list, starts: dict, workloads: list, failed: str | None) -> st
             ])
         out.append(
             f"\nWarm start per rank, fresh 2-rank jobs (median of {len(pre)} precompile / {len(comp)} torch.compile jobs), "
-            "from a barrier after `import torch`, init_process_group, model and fully_shard:\n"
+            "from a barrier after `import torch`, init_process_group, model and fully_shard (each column is its own "
+            "median over the jobs, so `total` need not be `load()` + `first call`):\n"
         )
         out.append(_common.markdown_table(
             ["", "precompile: load()", "first call", "total", "torch.compile warm cache: compile + first call",
@@ -400,6 +401,7 @@ def main() -> None:
         (start_child if args.warm_start else child)(args)
         return
     mach, load_before, t0 = _common.machine(), _common.load_average(), time.perf_counter()
+    implementation_before = _common.implementation_state()
     workloads = args.workloads.split(",")
     ranks, starts, failed = [{} for _ in range(WORLD_SIZE)], {}, None
     with tempfile.TemporaryDirectory(prefix="fsdp2-bench-") as scratch:
@@ -423,8 +425,12 @@ def main() -> None:
         f"of 10 steps); warm starts: {args.starts} fresh 2-rank jobs per method and workload (default 3), plus one "
         "job that populates torch.compile's cache\n"
         "- precompile's warm-start jobs run with an empty TORCHINDUCTOR_CACHE_DIR; torch.compile's with the cache "
-        "a previous identical job populated\n\n"
+        "a previous identical job populated\n"
     )
+    implementation_after = _common.implementation_state()
+    if implementation_after != implementation_before:  # the header's state is the one at the end
+        note += f"- the implementation changed during the run; at its start: {implementation_before}\n"
+    note += "\n"
     text = header + note + render(ranks, starts, workloads, failed)
     print(text)
     _common.write_report("fsdp2_bench.md", text, {"ranks": ranks, "warm_starts": starts, "step_job_error": failed, "_header": header + note})
