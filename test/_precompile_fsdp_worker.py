@@ -193,10 +193,11 @@ def _without_gradient_sync(model: nn.Module) -> nn.Module:
     return model
 
 
-def capture_refusals(backend: str) -> dict:
+def capture_refusals(backend: str, hsdp_mesh) -> dict:
     """What capture refuses (rank 0 alone; nothing communicates)."""
     x, y = make_data(0)[0]
     models = {
+        "hsdp": lambda: make_model(mesh=hsdp_mesh),
         "mixed_precision": lambda: make_model(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)),
         "offload": lambda: make_model(offload_policy=CPUOffloadPolicy(pin_memory=False)),
         "no_gradient_sync": lambda: _without_gradient_sync(make_model()),
@@ -214,6 +215,10 @@ def _grouped() -> nn.Module:
 
 def main(out_dir: str, backends: list) -> None:
     rank, compiler_log = start_rank(out_dir)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # A 2-D mesh (HSDP: replicate over 1, shard over 2), made on every rank: its groups are collectives.
+    hsdp_mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("replicate", "shard"))
     result = {"artifact": {}, "eager": {}, "refusals": {}}
     for backend in backends:
         shipped = [precompile_all(backend) if rank == 0 else None]
@@ -222,7 +227,7 @@ def main(out_dir: str, backends: list) -> None:
         result["artifact"][backend] = {name: run(name, f, rank) for name, f in runnables.items()}
         result["refusals"][backend] = call_refusals(runnables["accumulate"])
         if rank == 0:
-            result["refusals"][backend].update(capture_refusals(backend))
+            result["refusals"][backend].update(capture_refusals(backend, hsdp_mesh))
             from torch_precompile._precompile_inspect import describe
 
             result["checks"] = describe(*shipped[0]["adamw"])["checks"]

@@ -368,6 +368,8 @@ class TestFullyShard(_JobResults):
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off"),
             ("uneven", r"^args\[0\]\.0\.weight has 7 rows over 2 ranks: its shards differ in size from rank to rank"),
             ("grouped", r"^args\[0\]\.0 was sharded by one fully_shard call together with other modules"),
+            ("hsdp", r"^args\[0\]\.0\.weight is placed \(Replicate\(\), Shard\(dim=0\)\) on a 2-D device mesh: precompile "
+                     r"supports fully_shard on a 1-D mesh"),
         ):
             with self.subTest(name):
                 self.assertRegex(refusals[name], pattern)

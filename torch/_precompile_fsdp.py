@@ -4,7 +4,7 @@ A model whose submodules ``torch.distributed.fsdp.fully_shard`` sharded is a
 module argument like any other.  Each sharded parameter is a DTensor placed
 ``Shard(0)`` on a 1-D device mesh; its local shard is lifted (the graph input),
 its ``ShardSpec`` (whole shape, group, world size) recorded and checked at every
-call (``runtime.local_shards``).  What fully_shard does around the model is
+call (``runtime.check_sharded_parameters``, ``runtime.sharded_inputs``).  What fully_shard does around the model is
 traced instead of run, as SimpleFSDP formulates it:
 
 - its forward pre- and post-hooks never run: before fn, the graph all-gathers
@@ -73,9 +73,7 @@ def shard_spec(where: str, param: Any) -> ShardSpec:
             "to rank, and one artifact serves every rank; precompile supports parameters whose dim 0 is a "
             "multiple of the world size (pad the layer, or change its size)"
         )
-    return ShardSpec(
-        shape=tuple(param.shape), world_size=group.size(), group_name=group.group_name, requires_grad=param.requires_grad
-    )
+    return ShardSpec(shape=tuple(param.shape), world_size=group.size(), group_name=group.group_name)
 
 
 def local_shard(param: Any) -> torch.Tensor:

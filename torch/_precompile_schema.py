@@ -191,20 +191,18 @@ class TensorSpec(Record):
 
 
 class ShardSpec(Record):
-    """A parameter that ``fully_shard`` (FSDP2) sharded (Note invariant 17): a DTensor whose
-    local shard is the graph input, ``tensor`` of its StateSpec.
+    """A parameter that ``fully_shard`` (FSDP2) sharded (Note invariant 17): a DTensor, whose
+    local shard is the graph input (its StateSpec's ``tensor`` is the DTensor's layout).
 
     The graph all-gathers the shards into the whole parameter over the process group
     ``group_name`` of ``world_size`` ranks and reduce-scatters its gradient back, averaged
-    as FSDP2 does; no rank is baked.  Checked at every call: a DTensor of ``shape`` placed
-    ``Shard(0)`` on a 1-D mesh over that group, and its ``requires_grad`` (the local
-    shard's own flag is always False).
+    as FSDP2 does; no rank is baked.  Checked when the module cache is built: a DTensor of
+    ``shape`` placed ``Shard(0)`` on a 1-D mesh over that group.
     """
 
     shape: tuple[Count, ...]  # the whole parameter's; dim 0 divides evenly over the ranks
     world_size: Count
     group_name: str
-    requires_grad: bool
 
 
 class StateSpec(Record):
