@@ -1177,7 +1177,11 @@ class ModuleArguments:
         cached, state = self.state_tensors(args, cached)
         named_modules = named_submodules(self.positions, self.pick(args))
         named_state = list(zip(map(self.state_path, range(len(state))), state))
-        hook = find_hook(named_modules, named_state, [named_state[i] for i in self.convention.grad_state])
+        # Eager fully_shard assigns its parameters' .grad after its reduce-scatter: their
+        # AccumulateGrad nodes never run (and probing a DTensor's costs ~1 ms).
+        sharded = {index for index, _ in self.sharded}
+        accumulated = [named_state[i] for i in self.convention.grad_state if i not in sharded]
+        hook = find_hook(named_modules, named_state, accumulated)
         if hook is not None:
             raise PrecompileError(
                 f"{hook}, which was not there at capture: the graph does not run it, eager would. "
