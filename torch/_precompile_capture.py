@@ -266,10 +266,15 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
     for entry in lifted:
         module_index, fqn = entry.names[0]
         if module_index in sharded_models and entry.kind == "parameter" and isinstance(entry.tensor, dtensor.DTensor):
-            entry.param, entry.sharded = entry.tensor, fsdp.shard_spec(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
+            where = f"args[{module_positions[module_index]}].{fqn}"
+            if id(entry.tensor) not in groups:
+                raise PrecompileError(
+                    f"{where} is a DTensor that no fully_shard of the model manages (tensor parallel's, or made by "
+                    "hand): precompile supports DTensor parameters only as fully_shard's, on a 1-D mesh"
+                )
+            entry.param, entry.sharded = entry.tensor, fsdp.shard_spec(where, entry.tensor)
             entry.tensor = fsdp.local_shard(entry.param)
-            key = groups.get(id(entry.param), (None, entry.param.dtype))
-            entry.gather_group = buckets.setdefault(key, len(buckets))
+            entry.gather_group = buckets.setdefault(groups[id(entry.param)], len(buckets))
 
 
 def _refuse_hooks(named_modules: list, named_tensors: list, named_accumulated: list = ()) -> None:

@@ -2060,7 +2060,7 @@ def fully_shard_unsupported(group: Any) -> str | None:
     if mp_policy.param_dtype is not None or mp_policy.reduce_dtype is not None or mp_policy.output_dtype is not None:
         return (
             f"it has a mixed precision policy ({mp_policy}), which precompile does not support yet: "
-            "fully_shard it without mp_policy (torch.autocast inside fn computes in a lower precision)"
+            "fully_shard it without mp_policy (and compute in a lower precision with torch.autocast inside fn)"
         )
     if type(group.offload_policy).__name__ != "OffloadPolicy":  # the base class is "no offload"
         return (
@@ -2080,7 +2080,6 @@ def fully_shard_unsupported(group: Any) -> str | None:
                 "reduction assumes: use fully_shard's default"
             )
     return None
-
 
 
 def check_fully_shard(named_modules: list) -> list:
@@ -2166,7 +2165,7 @@ def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: boo
     and writes ``.grad``); the graph takes its local shard (contiguous, as fully_shard
     keeps it, where the compiled graph assumes it).  Refuses, before anything runs, a
     ``.grad`` the writer could not accumulate into."""
-    state, tensors = list(tensors[:num_state]), list(tensors)
+    owners, tensors = list(tensors[:num_state]), list(tensors)
     for index, _ in sharded:
         param = tensors[index]
         local = tensors[index] = getattr(param, DTENSOR_LOCAL)
@@ -2185,8 +2184,8 @@ def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: boo
                 f"{state_path(index)}.grad is a {type(grad).__name__} of shape {tuple(grad.shape)}, not a DTensor placed "
                 "like the parameter as FSDP2 leaves it, which the step accumulates into: set it to None (opt.zero_grad())"
             )
-        state[index] = ShardedGradient(param)
-    return state, tensors
+        owners[index] = ShardedGradient(param)
+    return owners, tensors
 
 
 # ~~~~ driver part: optimizer ~~~~
