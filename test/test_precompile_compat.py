@@ -61,6 +61,9 @@ PRIVATE_NAMES = {
     # DistributedDataParallel arguments
     "_execution_engine", "_c10d_functional", "_DEFAULT_FIRST_BUCKET_BYTES",
     "_comm_hooks", "_get_ddp_logging_data", "_resolve_process_group",
+    # fully_shard (FSDP2) models
+    "_get_fsdp_state", "_fsdp_param_groups", "_fsdp_param_group", "_pre_forward", "_post_forward",
+    "_all_reduce_hook", "_local_tensor", "fsdp_params", "sharded_param",
 }
 COMPAT = REPO / "torch" / "_precompile_compat.py"
 DRIVER = REPO / "torch" / "_precompile_runtime.py"
@@ -295,6 +298,34 @@ class TestDriverInternals(TestCase):
             builtin = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))
             builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
             self.assertIn("FP16_COMPRESS", runtime.data_parallel_comm_hook(builtin))
+        finally:
+            dist.destroy_process_group()
+
+    def test_fully_shard_internals(self):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            model = fully_shard(nn.Linear(4, 2))
+            state = runtime.fully_shard_state(model)
+            self.assertIsNone(runtime.fully_shard_state(nn.Linear(4, 2)))
+            (group,) = runtime.fully_shard_param_groups(state)
+            self.assertEqual(list(map(id, compat.fully_shard_group_parameters(group))), list(map(id, model.parameters())))
+            hooks = [*model._forward_pre_hooks.values(), *model._forward_hooks.values()]
+            self.assertEqual(len(hooks), 2)
+            self.assertTrue(all(map(runtime.is_fully_shard_hook, hooks)))
+            self.assertFalse(runtime.is_fully_shard_hook(lambda *args: None))
+            weight = model.weight
+            self.assertEqual(runtime.local_shard_of(weight).data_ptr(), weight.to_local().data_ptr())
+            plain = torch.zeros(2)
+            self.assertIs(runtime.local_shard_of(plain), plain)
+            self.assertIsNone(runtime.fully_shard_unsupported(group))  # the defaults, each attribute read
+            for name, default in runtime._FULLY_SHARD_DEFAULTS:
+                self.assertEqual(getattr(group, name, default), default)
+            model.set_requires_gradient_sync(False)
+            self.assertFalse(group.reduce_grads)
+            self.assertIn("set_requires_gradient_sync(False)", runtime.fully_shard_unsupported(group))
         finally:
             dist.destroy_process_group()
 
