@@ -14,6 +14,7 @@ whether the refused call left the model as it was.
 """
 
 import os
+import re
 import sys
 
 import torch
@@ -231,6 +232,9 @@ def main(out_dir: str, backends: list) -> None:
             from torch_precompile._precompile_inspect import describe
 
             result["checks"] = describe(*shipped[0]["adamw"])["checks"]
+            if backend == "eager":  # the captured graph's ops, in order
+                code = shipped[0]["accumulate"][0]
+                result["graph_ops"] = re.findall(r"= torch\.ops\.\w+\.(\w+)\.", code[code.index("# ==================== graph"):])
     if rank > 0:
         with open(compiler_log) as f:
             result["compiler_calls"] = f.read().splitlines()

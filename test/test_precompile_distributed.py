@@ -379,6 +379,16 @@ class TestFullyShard(_JobResults):
         """examples/fsdp2_train.py asserts each rank's losses and final shards against eager FSDP2."""
         _run_job([FSDP_EXAMPLE, "--steps", "2", "--backend", "eager"])
 
+    def test_communication_overlaps_compute(self):
+        """Both all-gathers are launched before the first layer computes, the second waited for
+        only after it; the first reduce-scatter is launched before backward's last matmul."""
+        ops = self.ranks[0]["graph_ops"]
+        position = lambda name, n=0: [i for i, op in enumerate(ops) if op == name][n]  # noqa: E731
+        self.assertEqual(ops.count("all_gather_into_tensor"), 3)  # a group per Linear
+        self.assertLess(position("all_gather_into_tensor", 2), position("addmm"))
+        self.assertGreater(position("wait_tensor", 1), position("addmm"))
+        self.assertLess(position("reduce_scatter_tensor"), max(i for i, op in enumerate(ops) if op == "mm"))
+
     def test_checks_list_the_shardings(self):
         checks = [line for line in self.ranks[0]["checks"] if line.startswith("sharded")]
         self.assertEqual(len(checks), 7)  # six parameters, and fully_shard's settings

@@ -567,9 +567,14 @@ says who guarantees it and, where it is enforced, which tests (in
    optimizer inside fn (invariant 15) steps the local shards, and state it
    creates is DTensors, as eager's.  The collectives are
    ``_c10d_functional.all_gather_into_tensor`` and ``reduce_scatter_tensor``
-   in the graph, on both backends, one per parameter; the whole parameters
-   are kept for backward (memory as ``reshard_after_forward=False``; values
-   do not depend on it, and it is not checked).  No rank is baked: one
+   in the graph, on both backends, one of each per fully_shard parameter
+   group and dtype (its shards flattened into one tensor, as fully_shard's);
+   every all-gather is launched at the start of the step and waited for
+   where its parameters are first used, each reduce-scatter launched as soon
+   as its gradient is computed and waited for where the gradient is used, so
+   communication overlaps compute.  The whole parameters are kept for
+   backward (memory as ``reshard_after_forward=False``; values do not depend
+   on it, and it is not checked).  No rank is baked: one
    artifact serves every rank, and capture runs no collective (stand-in ops,
    retargeted afterwards).  Refused at capture, with a fix that keeps the
    model's meaning: FSDP1, mixed precision and CPU offload policies, gradient

@@ -8,8 +8,10 @@ call (``runtime.check_sharded_parameters``, ``runtime.sharded_inputs``).  What f
 traced instead of run, as SimpleFSDP formulates it:
 
 - its forward pre- and post-hooks never run: before fn, the graph all-gathers
-  each parameter from its shards (one functional collective each) and the
-  modules compute with the whole parameters;
+  each parameter group from its shards (one functional collective per group and
+  dtype, as fully_shard's) and the modules compute with the whole parameters;
+  ``_overlap`` then moves each wait to where its result is first used and each
+  reduce-scatter to where its gradient is ready;
 - the all-gather's backward reduce-scatters the whole gradient and divides it
   by the world size, so backward leaves each local shard the average of its
   part of the gradient, as fully_shard's reduce-scatter does; the driver writes
@@ -173,20 +175,70 @@ def _stand_in_ops() -> tuple[Any, Any, Any]:
 
 
 def use_collectives(graph: torch.fx.GraphModule) -> None:
-    """Retarget the trace's stand-in ops to the functional collectives they stand for."""
+    """Retarget the trace's stand-in ops to the functional collectives they stand for, and
+    schedule them so that communication overlaps compute (``_overlap``)."""
     stand_in_all_gather, stand_in_reduce_scatter, stand_in_wait = _stand_in_ops()
     all_gather, reduce_scatter, wait = compat.fully_shard_collectives()
-    changed = False
+    launches, waits = [], []
     for node in graph.graph.nodes:
         if node.target is stand_in_all_gather:
             node.target = all_gather  # same arguments
         elif node.target is stand_in_reduce_scatter:
             whole, world_size, group_name = node.args
             node.target, node.args = reduce_scatter, (whole, "sum", world_size, group_name)
+            launches.append(node)
         elif node.target is stand_in_wait:
             node.target = wait
-        else:
-            continue
-        changed = True
-    if changed:
+            waits.append(node)
+    if waits:
+        _overlap(graph.graph, launches, waits)
         graph.recompile()
+
+
+def _overlap(graph: torch.fx.Graph, launches: list, waits: list) -> None:
+    """Launch each reduce-scatter as soon as its gradient is computed, and wait for every
+    collective only where its result is first used.
+
+    The trace launches the all-gathers at the start of the step and waits for each at
+    once; backward reaches the all-gathers' autograd formulas, which reduce-scatter, only
+    after all of backward.  Moved, the forward of the layers gathered first and the rest
+    of backward run while the later collectives communicate.  Only the order changes:
+    each node still follows its inputs and precedes its users.
+    """
+    order = {node: float(i) for i, node in enumerate(graph.nodes)}
+    for launch in launches:  # with the ops that only it uses, right after what they need
+        cone = _exclusive_producers(launch)
+        for node in sorted(cone, key=order.__getitem__) + [launch]:
+            latest = max(node.all_input_nodes, key=order.__getitem__)
+            if order[latest] < order[node]:
+                latest.append(node)
+                order[node] = order[latest] + (order[node] - order[latest]) * 1e-6
+    for wait in waits:  # and the ops computing from its result alone (division, views), each before its first use
+        for node in sorted(_derived_alone(wait), key=order.__getitem__, reverse=True):
+            first_use = min(node.users, key=order.__getitem__)
+            if order[first_use] > order[node] + 1:  # not already right before it
+                first_use.prepend(node)
+                order[node] = order[first_use] - 1e-6
+
+
+def _derived_alone(wait: torch.fx.Node) -> list:
+    """``wait`` and the ops that compute from its result and nothing else, transitively."""
+    derived, pending = [], [wait]
+    while pending:
+        node = pending.pop()
+        derived.append(node)
+        pending += [user for user in node.users if user.op == "call_function" and len(user.all_input_nodes) == 1]
+    return derived
+
+
+def _exclusive_producers(node: torch.fx.Node) -> set:
+    """The ops computing ``node``'s inputs that nothing but ``node`` (through them) uses."""
+    cone: set = set()
+    pending = [i for i in node.all_input_nodes if i.op == "call_function"]
+    while pending:
+        producer = pending.pop()
+        if producer in cone or any(user is not node and user not in cone for user in producer.users):
+            continue
+        cone.add(producer)
+        pending += [i for i in producer.all_input_nodes if i.op == "call_function"]
+    return cone
