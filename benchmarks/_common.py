@@ -896,6 +896,23 @@ def dir_bytes(path) -> int:
 # ---------------------------------------------------------------------------
 
 
+def timed(fn) -> float:
+    """Seconds ``fn()`` takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def seconds_per_step(fn, model, inputs, count: int) -> float:
+    """Seconds per ``fn(model, *inputs)`` over ``count`` steps, ``.grad`` set to None before each."""
+    start = time.perf_counter()
+    for _ in range(count):
+        for p in model.parameters():
+            p.grad = None
+        fn(model, *inputs)
+    return (time.perf_counter() - start) / count
+
+
 def median(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

@@ -42,22 +42,6 @@ METHODS = ("eager", "compile", "precompile")
 WORLD_SIZE = 2
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _steps(fn, ddp, inputs, count: int) -> float:
-    """Seconds per step over ``count`` steps, .grad set to None before each."""
-    start = time.perf_counter()
-    for _ in range(count):
-        for p in ddp.parameters():
-            p.grad = None
-        fn(ddp, *inputs)
-    return (time.perf_counter() - start) / count
-
-
 def child(args) -> None:
     import torch
     import torch.distributed as dist
@@ -95,14 +79,14 @@ def child(args) -> None:
         result["warm_start"] = {"load_s": loaded - start, "first_call_s": time.perf_counter() - loaded}
         runnables["eager"] = _common.train_step
         runnables["compile"] = torch.compile(_common.train_step)
-        result["compile_first_call_s"] = _timed(lambda: runnables["compile"](ddps["compile"], *inputs))
+        result["compile_first_call_s"] = _common.timed(lambda: runnables["compile"](ddps["compile"], *inputs))
         for method in METHODS:  # warm-up
-            _steps(runnables[method], ddps[method], inputs, 2)
+            _common.seconds_per_step(runnables[method], ddps[method], inputs, 2)
         samples = {method: [] for method in METHODS}
         for _ in range(args.repeats):
             for method in METHODS:
                 dist.barrier()
-                samples[method].append(_steps(runnables[method], ddps[method], inputs, args.steps))
+                samples[method].append(_common.seconds_per_step(runnables[method], ddps[method], inputs, args.steps))
         result["step_s"] = {method: _common.median(values) for method, values in samples.items()}
         # Same start, same data: every method's parameters (SGD-free steps leave them) and grads agree.
         result["grads_match"] = all(

@@ -57,24 +57,8 @@ WORLD_SIZE = 2
 START_GOAL = 50.0  # torch.compile's warm-cache start / precompile's warm start
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
-
-
-def _steps(fn, model, inputs, count: int) -> float:
-    """Seconds per step over ``count`` steps, .grad set to None before each."""
-    start = time.perf_counter()
-    for _ in range(count):
-        for p in model.parameters():
-            p.grad = None
-        fn(model, *inputs)
-    return (time.perf_counter() - start) / count
 
 
 def _sharded(workload, model):
@@ -169,25 +153,25 @@ def child(args) -> None:
             result["errors"].setdefault("precompile", "load() failed on another rank")
         if "precompile" in runnables:
             try:
-                result["precompile_first_call_s"] = _timed(lambda: runnables["precompile"](models["precompile"], *inputs))
+                result["precompile_first_call_s"] = _common.timed(lambda: runnables["precompile"](models["precompile"], *inputs))
             except Exception as error:
                 result["errors"]["precompile"] = "first call failed: " + _error(error)
                 result["precompile_traceback"] = traceback.format_exc()[-4000:]
                 runnables.pop("precompile")
         try:
             runnables["compile"] = torch.compile(_common.train_step)
-            result["compile_first_call_s"] = _timed(lambda: runnables["compile"](models["compile"], *inputs))
+            result["compile_first_call_s"] = _common.timed(lambda: runnables["compile"](models["compile"], *inputs))
         except Exception as error:
             result["errors"]["compile"] = "torch.compile's first call failed: " + _error(error)
             runnables.pop("compile", None)
         methods = [m for m in METHODS if m in runnables]
         for method in methods:  # warm-up
-            _steps(runnables[method], models[method], inputs, 2)
+            _common.seconds_per_step(runnables[method], models[method], inputs, 2)
         samples = {method: [] for method in methods}
         for _ in range(args.repeats):
             for method in methods:
                 dist.barrier()
-                samples[method].append(_steps(runnables[method], models[method], inputs, args.steps))
+                samples[method].append(_common.seconds_per_step(runnables[method], models[method], inputs, args.steps))
         result["step_s"] = {method: _common.median(values) for method, values in samples.items()}
         result["step_samples_s"] = samples
         # Same start, same data, grads set to None before every step: the last step's grads are every step's.
