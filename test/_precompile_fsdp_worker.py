@@ -120,6 +120,36 @@ def run(name: str, fn, rank: int) -> dict:
     return seen
 
 
+def make_gpt2() -> nn.Module | None:
+    """A tiny Hugging Face GPT-2 (tied embeddings), fully_shard each block and the root; None without transformers."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+    for block in model.transformer.h:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def gpt2_step(model, ids):
+    loss = model(ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    return loss.detach()
+
+
+def run_gpt2(fn, rank: int) -> list:
+    """2 accumulating iterations of the GPT-2 step on this rank's token ids."""
+    model, generator = make_gpt2(), torch.Generator().manual_seed(200 + rank)
+    seen = []
+    for _ in range(2):
+        out = fn(model, torch.randint(0, 128, (2, 16), generator=generator))
+        seen.append({"out": out.clone(), **snapshot(model)})
+    return seen
+
+
 def steps() -> dict:
     """Each run's step, as captured."""
     return {
@@ -136,6 +166,9 @@ def precompile_all(backend: str) -> dict:
         arguments = {"forward": (model, x), **{o: (model, optimizer_for(o, model), x, y) for o in OPTIMIZERS}}
         with torch.no_grad() if name == "forward" else torch.enable_grad():
             pairs[name] = torch_precompile.precompile(fn, *arguments.get(name, (model, x, y)), backend=backend)
+    gpt2 = make_gpt2() if backend == "eager" else None  # a real model's graph; one backend keeps the job short
+    if gpt2 is not None:
+        pairs["gpt2"] = torch_precompile.precompile(gpt2_step, gpt2, torch.randint(0, 128, (2, 16)), backend=backend)
     return pairs
 
 
@@ -225,7 +258,9 @@ def main(out_dir: str, backends: list) -> None:
         shipped = [precompile_all(backend) if rank == 0 else None]
         dist.broadcast_object_list(shipped, src=0)
         runnables = {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
-        result["artifact"][backend] = {name: run(name, f, rank) for name, f in runnables.items()}
+        result["artifact"][backend] = {
+            name: run_gpt2(f, rank) if name == "gpt2" else run(name, f, rank) for name, f in runnables.items()
+        }
         result["refusals"][backend] = call_refusals(runnables["accumulate"])
         if rank == 0:
             result["refusals"][backend].update(capture_refusals(backend, hsdp_mesh))
@@ -239,6 +274,8 @@ def main(out_dir: str, backends: list) -> None:
         with open(compiler_log) as f:
             result["compiler_calls"] = f.read().splitlines()
     result["eager"] = {name: run(name, fn, rank) for name, fn in steps().items()}
+    if make_gpt2() is not None:
+        result["eager"]["gpt2"] = run_gpt2(gpt2_step, rank)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -329,6 +329,17 @@ class TestFullyShard(_JobResults):
         sharded = ("DTensor", "DTensor", ("Shard(dim=0)",))
         self.assertEqual(self.ranks[0]["artifact"][backend]["accumulate"][0]["types"], [sharded] * 6)
 
+    def test_gpt2_step_equals_eager_fully_shard(self):
+        """A Hugging Face GPT-2 (blocks and root sharded, tied embeddings), backend='eager':
+        losses and gradient shards over 2 accumulating iterations, per rank."""
+        if "gpt2" not in self.ranks[0]["eager"]:
+            self.skipTest("needs transformers")
+        for rank, result in enumerate(self.ranks):
+            for i, (got, want) in enumerate(zip(result["artifact"]["eager"]["gpt2"], result["eager"]["gpt2"])):
+                self.assertEqual(got["types"], want["types"])
+                for key in ("out", "grads"):
+                    torch.testing.assert_close(got[key], want[key], msg=lambda m: f"rank {rank}, iteration {i}, {key}: {m}")
+
     def test_ranks_hold_different_shards(self):
         """Each rank's gradient shard is its own part of the average: the two differ."""
         grads = [result["artifact"]["eager"]["accumulate"][0]["grads"][0] for result in self.ranks]

@@ -205,20 +205,25 @@ def _overlap(graph: torch.fx.Graph, launches: list, waits: list) -> None:
     of backward run while the later collectives communicate.  Only the order changes:
     each node still follows its inputs and precedes its users.
     """
-    order = {node: float(i) for i, node in enumerate(graph.nodes)}
+    order = {node: float(i) for i, node in enumerate(graph.nodes)}  # kept current as nodes move
+
+    def moved(node: torch.fx.Node) -> None:  # between its new neighbours
+        before, after = order.get(node.prev, order[node.next] - 1.0), order.get(node.next, order[node.prev] + 1.0)
+        order[node] = (before + after) / 2
+
     for launch in launches:  # with the ops that only it uses, right after what they need
-        cone = _exclusive_producers(launch)
-        for node in sorted(cone, key=order.__getitem__) + [launch]:
+        for node in sorted(_exclusive_producers(launch), key=order.__getitem__) + [launch]:
             latest = max(node.all_input_nodes, key=order.__getitem__)
-            if order[latest] < order[node]:
+            if node.prev is not latest:
                 latest.append(node)
-                order[node] = order[latest] + (order[node] - order[latest]) * 1e-6
+                moved(node)
     for wait in waits:  # and the ops computing from its result alone (division, views), each before its first use
         for node in sorted(_derived_alone(wait), key=order.__getitem__, reverse=True):
-            first_use = min(node.users, key=order.__getitem__)
-            if order[first_use] > order[node] + 1:  # not already right before it
+            first_use = min(node.users, key=order.__getitem__, default=None)
+            if first_use is not None and node.next is not first_use:
                 first_use.prepend(node)
-                order[node] = order[first_use] - 1e-6
+                moved(node)
+    graph.lint()  # each node still after its inputs
 
 
 def _derived_alone(wait: torch.fx.Node) -> list:
