@@ -4,8 +4,9 @@ A model whose submodules ``torch.distributed.fsdp.fully_shard`` sharded is a
 module argument like any other.  Each sharded parameter is a DTensor placed
 ``Shard(0)`` on a 1-D device mesh; its local shard is lifted (the graph input),
 its ``ShardSpec`` (whole shape, group, world size) recorded and checked at every
-call (``runtime.check_sharded_parameters``, ``runtime.sharded_inputs``).  What fully_shard does around the model is
-traced instead of run, as SimpleFSDP formulates it:
+call (``runtime.check_sharded_parameters``, ``runtime.sharded_inputs``).  What
+fully_shard does around the model is traced instead of run, as SimpleFSDP
+formulates it:
 
 - its forward pre- and post-hooks never run: before fn, the graph all-gathers
   each parameter group from its shards (one functional collective per group and
