@@ -32,12 +32,11 @@ collectives afterwards, so the graph communicates when it runs.
 import contextlib
 import dataclasses
 import functools
-import sys
 from typing import Any
 
 import torch
 
-from . import _precompile_compat as compat, _precompile_runtime as runtime
+from . import _precompile_compat as compat, _precompile_fsdp as fsdp, _precompile_runtime as runtime
 from ._precompile_schema import DataParallelSpec, PrecompileError
 
 
@@ -54,10 +53,9 @@ class DataParallelArgument:
 def refuse_sharded_wrappers(where: str, module: torch.nn.Module) -> None:
     """FSDP1 (FullyShardedDataParallel) anywhere, and DDP below the top.  (A module
     fully_shard sharded, FSDP2, is an FSDP class too: ``_precompile_fsdp`` checks it.)"""
-    fully_shard = sys.modules.get("torch.distributed.fsdp")
     for path, sub in module.named_modules():
         name = f"{where}.{path}" if path else where
-        if fully_shard is not None and isinstance(sub, fully_shard.FSDPModule):
+        if fsdp.is_fully_shard_module(sub):
             continue
         if any(k.__module__.startswith("torch.distributed.fsdp") for k in type(sub).__mro__):
             raise PrecompileError(

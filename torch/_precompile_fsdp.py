@@ -88,12 +88,8 @@ def local_shard(param: Any) -> torch.Tensor:
 def parameter_groups(model: torch.nn.Module) -> list[list]:
     """The sharded parameters of each fully_shard parameter group in ``model`` (each group is
     all-gathered in one collective, as eager FSDP2 does)."""
-    groups = []
-    for module in model.modules():
-        state = runtime.fully_shard_state(module) if is_fully_shard_module(module) else None
-        for group in runtime.fully_shard_param_groups(state) if state is not None else ():
-            groups.append(compat.fully_shard_group_parameters(group))
-    return groups
+    states = [state for state in map(runtime.fully_shard_state, model.modules()) if state is not None]
+    return [compat.fully_shard_group_parameters(group) for state in states for group in runtime.fully_shard_param_groups(state)]
 
 
 def gathered(shards: list, spec: ShardSpec) -> list:

@@ -1700,7 +1700,7 @@ class PrecompiledFunction:
         self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written)
         self._flat_inputs = self._inputs.flat
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
-        sharded = any(spec.sharded is not None for spec in convention.state)
+        sharded = bool(self._module_arguments.sharded)
         self._optimizers = [OptimizerArgument(spec, convention.backend, sharded) for spec in convention.optimizers]
         self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or convention.grad_inputs)
         self._read_only_grads = frozenset(convention.grad_inputs_read_only)
