@@ -913,6 +913,19 @@ def seconds_per_step(fn, model, inputs, count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
+def interleaved_step_times(runnables: dict, models: dict, inputs, repeats: int, steps: int, barrier) -> dict:
+    """method -> ``repeats`` samples of seconds per step (``seconds_per_step`` over ``steps``),
+    after 2 warm-up steps each; the methods take turns, ``barrier()`` before each block."""
+    for method in runnables:  # warm-up
+        seconds_per_step(runnables[method], models[method], inputs, 2)
+    samples = {method: [] for method in runnables}
+    for _ in range(repeats):
+        for method in runnables:
+            barrier()
+            samples[method].append(seconds_per_step(runnables[method], models[method], inputs, steps))
+    return samples
+
+
 def median(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

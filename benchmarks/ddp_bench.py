@@ -80,13 +80,8 @@ def child(args) -> None:
         runnables["eager"] = _common.train_step
         runnables["compile"] = torch.compile(_common.train_step)
         result["compile_first_call_s"] = _common.timed(lambda: runnables["compile"](ddps["compile"], *inputs))
-        for method in METHODS:  # warm-up
-            _common.seconds_per_step(runnables[method], ddps[method], inputs, 2)
-        samples = {method: [] for method in METHODS}
-        for _ in range(args.repeats):
-            for method in METHODS:
-                dist.barrier()
-                samples[method].append(_common.seconds_per_step(runnables[method], ddps[method], inputs, args.steps))
+        ordered = {method: runnables[method] for method in METHODS}
+        samples = _common.interleaved_step_times(ordered, ddps, inputs, args.repeats, args.steps, dist.barrier)
         result["step_s"] = {method: _common.median(values) for method, values in samples.items()}
         # Same start, same data: every method's parameters (SGD-free steps leave them) and grads agree.
         result["grads_match"] = all(

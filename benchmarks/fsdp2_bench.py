@@ -165,13 +165,8 @@ def child(args) -> None:
             result["errors"]["compile"] = "torch.compile's first call failed: " + _error(error)
             runnables.pop("compile", None)
         methods = [m for m in METHODS if m in runnables]
-        for method in methods:  # warm-up
-            _common.seconds_per_step(runnables[method], models[method], inputs, 2)
-        samples = {method: [] for method in methods}
-        for _ in range(args.repeats):
-            for method in methods:
-                dist.barrier()
-                samples[method].append(_common.seconds_per_step(runnables[method], models[method], inputs, args.steps))
+        ordered = {method: runnables[method] for method in methods}
+        samples = _common.interleaved_step_times(ordered, models, inputs, args.repeats, args.steps, dist.barrier)
         result["step_s"] = {method: _common.median(values) for method, values in samples.items()}
         result["step_samples_s"] = samples
         # Same start, same data, grads set to None before every step: the last step's grads are every step's.
