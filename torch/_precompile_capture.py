@@ -34,6 +34,7 @@ from . import (
     _precompile_fsdp as fsdp,
     _precompile_runtime as runtime,
     _precompile_schema as schema,
+    _precompile_tp as tp,
 )
 from ._precompile_format import (
     _driver_source,
@@ -65,12 +66,12 @@ from ._precompile_schema import (
 
 @dataclasses.dataclass
 class _LiftedTensor:
-    tensor: torch.Tensor  # the caller's tensor (never written); a fully_shard parameter's local shard
+    tensor: torch.Tensor  # the caller's tensor (never written); a DTensor parameter's local shard
     kind: str  # "parameter" | "buffer"
     names: list  # [(module index, fqn), ...]
-    sharded: Any = None  # a fully_shard parameter's ShardSpec (Note invariant 17)
+    sharded: Any = None  # a DTensor parameter's ShardSpec (Note invariant 17)
     param: Any = None  # ... the parameter, a DTensor
-    gather_group: int | None = None  # ... and which of the all-gathers gathers it
+    gather_group: int | None = None  # ... and which of the all-gathers gathers it (fully_shard's)
 
 
 @dataclasses.dataclass
@@ -88,6 +89,7 @@ class _Arguments:
     tensor_indices: list  # input leaves that are tensors
     optimizers: list = dataclasses.field(default_factory=list)  # [_LiftedOptimizer]
     data_parallel: list = dataclasses.field(default_factory=list)  # [ddp.DataParallelArgument]
+    parallel_hooks: list = dataclasses.field(default_factory=list)  # [(path, hook dict, description)], tensor parallel's
 
 
 @dataclasses.dataclass
@@ -154,7 +156,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
     _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
-    _refuse_parallelized(runtime.named_submodules(module_positions, modules))
+    parallel_hooks = tp.parallel_hooks(runtime.named_submodules(module_positions, modules))
     data_parallel = [
         ddp.data_parallel_argument(index, f"args[{position}]", module, lifted)
         for index, (position, module) in enumerate(zip(module_positions, modules))
@@ -163,6 +165,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     _refuse_hooks(
         runtime.named_submodules(module_positions, modules),
         _named_state(module_positions, lifted) + _named_sharded(module_positions, lifted),
+        parallel_hooks=frozenset(parallel_hooks),
     )
     return _Arguments(
         example_inputs=example_inputs,
@@ -176,6 +179,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         tensor_indices=[i for i, leaf in enumerate(input_leaves) if isinstance(leaf, torch.Tensor)],
         optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
         data_parallel=data_parallel,
+        parallel_hooks=parallel_hooks,
     )
 
 
@@ -249,16 +253,25 @@ def _named_state(module_positions: list, lifted: list) -> list:
 
 
 def _named_sharded(module_positions: list, lifted: list) -> list:
-    """(path, DTensor) of each fully_shard parameter (``_named_state`` names its local shard)."""
+    """(path, DTensor) of each DTensor parameter (``_named_state`` names its local shard)."""
     return [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.param) for e in lifted if e.sharded]
 
 
 def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
-    """Each DTensor parameter of a model fully_shard sharded: lift its local shard (Note invariant 17)."""
+    """Each DTensor parameter over several ranks, fully_shard's or tensor parallel's: lift its
+    local shard (Note invariant 17)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
+    if dtensor is None:
+        return
     sharded_models = {i for i, m in enumerate(modules) if any(map(fsdp.is_fully_shard_module, m.modules()))}
+    for entry in lifted:
+        module_index, fqn = entry.names[0]
+        if module_index not in sharded_models and entry.kind == "parameter" and _is_spread_dtensor(entry.tensor):
+            where = f"args[{module_positions[module_index]}].{fqn}"
+            entry.param, entry.sharded = entry.tensor, tp.shard_spec(where, entry.tensor)
+            entry.tensor = tp.local_shard(entry.param)
     if not sharded_models:
         return
-    dtensor = sys.modules["torch.distributed.tensor"]  # imported by fully_shard
     # One all-gather per fully_shard parameter group and dtype, as eager FSDP2's.
     all_groups = [group for index in sorted(sharded_models) for group in fsdp.parameter_groups(modules[index])]
     groups = {id(param): (g, param.dtype) for g, group in enumerate(all_groups) for param in group}
@@ -277,13 +290,15 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
             entry.gather_group = buckets.setdefault(groups[id(entry.param)], len(buckets))
 
 
-def _refuse_hooks(named_modules: list, named_tensors: list, named_accumulated: list = ()) -> None:
+def _refuse_hooks(
+    named_modules: list, named_tensors: list, named_accumulated: list = (), parallel_hooks: frozenset = frozenset()
+) -> None:
     """Hooks on fn's modules, their tensors or their AccumulateGrad nodes (Note invariant 11).
 
     The trace would inline what a hook computes once, and the artifact could
     not tell if it is removed later (or repeat its Python side effects).
     """
-    hook = runtime.find_hook(named_modules, named_tensors, named_accumulated)
+    hook = runtime.find_hook(named_modules, named_tensors, named_accumulated, parallel_hooks)
     if hook is not None:
         raise PrecompileError(
             f"{hook}: precompile cannot keep a hook in step with the artifact (it would be "
@@ -597,12 +612,15 @@ class _CaptureGuard(TorchDispatchMode):
     # torch.cond & co. pass through to make_fx; the contract refuses them after the trace.
     supports_higher_order_operators = True
 
-    def __init__(self, caller_tensors: dict, optimizer_arguments: bool):
+    def __init__(self, caller_tensors: dict, optimizer_arguments: bool, parallel: bool = False):
         super().__init__()
         self.caller_tensors = caller_tensors  # storage address -> "args[0].weight (parameter)"
         # Optimizers that are arguments of fn step the traced copies (invariant 15);
         # any other optimizer's writes to the caller's tensors are still refused below.
         self.optimizer_arguments = optimizer_arguments
+        # Tensor parallel: DTensor ops pass to DTensor's dispatch (the trace records their local
+        # ops), and its collectives are traced as stand-ins (invariant 17).
+        self.parallel = parallel
         self.ran_autograd = False
         self.random_draws = _RandomDraws()
 
@@ -613,8 +631,13 @@ class _CaptureGuard(TorchDispatchMode):
         if func is torch.ops.profiler._record_function_enter_new.default and not self.optimizer_arguments:
             _refuse_optimizer_call(args[0])
         if func.namespace in compat.COLLECTIVE_NAMESPACES:  # DDP's all-reduce is traced through stand-ins
-            raise _collective_error(func)
+            stand_in = tp.stand_in(func) if self.parallel else None
+            if stand_in is None:
+                raise _collective_error(func)
+            return stand_in(*args, **kwargs)
         if types and _holds_spread_dtensor(types, args, kwargs):  # made inside fn
+            if self.parallel:
+                return NotImplemented  # DTensor's dispatch runs it on the local tensors, which are traced
             raise PrecompileError(
                 f"fn computes with a DTensor over several ranks ({func}){_user_line(traceback.extract_stack())}: "
                 "an op on it may run collectives, which the other ranks do not join at capture, and sharded "
@@ -694,22 +717,6 @@ def _refuse_dtensors(named_tensors: list) -> None:
                 "only as the parameters of a model fully_shard (FSDP2) sharded. Shard the model with fully_shard "
                 "or wrap it in DistributedDataParallel, or run this one eagerly or with torch.compile"
             )
-
-
-def _refuse_parallelized(named_modules: list) -> None:
-    """A module hook of torch.distributed's (tensor parallel's input and output redistribution):
-    part of what the model computes, so not one to advise removing (the generic hook check's fix)."""
-    for path, module in named_modules:
-        for attribute in runtime.MODULE_HOOK_DICTS:
-            for hook in (getattr(module, attribute, None) or {}).values():
-                defined_in = getattr(getattr(hook, "func", hook), "__module__", None) or ""
-                if defined_in.startswith("torch.distributed") and not runtime.is_fully_shard_hook(hook):
-                    raise PrecompileError(
-                        f"{path} is parallelized by torch.distributed (a hook from {defined_in} redistributes "
-                        "what it computes, as tensor parallel's parallelize_module installs): tensor parallel "
-                        "is not supported yet. Shard the model with fully_shard (FSDP2) or wrap it in "
-                        "DistributedDataParallel, or run this one eagerly or with torch.compile"
-                    )
 
 
 def _sized_by_values(func, args: tuple, kwargs: dict) -> bool:
@@ -957,6 +964,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     num_optimizer_inputs = sum(
         lifted.num_group_inputs + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
     )
+    parallel = _parallel_entries(args.lifted)
 
     def flat_fn(*flat):
         state = flat[:num_state]
@@ -974,10 +982,15 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         whole = dict(enumerate(state))
         for members in _gather_groups(args.lifted):
             whole.update(zip(members, fsdp.gathered([state[i] for i in members], args.lifted[members[0]].sharded)))
+        gradient_placements = tp.GradientPlacements()
+        for i in parallel:
+            module_index, fqn = args.lifted[i].names[0]
+            where = f"args[{args.module_positions[module_index]}].{fqn}"
+            whole[i] = gradient_placements.as_dtensor(where, state[i], args.lifted[i].param)
         for i, entry in enumerate(args.lifted):
             for index, fqn in entry.names:
                 mappings[index][fqn] = whole[i]
-        guard = _CaptureGuard(caller_tensors, bool(args.optimizers))
+        guard = _CaptureGuard(caller_tensors, bool(args.optimizers), parallel=bool(parallel))
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(compat.reparametrized(module, mapping))
@@ -987,6 +1000,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             stack.enter_context(fsdp.hooks_skipped(args.modules))
+            if parallel:
+                stack.enter_context(tp.rank_unread())
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with (
                 torch.enable_grad(),
@@ -996,6 +1011,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             ):
                 result = fn(*call_args)
                 guard.random_draws.finish()
+            gradient_placements.refuse_mismatch()
             _check_state_not_rebound(args.modules, mappings)
         # Flattening the inputs to compare them iterates their dicts: not fn observing their order.
         observed = [(probe, probe.observed) for probe in probes.values()]
@@ -1020,6 +1036,11 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
     return flat_fn
+
+
+def _parallel_entries(lifted: list) -> list[int]:
+    """The lifted tensor parallel parameters (indices): DTensors in the trace (invariant 17)."""
+    return [i for i, entry in enumerate(lifted) if entry.sharded is not None and not entry.sharded.gathered]
 
 
 def _gather_groups(lifted: list) -> list[list[int]]:
@@ -1406,6 +1427,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions, same)
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
+    if _parallel_entries(args.lifted):
+        tp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
     # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
@@ -1487,6 +1510,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         output_views=output_views,
         same_inputs=tuple(same),
         rebound_inputs=recorded["rebound_inputs"],
+        parallel_hooks=tuple(args.parallel_hooks),
         size_facts=recorded.get("size_facts", ()),
         returned_inputs=recorded["returned_inputs"],
     )

@@ -692,3 +692,48 @@ def first_bucket_bytes() -> int:
     import torch.distributed as dist
 
     return dist._DEFAULT_FIRST_BUCKET_BYTES
+
+
+# --- Tensor parallel models (Note invariant 17) ------------------------------
+
+
+# The functional collectives DTensor's redistribution runs, by name, and their schemas
+# (same in 2.11-2.14); capture traces stand-ins of the same schemas and retargets them.
+TENSOR_PARALLEL_COLLECTIVES = {
+    "all_reduce": "(Tensor input, str reduce_op, str group_name) -> Tensor",
+    "all_gather_into_tensor": "(Tensor input, int group_size, str group_name) -> Tensor",
+    "reduce_scatter_tensor": "(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor",
+    "all_to_all_single": "(Tensor input, SymInt[] output_split_sizes, SymInt[] input_split_sizes, str group_name) -> Tensor",
+    "wait_tensor": "(Tensor tensor) -> Tensor",
+}
+
+# DeviceMesh's methods that read this process's place in the mesh (those the running torch
+# has: ``_sym_get_coordinate`` is 2.13+).
+MESH_RANK_READS = ("get_coordinate", "_sym_get_coordinate", "get_local_rank", "get_rank")
+
+
+def rank_read_is_rank_independent(caller: types.FrameType) -> bool:
+    """Whether DTensor reads this process's rank, from ``caller``, for an answer every rank
+    shares, in 2.11-2.14:
+
+    - DTensor's dispatch asking whether this rank is in the mesh (in Python up to
+      2.12, ``_dispatch.py``; in C++ from 2.13, no Python caller);
+    - ShardingPropagator._adjust_shape_and_stride_args turning an op's shape
+      argument into the local shape, of a tensor sharded evenly (it drops the offset).
+
+    Anything else (a sharded embedding's offsets, a random op's, the chunk a Replicate
+    to Shard redistribution keeps) makes this rank's graph."""
+    filename = caller.f_code.co_filename.replace("\\", "/")
+    if "/torch/distributed/tensor/" not in filename or filename.endswith("/torch/distributed/tensor/_dispatch.py"):
+        return True
+    frame = caller
+    for _ in range(4):  # _utils.py's helpers between the read and the shape adjustment
+        frame = frame.f_back
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_adjust_shape_and_stride_args":
+            shape, spec = frame.f_locals["out_tensor_meta"].shape, frame.f_locals["spec"]
+            return all(
+                shape[p.dim] % size == 0 for p, size in zip(spec.placements, spec.mesh.shape) if hasattr(p, "dim")
+            )
+    return False

@@ -32,6 +32,7 @@ import json
 import operator
 import os
 import sys
+import types
 import warnings
 import weakref
 from typing import Any, Callable
@@ -233,6 +234,52 @@ def is_fully_shard_hook(hook: Any) -> bool:
         state.FSDPState._pre_forward,
         state.FSDPState._post_forward,
     )
+
+
+# Tensor parallel's forward hooks (parallelize_module's styles install them, most through
+# distribute_module): closures over the device mesh and the style's layouts, so what one
+# does is its code and its closure's values.  A call accepts one only where capture recorded
+# the same description (Note invariant 17).
+def parallel_hook_description(hook: Any) -> str | None:
+    """A tensor parallel hook's code and closure values as text, or None for any other hook."""
+    module, closure = getattr(hook, "__module__", None) or "", getattr(hook, "__closure__", None)
+    if not module.startswith("torch.distributed.tensor") or closure is None:
+        return None
+    values = [_describe_hook_value(cell.cell_contents) for cell in closure]
+    return None if None in values else f"{module}.{hook.__qualname__}({', '.join(values)})"
+
+
+def _describe_hook_value(value: Any) -> str | None:
+    """A tensor parallel hook's closure value as text: its mesh by process group, its style's
+    layouts and flags, the functions it calls by name; None for anything else."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        items = [_describe_hook_value(v) for v in value]
+        return None if None in items else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    if isinstance(value, dict):
+        items = [_describe_hook_value(item) for item in value.items()]
+        return None if None in items else f"{{{', '.join(items)}}}"
+    if isinstance(value, functools.partial):
+        parts = [_describe_hook_value(value.func), _describe_hook_value(value.args), _describe_hook_value(value.keywords)]
+        return None if None in parts else "partial({}, {}, {})".format(*parts)
+    cls = type(value)
+    if cls.__module__.startswith("torch.distributed"):
+        if cls.__name__ == "DeviceMesh":
+            return f"DeviceMesh({value.mesh.tolist()}, {getattr(value, 'mesh_dim_names', None)!r})"
+        if cls.__module__.endswith("placement_types"):
+            return repr(value)
+        if cls.__module__.startswith("torch.distributed.tensor.parallel"):  # a ParallelStyle
+            described = _describe_hook_value(vars(value))
+            return None if described is None else f"{cls.__qualname__}{described}"
+    if isinstance(value, (types.FunctionType, types.MethodType)) and (value.__module__ or "").startswith("torch.distributed"):
+        return value.__qualname__
+    return None
+
+
+def is_distributed_hook(hook: Any) -> bool:
+    """fully_shard's hook or tensor parallel's, which a module argument may carry."""
+    return is_fully_shard_hook(hook) or parallel_hook_description(hook) is not None
 
 
 # The fully_shard state of a module it sharded (FSDPModule._get_fsdp_state), or None, and
@@ -786,20 +833,29 @@ def hook_epoch() -> int:
     return RemovableHandle.next_id - _HOOK_PROBES[0]
 
 
-def find_hook(named_modules: Any, named_tensors: Any, named_accumulated: Any = ()) -> str | None:
+def find_hook(
+    named_modules: Any, named_tensors: Any, named_accumulated: Any = (), parallel_hooks: frozenset = frozenset()
+) -> str | None:
     """Describe a module or tensor hook on what fn receives, or return None.
 
     ``named_accumulated``: the parameters whose gradient eager's backward
-    accumulates, whose AccumulateGrad nodes are probed too.
+    accumulates, whose AccumulateGrad nodes are probed too.  fully_shard's hooks
+    pass, and tensor parallel's where ``parallel_hooks`` holds their (module path,
+    hook dict, description).
     """
     for attribute, kind in _MODULE_HOOKS.items():
         if _global_module_hooks(attribute):
             return f"a global module {kind} (torch.nn.modules.module.register_module_{kind.replace(' ', '_').replace('-', '_')})"
     for path, module in named_modules:
         for attribute, kind in _MODULE_HOOKS.items():
-            hooks = getattr(module, attribute, None)
-            if hooks and not all(map(is_fully_shard_hook, hooks.values())):
-                return f"{path} has a {kind}"
+            for hook in (getattr(module, attribute, None) or {}).values():
+                if is_fully_shard_hook(hook):
+                    continue
+                description = parallel_hook_description(hook)
+                if description is None:
+                    return f"{path} has a {kind}"
+                if (path, attribute, description) not in parallel_hooks:
+                    return f"{path} has a tensor parallel {kind}, {description}, other than the trace ran"
     for path, tensor in named_tensors:
         for attribute, kind in _TENSOR_HOOKS.items():
             if getattr(tensor, attribute, None):
@@ -1158,6 +1214,7 @@ class ModuleArguments:
         self._state_slots, self._alias_slots = self._locate_state()
         self._state_alias_pairs = state_alias_pairs  # state tensors that must not share memory
         self.sharded = [(index, spec.sharded) for index, spec in enumerate(convention.state) if spec.sharded is not None]
+        self.parallel_hooks = frozenset(convention.parallel_hooks)
         # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
         self.cache: dict[Any, _ModuleCache] = {}
 
@@ -1181,7 +1238,7 @@ class ModuleArguments:
         # AccumulateGrad nodes never run (and probing a DTensor's costs ~1 ms).
         sharded = {index for index, _ in self.sharded}
         accumulated = [named_state[i] for i in self.convention.grad_state if i not in sharded]
-        hook = find_hook(named_modules, named_state, accumulated)
+        hook = find_hook(named_modules, named_state, accumulated, self.parallel_hooks)
         if hook is not None:
             raise PrecompileError(
                 f"{hook}, which was not there at capture: the graph does not run it, eager would. "
@@ -1256,7 +1313,7 @@ class ModuleArguments:
                 *(getattr(sub, attribute, None) for sub in called for attribute in _MODULE_HOOKS),
                 *(map(_global_module_hooks, _MODULE_HOOKS) if called else ()),
             )
-            if type(hooks) in (dict, collections.OrderedDict) and all(map(is_fully_shard_hook, hooks.values()))
+            if type(hooks) in (dict, collections.OrderedDict) and all(map(is_distributed_hook, hooks.values()))
         ]
         classes = list(reads.classes.values())
         class_values = [getattr(owner, name, MISSING) for owner, name in classes]
@@ -1398,8 +1455,11 @@ class ModuleArguments:
                 checks.append(Check("tie", tied, f"the same tensor as {self.state_path(index)}"))
         for index, shard in self.sharded:
             checks.append(Check("sharded", self.state_path(index), f"a DTensor of shape {_describe_sizes(list(shard.shape))} "
-                                f"placed Shard(0) on a 1-D mesh over process group {shard.group_name!r} of {shard.world_size} ranks"))
-        if self.sharded:
+                                f"placed ({', '.join(shard.placements)}) on a 1-D mesh over process group "
+                                f"{shard.group_name!r} of {shard.world_size} ranks"))
+        for path, attribute, description in self.convention.parallel_hooks:
+            checks.append(Check("sharded", f"{path}.{attribute}", f"tensor parallel's hook {description}"))
+        if any(shard.gathered for _, shard in self.sharded):
             checks.append(Check("sharded", "fully_shard settings", "no mixed precision or offload policy, gradient sync on, "
                                 "the default gradient reduction"))
         return checks
@@ -2046,9 +2106,9 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
     return [(values, name) for name in (*watched, buffer_sync)]
 
 
-# ~~~~ driver part: fully_shard ~~~~
-# Parameters fully_shard (FSDP2) sharded (Note invariant 17).  Only in artifacts
-# with such a parameter.
+# ~~~~ driver part: sharded ~~~~
+# Parameters that are DTensors over several ranks, fully_shard (FSDP2)'s or tensor
+# parallel's (Note invariant 17).  Only in artifacts with such a parameter.
 
 
 def fully_shard_unsupported(group: Any) -> str | None:
@@ -2109,25 +2169,26 @@ def check_sharded_parameters(accessors: list, sharded: list, state_path: Callabl
 
 def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
     """Refuse a parameter that is not sharded as ``spec`` records."""
+    sharder = "fully_shard" if spec.gathered else "tensor parallel"
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is None or not isinstance(param, dtensor.DTensor):
         raise PrecompileError(
-            f"{where} is a {type(param).__name__}, but was a DTensor sharded by fully_shard at capture (the graph "
-            "all-gathers its shards): pass the fully_shard-ed model with its parameters sharded (after an "
-            "explicit model.unshard(), call model.reshard())"
+            f"{where} is a {type(param).__name__}, but was a DTensor sharded by {sharder} at capture (the graph "
+            "takes its local shard): pass the model sharded as at capture"
+            + (" (after an explicit model.unshard(), call model.reshard())" if spec.gathered else "")
         )
-    mesh, placements = param.device_mesh, tuple(param.placements)
-    if mesh.ndim != 1 or placements != (dtensor.Shard(0),) or tuple(param.shape) != spec.shape:
+    mesh, placements = param.device_mesh, tuple(map(repr, param.placements))
+    if mesh.ndim != 1 or placements != spec.placements or tuple(param.shape) != spec.shape:
         raise PrecompileError(
-            f"{where} is a DTensor of shape {tuple(param.shape)} placed {placements} on a {mesh.ndim}-D mesh, "
-            f"but was of shape {spec.shape} placed (Shard(dim=0),) on a 1-D mesh at capture: shard the model "
-            "as at capture, or precompile again"
+            f"{where} is a DTensor of shape {tuple(param.shape)} placed ({', '.join(placements)}) on a {mesh.ndim}-D "
+            f"mesh, but was of shape {spec.shape} placed ({', '.join(spec.placements)}) on a 1-D mesh at capture: "
+            "shard the model as at capture, or precompile again"
         )
     group = mesh.get_group()
     if group.size() != spec.world_size:
         raise PrecompileError(
-            f"{where} is sharded over {group.size()} ranks, but over {spec.world_size} at capture (the graph "
-            f"gathers that many shards): precompile again for a world size of {group.size()}"
+            f"{where} is sharded over {group.size()} ranks, but over {spec.world_size} at capture (the graph's "
+            f"shapes and collectives are for that many): precompile again for a world size of {group.size()}"
         )
     if group.group_name != spec.group_name or _resolve_process_group(spec.group_name) is not group:
         raise PrecompileError(
@@ -2137,9 +2198,9 @@ def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
 
 
 class ShardedGradient:
-    """A fully_shard parameter as the gradient reader and writer see it: ``.grad`` is the local
+    """A DTensor parameter as the gradient reader and writer see it: ``.grad`` is the local
     shard of its DTensor gradient, and setting it sets a DTensor placed as the parameter, as
-    FSDP2's reduce-scatter does."""
+    FSDP2's reduce-scatter and tensor parallel's backward do."""
 
     __slots__ = ("param",)
 
@@ -2160,19 +2221,20 @@ class ShardedGradient:
 
 
 def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: bool, state_path: Callable) -> tuple[list, list]:
-    """(gradient owners, graph inputs) for the checked ``tensors``, whose fully_shard
+    """(gradient owners, graph inputs) for the checked ``tensors``, whose sharded
     parameters are DTensors: each one's gradient owner is a ShardedGradient (what reads
     and writes ``.grad``); the graph takes its local shard (contiguous, as fully_shard
-    keeps it, where the compiled graph assumes it).  Refuses, before anything runs, a
-    ``.grad`` the writer could not accumulate into."""
+    and tensor parallel keep it, where the compiled graph assumes it).  Refuses, before
+    anything runs, a ``.grad`` the writer could not accumulate into."""
     owners, tensors = list(tensors[:num_state]), list(tensors)
     for index, _ in sharded:
         param = tensors[index]
         local = tensors[index] = getattr(param, DTENSOR_LOCAL)
         if contiguous and not local.is_contiguous():
             raise PrecompileError(
-                f"{state_path(index)}: its local shard has strides {local.stride()}, not contiguous as fully_shard "
-                "leaves it and the compiled graph assumes: reshard the model (model.reshard())"
+                f"{state_path(index)}: its local shard has strides {local.stride()}, not contiguous as at capture "
+                "and as the compiled graph assumes: shard the model as at capture (after an explicit "
+                "model.unshard(), call model.reshard())"
             )
         grad = param.grad
         if grad is not None and (
@@ -2182,7 +2244,7 @@ def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: boo
         ):
             raise PrecompileError(
                 f"{state_path(index)}.grad is a {type(grad).__name__} of shape {tuple(grad.shape)}, not a DTensor placed "
-                "like the parameter as FSDP2 leaves it, which the step accumulates into: set it to None (opt.zero_grad())"
+                "like the parameter as backward leaves it, which the step accumulates into: set it to None (opt.zero_grad())"
             )
         owners[index] = ShardedGradient(param)
     return owners, tensors

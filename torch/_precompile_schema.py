@@ -191,18 +191,23 @@ class TensorSpec(Record):
 
 
 class ShardSpec(Record):
-    """A parameter that ``fully_shard`` (FSDP2) sharded (Note invariant 17): a DTensor, whose
-    local shard is the graph input (its StateSpec's ``tensor`` is the DTensor's layout).
+    """A parameter that is a DTensor over several ranks (Note invariant 17), whose local
+    shard is the graph input (its StateSpec's ``tensor`` is the DTensor's layout).
 
-    The graph all-gathers the shards into the whole parameter over the process group
-    ``group_name`` of ``world_size`` ranks and reduce-scatters its gradient back, averaged
-    as FSDP2 does; no rank is baked.  Checked when the module cache is built: a DTensor of
-    ``shape`` placed ``Shard(0)`` on a 1-D mesh over that group.
+    ``fully_shard`` (FSDP2)'s, ``gathered``: the graph all-gathers the shards into the
+    whole parameter over the process group ``group_name`` of ``world_size`` ranks and
+    reduce-scatters its gradient back, averaged as FSDP2 does.  Tensor parallel's: the
+    graph computes with the local shard, and the collectives that DTensor's sharding
+    propagation runs are in it.  No rank is baked.  Checked when the module cache is
+    built: a DTensor of ``shape`` with ``placements`` (their reprs) on a 1-D mesh over
+    that group.
     """
 
-    shape: tuple[Count, ...]  # the whole parameter's; dim 0 divides evenly over the ranks
+    shape: tuple[Count, ...]  # the whole parameter's; each sharded dim divides evenly over the ranks
     world_size: Count
     group_name: str
+    placements: tuple[str, ...] = ("Shard(dim=0)",)
+    gathered: bool = True  # fully_shard's; False: tensor parallel's
 
 
 class StateSpec(Record):
@@ -481,6 +486,10 @@ class CallingConvention(Record):
     # Linear requirements between the free sizes (indices into ``sizes``) that
     # the graph took from the example's sizes (a mask one longer than a cache).
     size_facts: tuple[SizeFact, ...] = ()
+    # (module path, hook dict attribute, description) of each tensor parallel hook
+    # the trace ran (Note invariant 17): the only hooks besides fully_shard's a call
+    # accepts, each as runtime.parallel_hook_description describes it.
+    parallel_hooks: tuple[tuple[str, str, str], ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)

@@ -1,0 +1,209 @@
+"""Tensor parallel models at capture (Note [precompile programming model], invariant 17).
+
+A model that ``torch.distributed.tensor.parallel.parallelize_module`` parallelized
+is a module argument like any other.  Each DTensor parameter (on a 1-D device mesh,
+placed ``Shard(d)`` or ``Replicate()``) is lifted as its local shard, its
+``ShardSpec`` (whole shape, placements, group, world size) recorded and checked at
+every call.  Unlike fully_shard's, tensor parallel's hooks are part of what the
+model computes, and they run in the trace:
+
+- inside fn, each such parameter is a DTensor made from its traced local shard
+  (``as_dtensor``), so the ParallelStyles' hooks and DTensor's sharding
+  propagation run on the trace's tensors, and the graph holds the local ops;
+- the collectives they run (``_c10d_functional``'s) are traced as stand-in ops
+  that communicate nothing (``stand_in``), which ``use_collectives`` turns back
+  into the functional collectives, so one rank captures alone;
+- each hook is recorded by its code and closure (``parallel_hooks``) and a call
+  accepts exactly those hooks (``runtime.find_hook``).
+
+Backward computes each parameter's gradient as a DTensor placed like the
+parameter, as eager's; one placed otherwise is refused at capture
+(``GradientPlacements``).  Refused at capture: meshes other than 1-D (tensor
+parallel with FSDP), Partial placements, dims that do not divide evenly over the
+ranks, hooks whose closure holds anything but layouts, meshes and functions, and
+a trace that reads this process's rank (its graph would be this rank's).
+"""
+
+import contextlib
+import functools
+import sys
+from typing import Any
+
+import torch
+
+from . import _precompile_compat as compat, _precompile_runtime as runtime
+from ._precompile_schema import PrecompileError, ShardSpec
+
+
+def parallel_hooks(named_modules: list) -> list[tuple[str, str, str]]:
+    """(module path, hook dict, description) of each tensor parallel hook; refuse any other
+    torch.distributed hook, which the trace would run once and never check again."""
+    found = []
+    for path, module in named_modules:
+        for attribute in runtime.MODULE_HOOK_DICTS:
+            for hook in (getattr(module, attribute, None) or {}).values():
+                if runtime.is_fully_shard_hook(hook):
+                    continue
+                description = runtime.parallel_hook_description(hook)
+                if description is not None:
+                    found.append((path, attribute, description))
+                    continue
+                defined_in = getattr(getattr(hook, "func", hook), "__module__", None) or ""
+                if defined_in.startswith("torch.distributed"):
+                    raise PrecompileError(
+                        f"{path} has a hook from {defined_in} ({getattr(hook, '__qualname__', hook)!r}) that "
+                        "precompile does not recognise: it supports tensor parallel's ParallelStyles "
+                        "(ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput/Output) and "
+                        "fully_shard. Run this model eagerly or with torch.compile"
+                    )
+    return found
+
+
+def shard_spec(where: str, param: Any) -> ShardSpec:
+    """A tensor parallel parameter's ShardSpec; refuse what one artifact for every rank cannot hold."""
+    dtensor = sys.modules["torch.distributed.tensor"]
+    mesh, placements = param.device_mesh, tuple(param.placements)
+    if mesh.ndim != 1:
+        raise PrecompileError(
+            f"{where} is a DTensor on a {mesh.ndim}-D device mesh {tuple(mesh.shape)}: precompile supports "
+            "tensor parallel and fully_shard on a 1-D mesh each, not together (FSDP with tensor parallel) yet"
+        )
+    group = mesh.get_group()
+    for placement in placements:
+        if not isinstance(placement, (dtensor.Shard, dtensor.Replicate)):
+            raise PrecompileError(
+                f"{where} is a DTensor placed {placements}: precompile supports parameters placed Shard(d) or "
+                "Replicate() only"
+            )
+        if isinstance(placement, dtensor.Shard) and param.shape[placement.dim] % group.size():
+            raise PrecompileError(
+                f"{where} has {param.shape[placement.dim]} entries in dim {placement.dim} over {group.size()} "
+                "ranks: its shards differ in size from rank to rank, and one artifact serves every rank; "
+                "precompile supports dims that divide evenly (pad the layer, or change its size)"
+            )
+    return ShardSpec(
+        shape=tuple(param.shape),
+        world_size=group.size(),
+        group_name=group.group_name,
+        placements=tuple(map(repr, placements)),
+        gathered=False,
+    )
+
+
+def local_shard(param: Any) -> torch.Tensor:
+    """What capture lifts for a tensor parallel parameter: its local shard, with the
+    parameter's requires_grad."""
+    return getattr(param, runtime.DTENSOR_LOCAL).detach().requires_grad_(param.requires_grad)
+
+
+class GradientPlacements:
+    """While fn is traced: the placements each DTensor parameter's gradient arrives with.
+    Eager's ``.grad`` is that DTensor; the driver writes one placed like the parameter, so
+    another placement is refused at capture (``refuse_mismatch``)."""
+
+    def __init__(self):
+        self.mismatched: list = []
+
+    def as_dtensor(self, where: str, local: torch.Tensor, param: Any) -> Any:
+        """``param`` as fn sees it in the trace: a DTensor over the traced ``local`` shard."""
+        traced = type(param).from_local(
+            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )
+        if traced.requires_grad:
+
+            def arriving(grad: Any) -> None:
+                if tuple(grad.placements) != tuple(param.placements):
+                    self.mismatched.append((where, tuple(grad.placements), tuple(param.placements)))
+
+            traced.register_hook(arriving)
+        return traced
+
+    def refuse_mismatch(self) -> None:
+        if self.mismatched:
+            where, got, expected = self.mismatched[0]
+            raise PrecompileError(
+                f"{where}'s gradient is placed {got}, not {expected} like the parameter: eager leaves .grad "
+                "placed so, and precompile writes gradients placed like their parameters. Parallelize the "
+                "model so that the gradient follows the parameter's placement"
+            )
+
+
+# The functional collectives DTensor's redistribution runs, by name; their stand-ins take
+# the same arguments, so use_collectives only retargets them.
+# What each stand-in returns (compat.TENSOR_PARALLEL_COLLECTIVES has their schemas): a
+# tensor of the collective's result's shape.
+_STAND_IN_RESULTS = {
+    "all_reduce": lambda input, *_: input.clone(),
+    "all_gather_into_tensor": lambda input, group_size, _: input.repeat(group_size, *[1] * (input.dim() - 1)),
+    "reduce_scatter_tensor": lambda input, _, group_size, __: input[: input.shape[0] // group_size].clone(),
+    "all_to_all_single": lambda input, output_split_sizes, *_: input.new_zeros((sum(output_split_sizes), *input.shape[1:])),
+    "wait_tensor": lambda tensor: tensor.clone(),
+}
+_LIBRARY: list = []  # the stand-ins' torch.library.Library, kept alive
+
+
+@functools.cache
+def _stand_ins() -> dict:
+    """{functional collective: stand-in} for the trace.  make_fx runs every op it records,
+    and capture must not run a collective: the other ranks do not join it."""
+    namespace = torch.ops.precompile_tp
+    if not hasattr(namespace, "wait_tensor"):  # defined once per process (another copy of this module)
+        library = torch.library.Library("precompile_tp", "DEF")
+        for name, schema in compat.TENSOR_PARALLEL_COLLECTIVES.items():
+            library.define(name + schema)
+            compute = _STAND_IN_RESULTS[name]
+            for key in ("CompositeExplicitAutograd", "Meta"):
+                library.impl(name, compute, key)
+        _LIBRARY.append(library)
+    functional = torch.ops._c10d_functional
+    return {getattr(functional, name).default: getattr(namespace, name).default for name in compat.TENSOR_PARALLEL_COLLECTIVES}
+
+
+def stand_in(func: Any) -> Any:
+    """The stand-in the trace records for the functional collective ``func``, or None."""
+    return _stand_ins().get(func)
+
+
+def use_collectives(graph: torch.fx.GraphModule) -> None:
+    """Retarget the trace's stand-ins to the functional collectives they stand for."""
+    collectives = {stand_in: collective for collective, stand_in in _stand_ins().items()}
+    changed = False
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and node.target in collectives:
+            node.target, changed = collectives[node.target], True
+    if changed:
+        graph.recompile()
+
+
+@contextlib.contextmanager
+def rank_unread():
+    """While fn is traced: refuse DTensor's sharding code reading this process's rank for
+    an answer that differs from rank to rank (the graph would bake this rank's offsets or
+    chunk, and one artifact serves every rank; ``compat.rank_read_is_rank_independent``)."""
+    mesh_class = sys.modules["torch.distributed.device_mesh"].DeviceMesh
+    saved = {name: getattr(mesh_class, name) for name in compat.MESH_RANK_READS if hasattr(mesh_class, name)}
+
+    def checked(name: str, read: Any) -> Any:
+        @functools.wraps(read)
+        def rank_read(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if not compat.rank_read_is_rank_independent(caller):
+                raise PrecompileError(
+                    f"fn's trace reads this process's rank (DeviceMesh.{name}, from {caller.f_code.co_name} in "
+                    f"{caller.f_code.co_filename}): DTensor computes a sharded embedding's offsets, a random "
+                    "op's, an uneven shard's size or the chunk a Replicate to Shard redistribution keeps from it, "
+                    "so the graph would be this rank's, and one artifact serves every rank. precompile does not "
+                    "support such layers under tensor parallel yet: keep them out of the parallelize plan, or "
+                    "pass their input already sharded"
+                )
+            return read(*args, **kwargs)
+
+        return rank_read
+
+    try:
+        for name, read in saved.items():
+            setattr(mesh_class, name, checked(name, read))
+        yield
+    finally:
+        for name, read in saved.items():
+            setattr(mesh_class, name, read)
