@@ -187,12 +187,9 @@ def example_models() -> dict:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     models["fsdp"] = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module, RowwiseParallel
-
     from torch.distributed.device_mesh import init_device_mesh
 
     MESH.append(init_device_mesh("cpu", (dist.get_world_size(),)))
-    models["tensor_parallel"] = parallelize_module(make_model(), MESH[0], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     return models
 
 
@@ -315,7 +312,6 @@ def capture_refusals(backend: str, models: dict) -> dict:
         ("functional_all_reduce", all_reduces_functionally, make_model()),
         ("redistribute", redistributes, make_model()),
         ("dtensor_op", computes_with_a_dtensor, make_model()),
-        ("tensor_parallel", step, models["tensor_parallel"]),
     ):
         started = time.monotonic()
         out[name] = refusal(lambda: torch_precompile.precompile(fn, model, x, y, backend=backend))

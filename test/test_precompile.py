@@ -701,7 +701,7 @@ class TestArtifact(TestCase):
         """The core refers to a part's names only where the convention has what the part serves
         (format_module.driver_parts); a part refers to the core and itself alone."""
         core, parts = format_module._installed_driver()
-        self.assertEqual(list(parts), ["data_parallel", "fully_shard", "optimizer", "input_objects", "inductor"])
+        self.assertEqual(list(parts), ["data_parallel", "sharded", "optimizer", "input_objects", "inductor"])
         known = set(dir(builtins)) | _top_level_names(core)
         owners = {name: part for part, text in parts.items() for name in _top_level_names(text)}
         called_from_core = {name: owners.get(name) for name in _global_references(core) - known}
@@ -710,7 +710,7 @@ class TestArtifact(TestCase):
             {
                 "check_data_parallel": "data_parallel",  # for a module spec with data_parallel
                 # for a state spec with sharded
-                **dict.fromkeys(("check_fully_shard", "check_sharded_parameters", "sharded_inputs"), "fully_shard"),
+                **dict.fromkeys(("check_fully_shard", "check_sharded_parameters", "sharded_inputs"), "sharded"),
                 "OptimizerArgument": "optimizer",  # for each optimizer spec
                 **dict.fromkeys(
                     # for rebound_inputs / returned_inputs

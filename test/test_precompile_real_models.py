@@ -565,19 +565,18 @@ class TestTensorSubclasses(TestCase):
         self.assertEqual(type(out).__name__, "DTensor")
         torch.testing.assert_close(out.full_tensor(), model(x).full_tensor())
 
-    def test_tensor_parallel_is_refused_without_advising_to_remove_its_hooks(self):
+    def test_tensor_parallel_on_a_one_rank_mesh(self):
+        """parallelize_module's hooks run in the trace; the parameters are lifted as their local shards."""
         from torch.distributed.tensor import init_device_mesh
-        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module, RowwiseParallel
 
         mesh = init_device_mesh("cpu", (1,))
-        model = parallelize_module(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)), mesh, {"0": ColwiseParallel()})
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
+        model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(2, 4)
         for backend in ("eager", "inductor"):
-            with self.assertRaisesRegex(
-                PrecompileError,
-                r"^args\[0\]\.0 is parallelized by torch\.distributed \(a hook from torch\.distributed\.[\w.]+ "
-                r"redistributes what it computes.*\): tensor parallel is not supported yet\. Shard the model with fully_shard",
-            ):
-                torch_precompile.precompile(_infer, model, torch.randn(2, 4), backend=backend)
+            runnable = torch_precompile.load(*torch_precompile.precompile(_infer, model, x, backend=backend))
+            torch.testing.assert_close(runnable(model, x), model(x), msg=backend)
 
     def test_dtensor_inductor_refused(self):
         model, x = self._dtensor_case()

@@ -264,9 +264,15 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
     if dtensor is None:
         return
     sharded_models = {i for i, m in enumerate(modules) if any(map(fsdp.is_fully_shard_module, m.modules()))}
+    # Tensor parallel's: over several ranks, or on a one-rank mesh with its hooks (DTensor ops
+    # on a one-rank mesh alone, all local, are traced as DTensor ops instead).
+    parallel_models = {
+        i for i, m in enumerate(modules)
+        if i not in sharded_models and (tp.is_parallelized(m) or any(map(_is_spread_dtensor, m.parameters())))
+    }
     for entry in lifted:
         module_index, fqn = entry.names[0]
-        if module_index not in sharded_models and entry.kind == "parameter" and _is_spread_dtensor(entry.tensor):
+        if module_index in parallel_models and entry.kind == "parameter" and isinstance(entry.tensor, dtensor.DTensor):
             where = f"args[{module_positions[module_index]}].{fqn}"
             entry.param, entry.sharded = entry.tensor, tp.shard_spec(where, entry.tensor)
             entry.tensor = tp.local_shard(entry.param)
@@ -964,7 +970,10 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     num_optimizer_inputs = sum(
         lifted.num_group_inputs + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
     )
-    parallel = _parallel_entries(args.lifted)
+    parallel = {  # tensor parallel parameters (invariant 17), by path
+        i: f"args[{args.module_positions[args.lifted[i].names[0][0]]}].{args.lifted[i].names[0][1]}"
+        for i in _parallel_entries(args.lifted)
+    }
 
     def flat_fn(*flat):
         state = flat[:num_state]
@@ -983,9 +992,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for members in _gather_groups(args.lifted):
             whole.update(zip(members, fsdp.gathered([state[i] for i in members], args.lifted[members[0]].sharded)))
         gradient_placements = tp.GradientPlacements()
-        for i in parallel:
-            module_index, fqn = args.lifted[i].names[0]
-            where = f"args[{args.module_positions[module_index]}].{fqn}"
+        for i, where in parallel.items():
             whole[i] = gradient_placements.as_dtensor(where, state[i], args.lifted[i].param)
         for i, entry in enumerate(args.lifted):
             for index, fqn in entry.names:
@@ -1001,7 +1008,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             stack.enter_context(fsdp.hooks_skipped(args.modules))
             if parallel:
-                stack.enter_context(tp.rank_unread())
+                stack.enter_context(tp.rank_unread(lambda: _user_line(traceback.extract_stack())))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with (
                 torch.enable_grad(),
@@ -1012,6 +1019,15 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 result = fn(*call_args)
                 guard.random_draws.finish()
             gradient_placements.refuse_mismatch()
+            for i, where in parallel.items():
+                args.lifted[i].sharded = gradient_placements.spec(where, args.lifted[i].sharded)
+            if args.optimizers and gradient_placements.arrived:
+                where, placements = next(iter(gradient_placements.arrived.items()))
+                raise PrecompileError(
+                    f"{where}'s gradient is placed {placements}, and the optimizer inside fn steps the local "
+                    "shards, while eager's step all-reduces such a gradient first: keep opt.step() outside fn "
+                    "for this model"
+                )
             _check_state_not_rebound(args.modules, mappings)
         # Flattening the inputs to compare them iterates their dicts: not fn observing their order.
         observed = [(probe, probe.observed) for probe in probes.values()]
@@ -1047,7 +1063,7 @@ def _gather_groups(lifted: list) -> list[list[int]]:
     """The lifted fully_shard parameters (indices), by the all-gather that gathers them."""
     groups: dict = {}
     for index, entry in enumerate(lifted):
-        if entry.sharded:
+        if entry.gather_group is not None:
             groups.setdefault(entry.gather_group, []).append(index)
     return list(groups.values())
 
@@ -1691,10 +1707,14 @@ class _StateReads:
     # Noted only to name fn's line when _RandomDraws refuses a moved generator.
     _RNG_SETTERS = ("manual_seed", "seed", "set_rng_state")
     # Code whose mode queries shape no graph: context managers and optimizers
-    # save a mode to restore it; the tracer and fake tensors key caches on it.
+    # save a mode to restore it; the tracer and fake tensors key caches on it;
+    # DTensor.to_local gives its local tensor, itself or (grad on) a view of it.
     _NOT_FN_QUERIES = tuple(
         os.path.abspath(sys.modules[cls.__module__].__file__) for cls in (torch.no_grad, torch.optim.Optimizer)
-    ) + tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), d, "") for d in ("fx", "_subclasses"))
+    ) + tuple(
+        os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), *path)
+        for path in (("fx", ""), ("_subclasses", ""), ("distributed", "tensor", "_api.py"))
+    )
 
     def __init__(self):
         self._stack = contextlib.ExitStack()

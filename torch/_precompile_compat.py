@@ -707,28 +707,27 @@ TENSOR_PARALLEL_COLLECTIVES = {
     "wait_tensor": "(Tensor tensor) -> Tensor",
 }
 
+
+def tensor_parallel_collectives() -> dict:
+    """{name: functional collective op} of TENSOR_PARALLEL_COLLECTIVES."""
+    ops = torch.ops._c10d_functional
+    return {name: getattr(ops, name).default for name in TENSOR_PARALLEL_COLLECTIVES}
+
 # DeviceMesh's methods that read this process's place in the mesh (those the running torch
-# has: ``_sym_get_coordinate`` is 2.13+).
+# has: ``_sym_get_coordinate`` is 2.13+).  get_coordinate's answer is also how DTensor asks
+# whether this rank is in the mesh at all (``is None``), in Python and, from 2.13, in C++.
 MESH_RANK_READS = ("get_coordinate", "_sym_get_coordinate", "get_local_rank", "get_rank")
 
 
 def rank_read_is_rank_independent(caller: types.FrameType) -> bool:
-    """Whether DTensor reads this process's rank, from ``caller``, for an answer every rank
-    shares, in 2.11-2.14:
-
-    - DTensor's dispatch asking whether this rank is in the mesh (in Python up to
-      2.12, ``_dispatch.py``; in C++ from 2.13, no Python caller);
-    - ShardingPropagator._adjust_shape_and_stride_args turning an op's shape
-      argument into the local shape, of a tensor sharded evenly (it drops the offset).
-
-    Anything else (a sharded embedding's offsets, a random op's, the chunk a Replicate
-    to Shard redistribution keeps) makes this rank's graph."""
-    filename = caller.f_code.co_filename.replace("\\", "/")
-    if "/torch/distributed/tensor/" not in filename or filename.endswith("/torch/distributed/tensor/_dispatch.py"):
-        return True
+    """Whether DTensor reads this process's rank (``_sym_get_coordinate`` & co.), from
+    ``caller``, for an answer every rank shares, in 2.11-2.14: only where
+    ShardingPropagator._adjust_shape_and_stride_args turns an op's shape argument into the
+    local shape of a tensor sharded evenly (it drops the offset it computes with the rank).
+    Anything else (a sharded embedding's offsets, a random op's, the chunk a Replicate to
+    Shard redistribution keeps) makes this rank's graph."""
     frame = caller
     for _ in range(4):  # _utils.py's helpers between the read and the shape adjustment
-        frame = frame.f_back
         if frame is None:
             return False
         if frame.f_code.co_name == "_adjust_shape_and_stride_args":
@@ -736,4 +735,5 @@ def rank_read_is_rank_independent(caller: types.FrameType) -> bool:
             return all(
                 shape[p.dim] % size == 0 for p, size in zip(spec.placements, spec.mesh.shape) if hasattr(p, "dim")
             )
+        frame = frame.f_back
     return False

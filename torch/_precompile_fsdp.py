@@ -66,8 +66,8 @@ def shard_spec(where: str, param: Any) -> ShardSpec:
     if mesh.ndim != 1 or tuple(param.placements) != (dtensor.Shard(0),):
         raise PrecompileError(
             f"{where} is placed {tuple(param.placements)} on a {mesh.ndim}-D device mesh: precompile supports "
-            "fully_shard on a 1-D mesh with its default Shard(0) placement only (HSDP, tensor parallel or "
-            "shard_placement_fn are not supported yet)"
+            "fully_shard on a 1-D mesh with its default Shard(0) placement, and tensor parallel on a 1-D mesh, "
+            "each alone (HSDP, fully_shard with tensor parallel, and shard_placement_fn are not supported yet)"
         )
     group = mesh.get_group()
     if param.shape[0] % group.size():

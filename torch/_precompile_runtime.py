@@ -855,7 +855,11 @@ def find_hook(
                 if description is None:
                     return f"{path} has a {kind}"
                 if (path, attribute, description) not in parallel_hooks:
-                    return f"{path} has a tensor parallel {kind}, {description}, other than the trace ran"
+                    raise PrecompileError(
+                        f"{path} has a tensor parallel {kind} other than at capture, {description}: the graph "
+                        "redistributes as the captured plan did. Parallelize the model with the same plan as "
+                        "at capture, or precompile again"
+                    )
     for path, tensor in named_tensors:
         for attribute, kind in _TENSOR_HOOKS.items():
             if getattr(tensor, attribute, None):
@@ -1455,8 +1459,9 @@ class ModuleArguments:
                 checks.append(Check("tie", tied, f"the same tensor as {self.state_path(index)}"))
         for index, shard in self.sharded:
             checks.append(Check("sharded", self.state_path(index), f"a DTensor of shape {_describe_sizes(list(shard.shape))} "
-                                f"placed ({', '.join(shard.placements)}) on a 1-D mesh over process group "
-                                f"{shard.group_name!r} of {shard.world_size} ranks"))
+                                f"placed [{', '.join(shard.placements)}] on a 1-D mesh over process group "
+                                f"{shard.group_name!r} of {shard.world_size} ranks"
+                                + (f"; its .grad placed [{', '.join(shard.grad_placements)}]" if shard.grad_placements else "")))
         for path, attribute, description in self.convention.parallel_hooks:
             checks.append(Check("sharded", f"{path}.{attribute}", f"tensor parallel's hook {description}"))
         if any(shard.gathered for _, shard in self.sharded):
@@ -2180,8 +2185,8 @@ def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
     mesh, placements = param.device_mesh, tuple(map(repr, param.placements))
     if mesh.ndim != 1 or placements != spec.placements or tuple(param.shape) != spec.shape:
         raise PrecompileError(
-            f"{where} is a DTensor of shape {tuple(param.shape)} placed ({', '.join(placements)}) on a {mesh.ndim}-D "
-            f"mesh, but was of shape {spec.shape} placed ({', '.join(spec.placements)}) on a 1-D mesh at capture: "
+            f"{where} is a DTensor of shape {tuple(param.shape)} placed [{', '.join(placements)}] on a {mesh.ndim}-D "
+            f"mesh, but was of shape {spec.shape} placed [{', '.join(spec.placements)}] on a 1-D mesh at capture: "
             "shard the model as at capture, or precompile again"
         )
     group = mesh.get_group()
@@ -2197,15 +2202,25 @@ def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
         )
 
 
+def gradient_placements(param: Any, spec: ShardSpec) -> tuple:
+    """The placements of ``param``'s .grad as backward leaves it: the parameter's, or those
+    ``spec.grad_placements`` names (``Partial(sum)``)."""
+    if not spec.grad_placements:
+        return tuple(param.placements)
+    dtensor = sys.modules["torch.distributed.tensor"]
+    by_name = {repr(p): p for p in (*param.placements, dtensor.Replicate(), dtensor.Partial("sum"))}
+    return tuple(by_name[name] for name in spec.grad_placements)
+
+
 class ShardedGradient:
     """A DTensor parameter as the gradient reader and writer see it: ``.grad`` is the local
-    shard of its DTensor gradient, and setting it sets a DTensor placed as the parameter, as
-    FSDP2's reduce-scatter and tensor parallel's backward do."""
+    shard of its DTensor gradient, and setting it sets a DTensor placed as backward leaves
+    it (``placements``), as FSDP2's reduce-scatter and tensor parallel's backward do."""
 
-    __slots__ = ("param",)
+    __slots__ = ("param", "placements")
 
-    def __init__(self, param: Any):
-        self.param = param
+    def __init__(self, param: Any, placements: tuple):
+        self.param, self.placements = param, placements
 
     @property
     def grad(self) -> torch.Tensor | None:
@@ -2216,7 +2231,7 @@ class ShardedGradient:
     def grad(self, local: torch.Tensor | None) -> None:
         param = self.param
         param.grad = None if local is None else type(param).from_local(
-            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+            local, param.device_mesh, self.placements, run_check=False, shape=param.shape, stride=param.stride()
         )
 
 
@@ -2227,9 +2242,10 @@ def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: boo
     and tensor parallel keep it, where the compiled graph assumes it).  Refuses, before
     anything runs, a ``.grad`` the writer could not accumulate into."""
     owners, tensors = list(tensors[:num_state]), list(tensors)
-    for index, _ in sharded:
+    for index, spec in sharded:
         param = tensors[index]
         local = tensors[index] = getattr(param, DTENSOR_LOCAL)
+        placements = gradient_placements(param, spec)
         if contiguous and not local.is_contiguous():
             raise PrecompileError(
                 f"{state_path(index)}: its local shard has strides {local.stride()}, not contiguous as at capture "
@@ -2239,14 +2255,14 @@ def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: boo
         grad = param.grad
         if grad is not None and (
             type(grad) is not type(param)
-            or grad.placements != param.placements
+            or tuple(grad.placements) != placements
             or getattr(grad, DTENSOR_LOCAL).shape != local.shape
         ):
             raise PrecompileError(
                 f"{state_path(index)}.grad is a {type(grad).__name__} of shape {tuple(grad.shape)}, not a DTensor placed "
-                "like the parameter as backward leaves it, which the step accumulates into: set it to None (opt.zero_grad())"
+                f"{list(placements)} as backward leaves it, which the step accumulates into: set it to None (opt.zero_grad())"
             )
-        owners[index] = ShardedGradient(param)
+        owners[index] = ShardedGradient(param, placements)
     return owners, tensors
 
 

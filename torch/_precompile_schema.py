@@ -208,6 +208,9 @@ class ShardSpec(Record):
     group_name: str
     placements: tuple[str, ...] = ("Shard(dim=0)",)
     gathered: bool = True  # fully_shard's; False: tensor parallel's
+    # Its .grad's placements where they are not ``placements``: a Replicate parameter
+    # computed with sharded activations (SequenceParallel's norms) gets a Partial(sum) one.
+    grad_placements: tuple[str, ...] = ()
 
 
 class StateSpec(Record):

@@ -27,7 +27,7 @@ a trace that reads this process's rank (its graph would be this rank's).
 import contextlib
 import functools
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -57,6 +57,16 @@ def parallel_hooks(named_modules: list) -> list[tuple[str, str, str]]:
                         "fully_shard. Run this model eagerly or with torch.compile"
                     )
     return found
+
+
+def is_parallelized(model: torch.nn.Module) -> bool:
+    """Whether a tensor parallel hook is on ``model`` or a submodule."""
+    return any(
+        runtime.parallel_hook_description(hook) is not None
+        for module in model.modules()
+        for attribute in runtime.MODULE_HOOK_DICTS
+        for hook in (getattr(module, attribute, None) or {}).values()
+    )
 
 
 def shard_spec(where: str, param: Any) -> ShardSpec:
@@ -97,35 +107,53 @@ def local_shard(param: Any) -> torch.Tensor:
 
 
 class GradientPlacements:
-    """While fn is traced: the placements each DTensor parameter's gradient arrives with.
-    Eager's ``.grad`` is that DTensor; the driver writes one placed like the parameter, so
-    another placement is refused at capture (``refuse_mismatch``)."""
+    """While fn is traced: the placements each DTensor parameter's gradient arrives with,
+    which eager's ``.grad`` has.  A Replicate parameter computed with sharded activations
+    (SequenceParallel's norms) gets a ``Partial(sum)`` gradient: each rank's local part is
+    passed to the traced shard as it is (relabelled, so that DTensor does not all-reduce it
+    on the way), and recorded (``ShardSpec.grad_placements``); other placements are refused."""
 
     def __init__(self):
-        self.mismatched: list = []
+        self.arrived: dict = {}  # where -> placements, where they differ from the parameter's
+        self.refused: list = []
 
     def as_dtensor(self, where: str, local: torch.Tensor, param: Any) -> Any:
         """``param`` as fn sees it in the trace: a DTensor over the traced ``local`` shard."""
-        traced = type(param).from_local(
+        dtensor = type(param)
+        traced = dtensor.from_local(
             local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
         )
         if traced.requires_grad:
 
-            def arriving(grad: Any) -> None:
-                if tuple(grad.placements) != tuple(param.placements):
-                    self.mismatched.append((where, tuple(grad.placements), tuple(param.placements)))
+            def arriving(grad: Any) -> Any:
+                placements = tuple(grad.placements)
+                if placements == tuple(param.placements):
+                    return grad
+                if not all(p.is_replicate() and q.is_partial() for p, q in zip(param.placements, placements)):
+                    self.refused.append((where, placements, tuple(param.placements)))
+                    return grad
+                self.arrived[where] = placements
+                return dtensor.from_local(
+                    getattr(grad, runtime.DTENSOR_LOCAL), param.device_mesh, param.placements, run_check=False,
+                    shape=param.shape, stride=param.stride(),
+                )
 
             traced.register_hook(arriving)
         return traced
 
     def refuse_mismatch(self) -> None:
-        if self.mismatched:
-            where, got, expected = self.mismatched[0]
+        if self.refused:
+            where, got, expected = self.refused[0]
             raise PrecompileError(
-                f"{where}'s gradient is placed {got}, not {expected} like the parameter: eager leaves .grad "
-                "placed so, and precompile writes gradients placed like their parameters. Parallelize the "
-                "model so that the gradient follows the parameter's placement"
+                f"{where}'s gradient is placed {got}, the parameter {expected}: precompile supports gradients "
+                "placed like their parameters, or Partial(sum) for a Replicate one. Parallelize the model so "
+                "that the gradient follows the parameter's placement"
             )
+
+    def spec(self, where: str, spec: ShardSpec) -> ShardSpec:
+        """``spec`` with the placements its gradient arrived with, where they differ."""
+        placements = self.arrived.get(where)
+        return spec if placements is None else spec._replace(grad_placements=tuple(map(repr, placements)))
 
 
 # The functional collectives DTensor's redistribution runs, by name; their stand-ins take
@@ -155,8 +183,7 @@ def _stand_ins() -> dict:
             for key in ("CompositeExplicitAutograd", "Meta"):
                 library.impl(name, compute, key)
         _LIBRARY.append(library)
-    functional = torch.ops._c10d_functional
-    return {getattr(functional, name).default: getattr(namespace, name).default for name in compat.TENSOR_PARALLEL_COLLECTIVES}
+    return {op: getattr(namespace, name).default for name, op in compat.tensor_parallel_collectives().items()}
 
 
 def stand_in(func: Any) -> Any:
@@ -175,27 +202,55 @@ def use_collectives(graph: torch.fx.GraphModule) -> None:
         graph.recompile()
 
 
+class _Coordinate(tuple):
+    """This process's coordinate in a mesh, as ``DeviceMesh.get_coordinate`` gives it while fn
+    is traced: DTensor's code may ask whether it is None (is this rank in the mesh, the same
+    answer on every rank), but reading a rank from it is refused (``_refuse_rank_read``)."""
+
+    def __getitem__(self, index: Any) -> Any:
+        _refuse_rank_read("get_coordinate()[...]", self.user_line())
+
+    def __iter__(self) -> Any:
+        _refuse_rank_read("get_coordinate()", self.user_line())
+
+    __reversed__ = __contains__ = __eq__ = __ne__ = __hash__ = index = count = __iter__
+    user_line: Callable[[], str]  # set by rank_unread
+
+
+def _refuse_rank_read(read: str, user_line: str) -> None:
+    caller = sys._getframe(2)
+    raise PrecompileError(
+        f"fn's trace reads this process's rank{user_line} (DeviceMesh.{read}, in {caller.f_code.co_name} at "
+        f"{caller.f_code.co_filename}:{caller.f_lineno}): DTensor computes from it a sharded embedding's "
+        "offsets, a random op's, an uneven shard's size or the chunk a Replicate to Shard redistribution "
+        "keeps, so the graph would be this rank's, and one artifact serves every rank. precompile does not "
+        "support such layers under tensor parallel yet: keep them out of the parallelize plan, or pass their "
+        "input already sharded"
+    )
+
+
 @contextlib.contextmanager
-def rank_unread():
-    """While fn is traced: refuse DTensor's sharding code reading this process's rank for
-    an answer that differs from rank to rank (the graph would bake this rank's offsets or
-    chunk, and one artifact serves every rank; ``compat.rank_read_is_rank_independent``)."""
+def rank_unread(user_line: Callable[[], str]):
+    """While fn is traced: refuse DTensor's code reading this process's rank for an answer
+    that differs from rank to rank (the graph would bake this rank's offsets or chunk, and one
+    artifact serves every rank).  ``get_coordinate`` gives a ``_Coordinate``; the reads that
+    give the rank itself pass only where ``compat.rank_read_is_rank_independent`` says so.
+    ``user_line()``: " at file:line (code)" of fn's line that is running, for the message."""
     mesh_class = sys.modules["torch.distributed.device_mesh"].DeviceMesh
     saved = {name: getattr(mesh_class, name) for name in compat.MESH_RANK_READS if hasattr(mesh_class, name)}
 
     def checked(name: str, read: Any) -> Any:
         @functools.wraps(read)
         def rank_read(*args: Any, **kwargs: Any) -> Any:
-            caller = sys._getframe(1)
-            if not compat.rank_read_is_rank_independent(caller):
-                raise PrecompileError(
-                    f"fn's trace reads this process's rank (DeviceMesh.{name}, from {caller.f_code.co_name} in "
-                    f"{caller.f_code.co_filename}): DTensor computes a sharded embedding's offsets, a random "
-                    "op's, an uneven shard's size or the chunk a Replicate to Shard redistribution keeps from it, "
-                    "so the graph would be this rank's, and one artifact serves every rank. precompile does not "
-                    "support such layers under tensor parallel yet: keep them out of the parallelize plan, or "
-                    "pass their input already sharded"
-                )
+            if name == "get_coordinate":
+                coordinate = read(*args, **kwargs)
+                if coordinate is None:
+                    return None
+                coordinate = _Coordinate(coordinate)
+                coordinate.user_line = user_line
+                return coordinate
+            if not compat.rank_read_is_rank_independent(sys._getframe(1)):
+                _refuse_rank_read(f"{name}()", user_line())
             return read(*args, **kwargs)
 
         return rank_read

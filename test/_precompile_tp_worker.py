@@ -1,0 +1,246 @@
+"""One rank of test_precompile_distributed.py's tensor parallel job (run with torch.distributed.run).
+
+    python -m torch.distributed.run --nproc-per-node 2 test/_precompile_tp_worker.py OUT_DIR BACKEND...
+
+Rank 0 precompiles each step over a tiny MLP that parallelize_module split
+(ColwiseParallel, then RowwiseParallel, a last layer left whole), and over a
+residual block with a sequence parallel norm (SequenceParallel, and the same
+with PrepareModuleInputOutput), per backend, and broadcasts the pairs; every
+rank loads them and runs 3 iterations with each, and the same iterations
+eagerly on an identically parallelized model.
+Each rank saves ``OUT_DIR/rank{r}.pt``: per run the outputs and the local
+shards of the gradients, parameters and optimizer state after every step,
+artifact and eager; on ranks > 0 the compilers it ran; the PrecompileError
+messages of the refusal checks, with whether the refused call left the model
+as it was; the checks listing and the captured graph's collectives.
+"""
+
+import os
+import re
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch_precompile
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    parallelize_module,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from _precompile_ddp_worker import refusal, start_rank
+from _precompile_fsdp_worker import (
+    forward,
+    make_data,
+    optimizer_for,
+    snapshot,
+    state,
+    step,
+    step_with_optimizer,
+    untouched,
+)
+
+
+RUNS = ("accumulate", "outside", "forward", "sgd", "adamw")
+BLOCK_RUNS = ("sequence_parallel", "prepared")  # the block's: accumulating, and AdamW outside fn
+
+
+def make_model(mesh: DeviceMesh, plan: dict | None = None) -> nn.Module:
+    """The same weights on every rank, then parallelized: 0 column-wise, 2 row-wise, 4 whole."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+    return parallelized(model, mesh, plan or {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def parallelized(model: nn.Module, mesh: DeviceMesh, plan: dict) -> nn.Module:
+    """parallelize_module, each rank sharding its own (identical) weights: no collective, so
+    that rank 0 alone can make the models it captures."""
+    return parallelize_module(model, mesh, plan, src_data_rank=None)
+
+
+class Block(nn.Module):
+    """x + mlp(norm(x)): a transformer block's feed-forward half."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def block_plan(name: str) -> dict:
+    """Sequence parallel: the norm computes on this rank's part of the sequence (dim 1), its
+    Replicate parameters' gradients are Partial(sum); the MLP all-gathers the sequence and
+    reduce-scatters its output back, by the linears' layouts or by PrepareModuleInputOutput."""
+    if name == "sequence_parallel":
+        return {"norm": SequenceParallel(), "mlp.0": ColwiseParallel(input_layouts=Shard(1)), "mlp.2": RowwiseParallel(output_layouts=Shard(1))}
+    return {
+        "norm": SequenceParallel(),
+        "mlp": PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+            output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),),
+        ),
+        "mlp.0": ColwiseParallel(),
+        "mlp.2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }  # fmt: skip
+
+
+def make_block(mesh: DeviceMesh, name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return parallelized(Block(), mesh, block_plan(name))
+
+
+def block_data(rank: int) -> list:
+    """This rank's part of the sequence: (batch 2, 4 of 8 positions, 16)."""
+    generator = torch.Generator().manual_seed(300 + rank)
+    return [(torch.randn(2, 4, 16, generator=generator), torch.randn(2, 4, 16, generator=generator)) for _ in range(3)]
+
+
+def run_block(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
+    model, seen = make_block(mesh, name), []
+    optimizer = optimizer_for("adamw", model) if name == "sequence_parallel" else None
+    for x, y in block_data(rank):
+        out = fn(model, x, y)
+        if optimizer is not None:  # eager AdamW on the gradients the artifact wrote, Partial ones included
+            optimizer.step()
+            optimizer.zero_grad()
+        seen.append({"out": out.clone(), **snapshot(model, optimizer)})
+    return seen
+
+
+def run(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
+    """3 iterations of run ``name`` with fn (an artifact, or the eager step it captured)."""
+    model = make_model(mesh)
+    seen, optimizer = [], None
+    for x, y in make_data(rank):
+        if name in ("sgd", "adamw"):
+            optimizer = optimizer or optimizer_for(name, model)
+            out = fn(model, optimizer, x, y)
+        elif name == "outside":  # the optimizer steps eagerly on the gradients the artifact wrote
+            optimizer = optimizer or optimizer_for("adamw", model)
+            out = fn(model, x, y)
+            optimizer.step()
+            optimizer.zero_grad()
+        elif name == "forward":
+            with torch.no_grad():
+                out = fn(model, x)
+        else:  # gradients accumulate over the iterations
+            out = fn(model, x, y)
+        seen.append({"out": out.clone(), **snapshot(model, optimizer)})
+    return seen
+
+
+def steps() -> dict:
+    return {"accumulate": step, "outside": step, "forward": forward, "sgd": step_with_optimizer, "adamw": step_with_optimizer}
+
+
+def precompile_all(backend: str, mesh: DeviceMesh) -> dict:
+    x, y = make_data(0)[0]
+    pairs = {}
+    for name, fn in steps().items():
+        model = make_model(mesh)
+        arguments = {"forward": (model, x), **{o: (model, optimizer_for(o, model), x, y) for o in ("sgd", "adamw")}}
+        with torch.no_grad() if name == "forward" else torch.enable_grad():
+            pairs[name] = torch_precompile.precompile(fn, *arguments.get(name, (model, x, y)), backend=backend)
+    for name in BLOCK_RUNS:
+        pairs[name] = torch_precompile.precompile(step, make_block(mesh, name), *block_data(0)[0], backend=backend)
+    return pairs
+
+
+# -- refusals -------------------------------------------------------------------
+
+
+def call_refusals(runnable, mesh: DeviceMesh) -> dict:
+    """What a call refuses before it communicates; the model must stay as it was (rank 0 alone)."""
+    x, y = make_data(0)[0]
+    one_rank = dist.new_group([0])  # every rank creates it; only rank 0 uses it
+    if dist.get_rank() != 0:
+        return {}
+    out = {}
+    for name, model in (
+        ("world_size", lambda: make_model(DeviceMesh.from_group(one_rank, "cpu"))),
+        ("placements", lambda: make_model(mesh, {"0": RowwiseParallel(), "2": ColwiseParallel()})),
+        ("hooks", lambda: make_model(mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(output_layouts=Shard(0))})),
+        ("replicated_grad", lambda: _with_replicated_grad(make_model(mesh))),
+        ("plain_model", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))),
+    ):
+        model = model()
+        before = state(model)
+        out[name] = refusal(lambda: runnable(model, x, y))
+        out[f"{name}_untouched"] = untouched(model, before)
+    return out
+
+
+def _with_replicated_grad(model: nn.Module) -> nn.Module:
+    """The first parameter's .grad a whole (Replicate) DTensor, not a shard placed like it."""
+    param = next(model.parameters())
+    param.grad = DTensor.from_local(torch.ones(param.shape), param.device_mesh, [Replicate()], run_check=False)
+    return model
+
+
+def capture_refusals(backend: str, mesh: DeviceMesh, mesh_2d: DeviceMesh) -> dict:
+    """What capture refuses (rank 0 alone; nothing communicates)."""
+    from torch.distributed.fsdp import fully_shard
+
+    x, y = make_data(0)[0]
+    ids = torch.randint(0, 16, (4, 8))
+
+    def with_fsdp() -> nn.Module:  # tensor parallel over the mesh's "tp" dim, fully_shard over "dp"
+        return fully_shard(make_model(mesh_2d["tp"]), mesh=mesh_2d["dp"])
+
+    def embedding() -> nn.Module:  # row-wise embedding: each rank masks ids by its own vocabulary offset
+        torch.manual_seed(0)
+        return parallelized(nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8)), mesh, {"0": RowwiseParallel()})
+
+    block = make_block(mesh, "sequence_parallel")
+    return {
+        "partial_grad_optimizer": refusal(lambda: torch_precompile.precompile(
+            step_with_optimizer, block, optimizer_for("adamw", block), *block_data(0)[0], backend=backend)),
+        "fsdp_and_tp": refusal(lambda: torch_precompile.precompile(step, with_fsdp(), x, y, backend=backend)),
+        "embedding": refusal(lambda: torch_precompile.precompile(lambda m, i: m(i).sum(), embedding(), ids, backend=backend)),
+        "uneven": refusal(lambda: torch_precompile.precompile(
+            step, parallelized(nn.Sequential(nn.Linear(16, 7)), mesh, {"0": ColwiseParallel()}), x, y, backend=backend)),
+    }
+
+
+def main(out_dir: str, backends: list) -> None:
+    rank, compiler_log = start_rank(out_dir)
+    world_size = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world_size,))
+    mesh_2d = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("dp", "tp"))  # collectives: on every rank
+    result = {"artifact": {}, "eager": {}, "refusals": {}}
+    for backend in backends:
+        shipped = [precompile_all(backend, mesh) if rank == 0 else None]
+        dist.broadcast_object_list(shipped, src=0)
+        runnables = {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
+        result["artifact"][backend] = {
+            name: (run_block if name in BLOCK_RUNS else run)(name, f, rank, mesh) for name, f in runnables.items()
+        }
+        result["refusals"][backend] = call_refusals(runnables["accumulate"], mesh)
+        if rank == 0:
+            result["refusals"][backend].update(capture_refusals(backend, mesh, mesh_2d))
+            from torch_precompile._precompile_inspect import describe
+
+            result["checks"] = describe(*shipped[0]["adamw"])["checks"]
+            if backend == "eager":  # the captured graph's collectives, in order
+                code = shipped[0]["accumulate"][0]
+                result["collectives"] = re.findall(r"torch\.ops\._c10d_functional\.(\w+)\.", code[code.index("# ==================== graph"):])
+    if rank > 0:
+        with open(compiler_log) as f:
+            result["compiler_calls"] = f.read().splitlines()
+    result["eager"] = {name: run(name, fn, rank, mesh) for name, fn in steps().items()}
+    result["eager"].update({name: run_block(name, step, rank, mesh) for name in BLOCK_RUNS})
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
