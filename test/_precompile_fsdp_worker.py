@@ -61,6 +61,13 @@ def step_with_optimizer(model, optimizer, x, y):
     return loss.detach()
 
 
+def clipped_step(model, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # reads .grad inside fn: refused when sharded
+    return loss.detach()
+
+
 def forward(model, x):
     return model(x)
 
@@ -97,6 +104,16 @@ def snapshot(model: nn.Module, optimizer=None) -> dict:
 def run(name: str, fn, rank: int) -> dict:
     """3 iterations of run ``name`` with fn (an artifact, or the eager step it captured)."""
     model = make_model(reshard_after_forward=name != "no_reshard")
+    seen = iterate(name, fn, model, rank)
+    # An eager step after the artifact's: fully_shard's state was left as eager leaves it.
+    if name != "forward":
+        step(model, *make_data(rank)[0])
+        seen.append(snapshot(model))
+    return seen
+
+
+def iterate(name: str, fn, model: nn.Module, rank: int) -> list:
+    """The snapshots after each of 3 iterations of run ``name`` with fn on ``model``."""
     seen, optimizer = [], None
     for x, y in make_data(rank):
         if name in OPTIMIZERS:
@@ -113,10 +130,6 @@ def run(name: str, fn, rank: int) -> dict:
         else:  # "accumulate", "no_reshard": gradients accumulate over the iterations
             out = fn(model, x, y)
         seen.append({"out": out.clone(), **snapshot(model, optimizer)})
-    # An eager step after the artifact's: fully_shard's state was left as eager leaves it.
-    if name != "forward":
-        step(model, *make_data(rank)[0])
-        seen.append(snapshot(model))
     return seen
 
 
@@ -199,21 +212,28 @@ def call_refusals(runnable) -> dict:
         return out
     from torch.distributed.device_mesh import DeviceMesh
 
-    for name, model in (
+    return out | refused_calls(runnable, x, y, (
         ("world_size", lambda: make_model(mesh=DeviceMesh.from_group(one_rank, "cpu"))),
         ("no_gradient_sync", lambda: _without_gradient_sync(make_model())),
         ("requires_grad", lambda: make_model().requires_grad_(False)),
-        ("replicated_grad", lambda: _with_replicated_grad(make_model())),
+        ("replicated_grad", lambda: with_replicated_grad(make_model())),
         ("plain_model", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))),
-    ):
-        model = model()
+    ))
+
+
+def refused_calls(runnable, x, y, models: tuple) -> dict:
+    """For each (name, model maker): the PrecompileError message of ``runnable(model, x, y)``,
+    and whether the refused call left the model's shards and .grad as they were."""
+    out = {}
+    for name, make in models:
+        model = make()
         before = state(model)
         out[name] = refusal(lambda: runnable(model, x, y))
         out[f"{name}_untouched"] = untouched(model, before)
     return out
 
 
-def _with_replicated_grad(model: nn.Module) -> nn.Module:
+def with_replicated_grad(model: nn.Module) -> nn.Module:
     """The first parameter's .grad a whole (Replicate) DTensor, not a shard placed like it."""
     from torch.distributed.tensor import Replicate
 
@@ -238,7 +258,9 @@ def capture_refusals(backend: str, hsdp_mesh) -> dict:
         "uneven": lambda: fully_shard(nn.Sequential(nn.Linear(16, 7))),
         "grouped": lambda: _grouped(),
     }
-    return {name: refusal(lambda: torch_precompile.precompile(step, model(), x, y, backend=backend)) for name, model in models.items()}
+    out = {name: refusal(lambda: torch_precompile.precompile(step, model(), x, y, backend=backend)) for name, model in models.items()}
+    out["clip_grad_norm"] = refusal(lambda: torch_precompile.precompile(clipped_step, make_model(), x, y, backend=backend))
+    return out
 
 
 def _grouped() -> nn.Module:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch_precompile
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     parallelize_module,
@@ -35,14 +35,16 @@ from torch.distributed.tensor.parallel import (
 
 from _precompile_ddp_worker import refusal, start_rank
 from _precompile_fsdp_worker import (
+    clipped_step,
     forward,
+    iterate,
     make_data,
     optimizer_for,
+    refused_calls,
     snapshot,
-    state,
     step,
     step_with_optimizer,
-    untouched,
+    with_replicated_grad,
 )
 
 
@@ -117,24 +119,7 @@ def run_block(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
 
 def run(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
     """3 iterations of run ``name`` with fn (an artifact, or the eager step it captured)."""
-    model = make_model(mesh)
-    seen, optimizer = [], None
-    for x, y in make_data(rank):
-        if name in ("sgd", "adamw"):
-            optimizer = optimizer or optimizer_for(name, model)
-            out = fn(model, optimizer, x, y)
-        elif name == "outside":  # the optimizer steps eagerly on the gradients the artifact wrote
-            optimizer = optimizer or optimizer_for("adamw", model)
-            out = fn(model, x, y)
-            optimizer.step()
-            optimizer.zero_grad()
-        elif name == "forward":
-            with torch.no_grad():
-                out = fn(model, x)
-        else:  # gradients accumulate over the iterations
-            out = fn(model, x, y)
-        seen.append({"out": out.clone(), **snapshot(model, optimizer)})
-    return seen
+    return iterate(name, fn, make_model(mesh), rank)
 
 
 def steps() -> dict:
@@ -163,26 +148,13 @@ def call_refusals(runnable, mesh: DeviceMesh) -> dict:
     one_rank = dist.new_group([0])  # every rank creates it; only rank 0 uses it
     if dist.get_rank() != 0:
         return {}
-    out = {}
-    for name, model in (
+    return refused_calls(runnable, x, y, (
         ("world_size", lambda: make_model(DeviceMesh.from_group(one_rank, "cpu"))),
         ("placements", lambda: make_model(mesh, {"0": RowwiseParallel(), "2": ColwiseParallel()})),
         ("hooks", lambda: make_model(mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(output_layouts=Shard(0))})),
-        ("replicated_grad", lambda: _with_replicated_grad(make_model(mesh))),
+        ("replicated_grad", lambda: with_replicated_grad(make_model(mesh))),
         ("plain_model", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))),
-    ):
-        model = model()
-        before = state(model)
-        out[name] = refusal(lambda: runnable(model, x, y))
-        out[f"{name}_untouched"] = untouched(model, before)
-    return out
-
-
-def _with_replicated_grad(model: nn.Module) -> nn.Module:
-    """The first parameter's .grad a whole (Replicate) DTensor, not a shard placed like it."""
-    param = next(model.parameters())
-    param.grad = DTensor.from_local(torch.ones(param.shape), param.device_mesh, [Replicate()], run_check=False)
-    return model
+    ))
 
 
 def capture_refusals(backend: str, mesh: DeviceMesh, mesh_2d: DeviceMesh) -> dict:
@@ -201,6 +173,7 @@ def capture_refusals(backend: str, mesh: DeviceMesh, mesh_2d: DeviceMesh) -> dic
 
     block = make_block(mesh, "sequence_parallel")
     return {
+        "clip_grad_norm": refusal(lambda: torch_precompile.precompile(clipped_step, make_model(mesh), x, y, backend=backend)),
         "partial_grad_optimizer": refusal(lambda: torch_precompile.precompile(
             step_with_optimizer, block, optimizer_for("adamw", block), *block_data(0)[0], backend=backend)),
         "fsdp_and_tp": refusal(lambda: torch_precompile.precompile(step, with_fsdp(), x, y, backend=backend)),

@@ -291,9 +291,64 @@ class TestDataParallel(_JobResults):
             self.assertLess(refusals[f"{name}_seconds"], 10, name)
 
 
+# What both sharded forms refuse alike (Note invariant 17).
+WORLD_SIZE_REFUSAL = (
+    r"^args\[0\]\.0\.weight \(parameter\) is sharded over 1 ranks, but over 2 at capture .*precompile again for a world size of 1"
+)
+REPLICATED_GRAD_REFUSAL = (
+    r"^args\[0\]\.0\.weight \(parameter\)\.grad is a DTensor of shape \(32, 16\), not a DTensor placed \[Shard\(dim=0\)\] "
+    r"as backward leaves it, .*set it to None"
+)
+CLIP_REFUSAL = (
+    r"^fn reads args\[0\]\.0\.weight\.grad at .*_precompile_fsdp_worker\.py:\d+ .*clip_grad_norm_.*, a parameter of a model "
+    r"sharded by fully_shard or tensor parallel.*keep gradient reads"
+)
+
+
+class _ShardedJobResults(_JobResults):
+    """A 2-rank job whose ranks save, per run, the artifact's and eager's snapshots
+    (_precompile_fsdp_worker.snapshot), the refusals' messages, and rank 1's compilers."""
+
+    def assert_runs_equal_eager(self, backend: str, runs: tuple) -> None:
+        """Per rank and iteration: the output, the local shards of the parameters and of their
+        DTensor gradients, the gradients' placements and the optimizer state equal eager's."""
+        for rank, result in enumerate(self.ranks):
+            for name in runs:
+                ours, theirs = result["artifact"][backend][name], result["eager"][name]
+                self.assertEqual(len(ours), len(theirs))
+                for i, (got, want) in enumerate(zip(ours, theirs)):
+                    msg = f"rank {rank}, {name}, iteration {i}"
+                    self.assertEqual(got["types"], want["types"], msg)
+                    for key in ("out", "params", "grads"):
+                        if key in want:
+                            torch.testing.assert_close(got[key], want[key], msg=lambda m: f"{msg}, {key}: {m}")
+                    for got_state, want_state in zip(got.get("optimizer") or (), want.get("optimizer") or ()):
+                        self.assertEqual({k: t for k, (t, _) in got_state.items()}, {k: t for k, (t, _) in want_state.items()}, msg)
+                        for key, (_, value) in want_state.items():
+                            torch.testing.assert_close(got_state[key][1], value, msg=lambda m: f"{msg}, {key}: {m}")
+
+    def assert_refused(self, refusals: dict, patterns: tuple, untouched: bool) -> None:
+        """Each message matches, advises no removing of the sharder's hooks, and (``untouched``)
+        the refused call left the model as it was."""
+        for name, pattern in patterns:
+            with self.subTest(name):
+                self.assertRegex(refusals[name], pattern)
+                self.assertNotIn("Remove it", refusals[name])
+                if untouched:
+                    self.assertTrue(refusals[f"{name}_untouched"], name)
+
+    def test_ranks_hold_different_shards(self):
+        """Each rank's gradient shard is its own part: the two differ."""
+        grads = [result["artifact"]["eager"]["accumulate"][0]["grads"][0] for result in self.ranks]
+        self.assertFalse(torch.equal(*grads))
+
+    def test_loading_on_other_ranks_compiles_nothing(self):
+        self.assertEqual(self.ranks[1]["compiler_calls"], [])
+
+
 @needs_gloo
 @needs_compiler
-class TestFullyShard(_JobResults):
+class TestFullyShard(_ShardedJobResults):
     """A model fully_shard (FSDP2) sharded (Note [precompile programming model], invariant 17)."""
 
     RUNS = ("accumulate", "no_reshard", "outside", "forward", "sgd", "adam", "adamw")  # see _precompile_fsdp_worker.run
@@ -307,21 +362,7 @@ class TestFullyShard(_JobResults):
         """Per rank, after each of 3 iterations and an eager step after them: the output, the local
         shards of the parameters and of their DTensor gradients, the gradients' placements and the
         optimizer state (inside fn and outside it) equal eager FSDP2's."""
-        for rank, result in enumerate(self.ranks):
-            for name in self.RUNS:
-                ours, theirs = result["artifact"][backend][name], result["eager"][name]
-                self.assertEqual(len(ours), len(theirs))
-                for i, (got, want) in enumerate(zip(ours, theirs)):
-                    msg = f"rank {rank}, {name}, iteration {i}"
-                    self.assertEqual(got["types"], want["types"], msg)
-                    for key in ("out", "params", "grads"):
-                        if key in want:
-                            torch.testing.assert_close(got[key], want[key], msg=lambda m: f"{msg}, {key}: {m}")
-                    if want["optimizer"] is not None:
-                        for got_state, want_state in zip(got["optimizer"], want["optimizer"]):
-                            self.assertEqual({k: t for k, (t, _) in got_state.items()}, {k: t for k, (t, _) in want_state.items()}, msg)
-                            for key, (_, value) in want_state.items():
-                                torch.testing.assert_close(got_state[key][1], value, msg=lambda m: f"{msg}, {key}: {m}")
+        self.assert_runs_equal_eager(backend, self.RUNS)
         sharded = ("DTensor", "DTensor", ("Shard(dim=0)",))
         self.assertEqual(self.ranks[0]["artifact"][backend]["accumulate"][0]["types"], [sharded] * 6)
 
@@ -336,51 +377,35 @@ class TestFullyShard(_JobResults):
                 for key in ("out", "grads"):
                     torch.testing.assert_close(got[key], want[key], msg=lambda m: f"rank {rank}, iteration {i}, {key}: {m}")
 
-    def test_ranks_hold_different_shards(self):
-        """Each rank's gradient shard is its own part of the average: the two differ."""
-        grads = [result["artifact"]["eager"]["accumulate"][0]["grads"][0] for result in self.ranks]
-        self.assertFalse(torch.equal(*grads))
-
-    def test_loading_on_other_ranks_compiles_nothing(self):
-        self.assertEqual(self.ranks[1]["compiler_calls"], [])
-
     @parametrize("backend", BACKENDS)
     def test_calls_refuse_other_shardings_before_changing_anything(self, backend):
         refusals = self.ranks[0]["refusals"][backend]
-        for name, pattern in (
-            ("world_size", r"^args\[0\]\.0\.weight \(parameter\) is sharded over 1 ranks, but over 2 at capture .*"
-                           r"precompile again for a world size of 1"),
+        self.assert_refused(refusals, (
+            ("world_size", WORLD_SIZE_REFUSAL),
             ("unsharded", r"^args\[0\]\.0\.weight \(parameter\) is a Parameter, but was a DTensor sharded by fully_shard "
                           r"at capture .*call model\.reshard\(\)"),
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off "
                                  r"\(set_requires_gradient_sync\(False\).*call set_requires_gradient_sync\(True\)"),
             ("requires_grad", r"^args\[0\]\.0\.weight \(parameter\): requires_grad was True at capture, got False"),
-            ("replicated_grad", r"^args\[0\]\.0\.weight \(parameter\)\.grad is a DTensor of shape \(32, 16\), not a DTensor "
-                                r"placed \[Shard\(dim=0\)\] as backward leaves it, .*set it to None"),
+            ("replicated_grad", REPLICATED_GRAD_REFUSAL),
             ("plain_model", r"^args\[0\] is a torch\.nn\.modules\.container\.Sequential, but was a .*FSDPSequential"),
-        ):
-            with self.subTest(name):
-                self.assertRegex(refusals[name], pattern)
-                self.assertTrue(refusals[f"{name}_untouched"], name)
+        ), untouched=True)
         self.assertEqual(self.ranks[1]["refusals"][backend]["unsharded"], refusals["unsharded"])
 
     @parametrize("backend", BACKENDS)
     def test_capture_refuses_what_it_cannot_reproduce(self, backend):
         """Named, with a fix that keeps the model's semantics (no advice to remove fully_shard's hooks)."""
-        refusals = self.ranks[0]["refusals"][backend]
-        for name, pattern in (
+        self.assert_refused(self.ranks[0]["refusals"][backend], (
             ("mixed_precision", r"^args\[0\]\.0 is sharded by fully_shard, and it has a mixed precision policy "
                                 r"\(MixedPrecisionPolicy\(param_dtype=torch\.bfloat16.*\), which precompile does not support yet"),
             ("offload", r"^args\[0\]\.0 is sharded by fully_shard, and it offloads parameters to the CPU \(CPUOffloadPolicy\)"),
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off"),
             ("uneven", r"^args\[0\]\.0\.weight has 7 rows over 2 ranks: its shards differ in size from rank to rank"),
             ("grouped", r"^args\[0\]\.0 was sharded by one fully_shard call together with other modules"),
+            ("clip_grad_norm", CLIP_REFUSAL),
             ("hsdp", r"^args\[0\]\.0\.weight is placed \(Replicate\(\), Shard\(dim=0\)\) on a 2-D device mesh: precompile "
                      r"supports fully_shard on a 1-D mesh"),
-        ):
-            with self.subTest(name):
-                self.assertRegex(refusals[name], pattern)
-                self.assertNotIn("Remove it", refusals[name])
+        ), untouched=False)
 
     def test_example_trains_as_eager_fully_shard(self):
         """examples/fsdp2_train.py asserts each rank's losses and final shards against eager FSDP2."""
@@ -408,7 +433,7 @@ class TestFullyShard(_JobResults):
 
 @needs_gloo
 @needs_compiler
-class TestTensorParallel(_JobResults):
+class TestTensorParallel(_ShardedJobResults):
     """A model parallelize_module split (Note [precompile programming model], invariant 17)."""
 
     RUNS = ("accumulate", "outside", "forward", "sgd", "adamw")  # see _precompile_tp_worker.run
@@ -417,21 +442,6 @@ class TestTensorParallel(_JobResults):
     @classmethod
     def job(cls, out: str) -> list:
         return [TP_WORKER, out, *BACKENDS]
-
-    def assert_runs_equal_eager(self, backend: str, runs: tuple) -> None:
-        for rank, result in enumerate(self.ranks):
-            for name in runs:
-                ours, theirs = result["artifact"][backend][name], result["eager"][name]
-                self.assertEqual(len(ours), len(theirs))
-                for i, (got, want) in enumerate(zip(ours, theirs)):
-                    msg = f"rank {rank}, {name}, iteration {i}"
-                    self.assertEqual(got["types"], want["types"], msg)
-                    for key in ("out", "params", "grads"):
-                        torch.testing.assert_close(got[key], want[key], msg=lambda m: f"{msg}, {key}: {m}")
-                    for got_state, want_state in zip(got["optimizer"] or (), want["optimizer"] or ()):
-                        self.assertEqual({k: t for k, (t, _) in got_state.items()}, {k: t for k, (t, _) in want_state.items()}, msg)
-                        for key, (_, value) in want_state.items():
-                            torch.testing.assert_close(got_state[key][1], value, msg=lambda m: f"{msg}, {key}: {m}")
 
     @parametrize("backend", BACKENDS)
     def test_steps_equal_eager_tensor_parallel(self, backend):
@@ -450,50 +460,34 @@ class TestTensorParallel(_JobResults):
         norm_weight = self.ranks[0]["artifact"][backend]["prepared"][0]["types"][0]
         self.assertEqual(norm_weight, ("DTensor", "DTensor", ("Partial(sum)",)))
 
-    def test_ranks_hold_different_shards(self):
-        grads = [result["artifact"]["eager"]["accumulate"][0]["grads"][0] for result in self.ranks]
-        self.assertFalse(torch.equal(*grads))
-
-    def test_loading_on_other_ranks_compiles_nothing(self):
-        self.assertEqual(self.ranks[1]["compiler_calls"], [])
-
     def test_graph_all_reduces_the_row_wise_output(self):
         """The row-wise layer's partial sums are all-reduced in the graph, by the functional collective."""
         self.assertEqual(self.ranks[0]["collectives"], ["all_reduce", "wait_tensor"])
 
     @parametrize("backend", BACKENDS)
     def test_calls_refuse_other_parallelizations_before_changing_anything(self, backend):
-        refusals = self.ranks[0]["refusals"][backend]
-        for name, pattern in (
-            ("world_size", r"^args\[0\]\.0\.weight \(parameter\) is sharded over 1 ranks, but over 2 at capture .*"
-                           r"precompile again for a world size of 1"),
+        self.assert_refused(self.ranks[0]["refusals"][backend], (
+            ("world_size", WORLD_SIZE_REFUSAL),
             ("placements", r"^args\[0\]\.0\.weight \(parameter\) is a DTensor of shape \(32, 16\) placed \[Shard\(dim=1\)\] "
                            r"on a 1-D mesh, but was of shape \(32, 16\) placed \[Shard\(dim=0\)\] on a 1-D mesh at capture"),
             ("hooks", r"^args\[0\]\.2 has a tensor parallel forward hook other than at capture, .*RowwiseParallel\._prepare_output_fn, "
                       r"\(\(Shard\(dim=0\),\), True\).*Parallelize the model with the same plan as at capture"),
-            ("replicated_grad", r"^args\[0\]\.0\.weight \(parameter\)\.grad is a DTensor of shape \(32, 16\), not a DTensor "
-                                r"placed \[Shard\(dim=0\)\] as backward leaves it, .*set it to None"),
+            ("replicated_grad", REPLICATED_GRAD_REFUSAL),
             ("plain_model", r"^args\[0\]\.0\.weight \(parameter\) is a Parameter, but was a DTensor sharded by tensor parallel"),
-        ):
-            with self.subTest(name):
-                self.assertRegex(refusals[name], pattern)
-                self.assertTrue(refusals[f"{name}_untouched"], name)
-                self.assertNotIn("Remove it", refusals[name])
+        ), untouched=True)
 
     @parametrize("backend", BACKENDS)
     def test_capture_refuses_what_it_cannot_reproduce(self, backend):
-        refusals = self.ranks[0]["refusals"][backend]
-        for name, pattern in (
+        self.assert_refused(self.ranks[0]["refusals"][backend], (
             ("fsdp_and_tp", r"^args\[0\]\.0\.weight is placed \(_StridedShard\(.*\), Shard\(dim=0\)\) on a 2-D device mesh: "
                             r"precompile supports .*fully_shard with tensor parallel.* not supported yet"),
             ("embedding", r"^fn's trace reads this process's rank at .*_precompile_tp_worker\.py:\d+ .*\(DeviceMesh\.\w+\(\), "
                           r"in \w+ at .*\): DTensor computes from it a sharded embedding's offsets"),
             ("uneven", r"^args\[0\]\.0\.weight has 7 entries in dim 0 over 2 ranks: its shards differ in size"),
+            ("clip_grad_norm", CLIP_REFUSAL),
             ("partial_grad_optimizer", r"^args\[0\]\.norm\.\w+'s gradient is placed \(Partial\(sum\),\), and the optimizer "
                                        r"inside fn steps the local shards.*keep opt\.step\(\) outside fn"),
-        ):
-            with self.subTest(name):
-                self.assertRegex(refusals[name], pattern)
+        ), untouched=False)
 
     def test_checks_list_the_parallelization(self):
         checks = [line for line in self.ranks[0]["checks"] if line.startswith("sharded")]

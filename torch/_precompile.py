@@ -547,9 +547,8 @@ says who guarantees it and, where it is enforced, which tests (in
    depend on them.  Any other collective fn runs (``torch.distributed``'s,
    functional collectives, a DTensor's redistribution) is refused when the
    trace reaches it, before it communicates: the other ranks do not join a
-   capture.  Tensors sharded over ranks other than fully_shard's parameters
-   (DTensor arguments, tensor parallel's module state and hooks) and FSDP1
-   wrappers are refused before any trace.  Tested on 2
+   capture.  DTensor arguments of fn and FSDP1 wrappers are refused before
+   any trace.  Tested on 2
    gloo ranks against eager DDP, per rank, on both backends
    (test_precompile_distributed.py TestDataParallel).
 17. Sharded data parallel.  A model whose submodules
@@ -581,12 +580,37 @@ says who guarantees it and, where it is enforced, which tests (in
    sync turned off, a custom gradient divide factor, unused-parameter
    reduction or all-reduce hook, modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
-   would differ per rank), and meshes other than 1-D (HSDP, FSDP with tensor
-   parallel).  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
+   would differ per rank), and meshes other than 1-D (HSDP, FSDP together
+   with tensor parallel).  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
    backends, for a step without an optimizer (accumulating over 3 calls), with
    SGD / Adam / AdamW inside fn and AdamW outside it, both
    ``reshard_after_forward`` settings, and a no_grad forward
    (test_precompile_distributed.py TestFullyShard).
+   A model ``parallelize_module`` split (tensor parallel) is a module
+   argument whose DTensor parameters (1-D mesh, ``Shard(d)`` or
+   ``Replicate()``) are lifted the same way, with their placements in the
+   ``ShardSpec``; unlike fully_shard's, its ParallelStyles' hooks run in the
+   trace (``torch/_precompile_tp.py``): inside fn each parameter is a DTensor
+   over its traced local shard, so DTensor's sharding propagation runs on the
+   trace's tensors and the graph holds the local ops and the functional
+   collectives it issues (traced through stand-ins, retargeted afterwards).
+   Each hook is recorded by its code and closure values (the style's
+   layouts, the mesh) and a call accepts exactly those hooks.  ``.grad`` is
+   the DTensor eager leaves: placed like the parameter, or ``Partial(sum)``
+   for a Replicate parameter computed with sharded activations (each rank's
+   partial sum, recorded at capture; an optimizer inside fn is then
+   refused, since eager's step all-reduces it first).  A trace that uses
+   this process's rank (DTensor computing offsets or picking a chunk from
+   it: row-wise embeddings, random ops, Replicate to Shard, uneven shards)
+   is refused, since one artifact serves every rank; asking whether the
+   rank is in the mesh is not a use.  For both sharded forms, fn reading
+   or setting a parameter's ``.grad`` (``clip_grad_norm_``) is refused: in
+   the trace the module holds the gathered or DTensor parameter, not the
+   leaf the gradient reaches.  Tested on 2 gloo ranks against eager tensor
+   parallel, per rank, on both backends, for Colwise / Rowwise steps with
+   SGD and AdamW inside fn and outside it, a no_grad forward, and sequence
+   parallel blocks (SequenceParallel, PrepareModuleInputOutput)
+   (test_precompile_distributed.py TestTensorParallel).
 """
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import (
@@ -1009,6 +1010,12 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             stack.enter_context(fsdp.hooks_skipped(args.modules))
             if parallel:
                 stack.enter_context(tp.rank_unread(lambda: _user_line(traceback.extract_stack())))
+            sharded_paths = {  # what fn's modules hold for each sharded parameter, by path
+                id(whole[i]): f"args[{args.module_positions[e.names[0][0]]}].{e.names[0][1]}"
+                for i, e in enumerate(args.lifted) if e.sharded is not None
+            }
+            if sharded_paths:
+                stack.enter_context(_ShardedGradientsUnread(sharded_paths))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with (
                 torch.enable_grad(),
@@ -1052,6 +1059,28 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
     return flat_fn
+
+
+class _ShardedGradientsUnread(TorchFunctionMode):
+    """While fn is traced: refuse reading or setting ``.grad`` of what a sharded model holds
+    for its parameters (invariant 17).  In the trace that is the whole parameter fully_shard
+    gathers, or tensor parallel's DTensor over the traced shard: not the leaf backward
+    accumulates into, so its ``.grad`` is None, and ``clip_grad_norm_`` or a hand-written
+    update would silently do nothing.  (An optimizer argument steps the traced shards.)"""
+
+    def __init__(self, paths: dict):
+        super().__init__()
+        self.paths = paths  # id(tensor) -> "args[0].fc.weight"
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.grad.__get__, torch.Tensor.grad.__set__) and id(args[0]) in self.paths:
+            raise PrecompileError(
+                f"fn {'reads' if func == torch.Tensor.grad.__get__ else 'sets'} {self.paths[id(args[0])]}.grad"
+                f"{_user_line(traceback.extract_stack())}, a parameter of a model sharded by fully_shard or tensor "
+                "parallel, whose gradient the artifact writes only after its graph ran: keep gradient reads "
+                "(clip_grad_norm_, a hand-written update) outside fn, or pass the optimizer as an argument of fn"
+            )
+        return func(*args, **(kwargs or {}))
 
 
 def _parallel_entries(lifted: list) -> list[int]:
