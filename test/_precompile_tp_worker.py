@@ -119,7 +119,7 @@ def run_block(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
 
 def run(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
     """3 iterations of run ``name`` with fn (an artifact, or the eager step it captured)."""
-    return iterate(name, fn, make_model(mesh), rank)
+    return iterate(name, fn, make_model(mesh), 0)  # every rank the same batch: Replicate inputs
 
 
 def steps() -> dict:
@@ -157,15 +157,10 @@ def call_refusals(runnable, mesh: DeviceMesh) -> dict:
     ))
 
 
-def capture_refusals(backend: str, mesh: DeviceMesh, mesh_2d: DeviceMesh) -> dict:
+def capture_refusals(backend: str, mesh: DeviceMesh) -> dict:
     """What capture refuses (rank 0 alone; nothing communicates)."""
-    from torch.distributed.fsdp import fully_shard
-
     x, y = make_data(0)[0]
     ids = torch.randint(0, 16, (4, 8))
-
-    def with_fsdp() -> nn.Module:  # tensor parallel over the mesh's "tp" dim, fully_shard over "dp"
-        return fully_shard(make_model(mesh_2d["tp"]), mesh=mesh_2d["dp"])
 
     def embedding() -> nn.Module:  # row-wise embedding: each rank masks ids by its own vocabulary offset
         torch.manual_seed(0)
@@ -176,18 +171,61 @@ def capture_refusals(backend: str, mesh: DeviceMesh, mesh_2d: DeviceMesh) -> dic
         "clip_grad_norm": refusal(lambda: torch_precompile.precompile(clipped_step, make_model(mesh), x, y, backend=backend)),
         "partial_grad_optimizer": refusal(lambda: torch_precompile.precompile(
             step_with_optimizer, block, optimizer_for("adamw", block), *block_data(0)[0], backend=backend)),
-        "fsdp_and_tp": refusal(lambda: torch_precompile.precompile(step, with_fsdp(), x, y, backend=backend)),
         "embedding": refusal(lambda: torch_precompile.precompile(lambda m, i: m(i).sum(), embedding(), ids, backend=backend)),
         "uneven": refusal(lambda: torch_precompile.precompile(
             step, parallelized(nn.Sequential(nn.Linear(16, 7)), mesh, {"0": ColwiseParallel()}), x, y, backend=backend)),
     }
 
 
+# -- fully_shard over tensor parallel: 4 ranks, a 2 x 2 mesh -------------------
+
+
+RUNS_2D = {"accumulate": step, "adamw": step_with_optimizer}
+
+
+def make_model_2d(mesh_2d: DeviceMesh) -> nn.Module:
+    """Tensor parallel over the mesh's "tp" dim, then fully_shard over "dp" (each Linear, the root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model(mesh_2d["tp"])
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh_2d["dp"])
+    return fully_shard(model, mesh=mesh_2d["dp"])
+
+
+def main_2d(out_dir: str, backends: list) -> None:
+    """Each run with the artifact and eagerly, per backend; the tensor parallel ranks of one
+    data-parallel rank share its batch."""
+    rank, compiler_log = start_rank(out_dir)
+    mesh_2d = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    x, y = make_data(0)[0]
+    result = {"artifact": {}}
+    for backend in backends:  # rank 0 makes and captures its models alone: no collective
+        shipped = [None]
+        if rank == 0:
+            models = {name: make_model_2d(mesh_2d) for name in RUNS_2D}
+            arguments = {"accumulate": (models["accumulate"], x, y), "adamw": (models["adamw"], optimizer_for("adamw", models["adamw"]), x, y)}
+            shipped = [{name: torch_precompile.precompile(fn, *arguments[name], backend=backend) for name, fn in RUNS_2D.items()}]
+        dist.broadcast_object_list(shipped, src=0)
+        runnables = {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
+        result["artifact"][backend] = {name: iterate(name, f, make_model_2d(mesh_2d), rank // 2) for name, f in runnables.items()}
+        one_dim = make_model(mesh_2d["tp"])  # tensor parallel alone
+        if rank == 0:
+            result["refusal"] = refusal(lambda: runnables["accumulate"](one_dim, x, y))
+    if rank > 0:
+        with open(compiler_log) as f:
+            result["compiler_calls"] = f.read().splitlines()
+    result["eager"] = {name: iterate(name, fn, make_model_2d(mesh_2d), rank // 2) for name, fn in RUNS_2D.items()}
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(out_dir: str, backends: list) -> None:
     rank, compiler_log = start_rank(out_dir)
     world_size = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world_size,))
-    mesh_2d = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("dp", "tp"))  # collectives: on every rank
     result = {"artifact": {}, "eager": {}, "refusals": {}}
     for backend in backends:
         shipped = [precompile_all(backend, mesh) if rank == 0 else None]
@@ -198,7 +236,7 @@ def main(out_dir: str, backends: list) -> None:
         }
         result["refusals"][backend] = call_refusals(runnables["accumulate"], mesh)
         if rank == 0:
-            result["refusals"][backend].update(capture_refusals(backend, mesh, mesh_2d))
+            result["refusals"][backend].update(capture_refusals(backend, mesh))
             from torch_precompile._precompile_inspect import describe
 
             result["checks"] = describe(*shipped[0]["adamw"])["checks"]
@@ -216,4 +254,7 @@ def main(out_dir: str, backends: list) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    if sys.argv[2] == "2d":
+        main_2d(sys.argv[1], sys.argv[3:])
+    else:
+        main(sys.argv[1], sys.argv[2:])

@@ -50,12 +50,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_job(script_and_args: list) -> None:
-    """torch.distributed.run with WORLD_SIZE processes on loopback; raises with the output when it fails."""
+def _run_job(script_and_args: list, world_size: int = WORLD_SIZE) -> None:
+    """torch.distributed.run with ``world_size`` processes on loopback; raises with the output when it fails."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(WORLD_SIZE),
+        "--nproc-per-node", str(world_size),
         "--master-addr", "127.0.0.1",
         "--master-port", str(_free_port()),
         *script_and_args,
@@ -74,6 +74,8 @@ needs_compiler = unittest.skipUnless(shutil.which(os.environ.get("CXX", "g++")),
 class _JobResults(TestCase):
     """Runs the class's job once; ``cls.ranks`` holds what each rank saved as OUT/rank{r}.pt."""
 
+    world_size = WORLD_SIZE
+
     @classmethod
     def job(cls, out: str) -> list:
         """The script and its arguments, writing into ``out``."""
@@ -85,8 +87,8 @@ class _JobResults(TestCase):
         cls._tmp = tempfile.TemporaryDirectory()
         out = os.path.join(cls._tmp.name, "out")
         try:
-            _run_job(cls.job(out))
-            cls.ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+            _run_job(cls.job(out), cls.world_size)
+            cls.ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(cls.world_size)]
         except BaseException:
             cls._tmp.cleanup()
             raise
@@ -305,9 +307,10 @@ CLIP_REFUSAL = (
 )
 
 
-class _ShardedJobResults(_JobResults):
-    """A 2-rank job whose ranks save, per run, the artifact's and eager's snapshots
-    (_precompile_fsdp_worker.snapshot), the refusals' messages, and rank 1's compilers."""
+class _ShardedChecks:
+    """For a _JobResults whose ranks save, per run, the artifact's and eager's snapshots
+    (_precompile_fsdp_worker.snapshot), the refusals' messages, and rank 1's compilers
+    (a mixin: unittest would run its tests alone otherwise)."""
 
     def assert_runs_equal_eager(self, backend: str, runs: tuple) -> None:
         """Per rank and iteration: the output, the local shards of the parameters and of their
@@ -338,8 +341,8 @@ class _ShardedJobResults(_JobResults):
                     self.assertTrue(refusals[f"{name}_untouched"], name)
 
     def test_ranks_hold_different_shards(self):
-        """Each rank's gradient shard is its own part: the two differ."""
-        grads = [result["artifact"]["eager"]["accumulate"][0]["grads"][0] for result in self.ranks]
+        """Each rank's gradient shard is its own part: rank 0's and rank 1's differ."""
+        grads = [result["artifact"]["eager"]["accumulate"][0]["grads"][0] for result in self.ranks[:2]]
         self.assertFalse(torch.equal(*grads))
 
     def test_loading_on_other_ranks_compiles_nothing(self):
@@ -348,7 +351,7 @@ class _ShardedJobResults(_JobResults):
 
 @needs_gloo
 @needs_compiler
-class TestFullyShard(_ShardedJobResults):
+class TestFullyShard(_ShardedChecks, _JobResults):
     """A model fully_shard (FSDP2) sharded (Note [precompile programming model], invariant 17)."""
 
     RUNS = ("accumulate", "no_reshard", "outside", "forward", "sgd", "adam", "adamw")  # see _precompile_fsdp_worker.run
@@ -404,7 +407,8 @@ class TestFullyShard(_ShardedJobResults):
             ("grouped", r"^args\[0\]\.0 was sharded by one fully_shard call together with other modules"),
             ("clip_grad_norm", CLIP_REFUSAL),
             ("hsdp", r"^args\[0\]\.0\.weight is placed \(Replicate\(\), Shard\(dim=0\)\) on a 2-D device mesh: precompile "
-                     r"supports fully_shard on a 1-D mesh"),
+                     r"supports fully_shard with its default Shard\(0\) placement on a 1-D mesh, or on the first dim of a named "
+                     r"2-D mesh whose second dim tensor parallel shards"),
         ), untouched=False)
 
     def test_example_trains_as_eager_fully_shard(self):
@@ -426,14 +430,14 @@ class TestFullyShard(_ShardedJobResults):
         self.assertEqual(len(checks), 7)  # six parameters, and fully_shard's settings
         self.assertRegex(
             checks[0],
-            r"^sharded +args\[0\]\.0\.weight \(parameter\): a DTensor of shape \(32, 16\) placed \[Shard\(dim=0\)\] on a 1-D "
+            r"^sharded +args\[0\]\.0\.weight \(parameter\): a DTensor of shape \(32, 16\) placed \[Shard\(dim=0\)\] on a "
             r"mesh over process group '0' of 2 ranks$",
         )
 
 
 @needs_gloo
 @needs_compiler
-class TestTensorParallel(_ShardedJobResults):
+class TestTensorParallel(_ShardedChecks, _JobResults):
     """A model parallelize_module split (Note [precompile programming model], invariant 17)."""
 
     RUNS = ("accumulate", "outside", "forward", "sgd", "adamw")  # see _precompile_tp_worker.run
@@ -479,8 +483,6 @@ class TestTensorParallel(_ShardedJobResults):
     @parametrize("backend", BACKENDS)
     def test_capture_refuses_what_it_cannot_reproduce(self, backend):
         self.assert_refused(self.ranks[0]["refusals"][backend], (
-            ("fsdp_and_tp", r"^args\[0\]\.0\.weight is placed \(_StridedShard\(.*\), Shard\(dim=0\)\) on a 2-D device mesh: "
-                            r"precompile supports .*fully_shard with tensor parallel.* not supported yet"),
             ("embedding", r"^fn's trace reads this process's rank at .*_precompile_tp_worker\.py:\d+ .*\(DeviceMesh\.\w+\(\), "
                           r"in \w+ at .*\): DTensor computes from it a sharded embedding's offsets"),
             ("uneven", r"^args\[0\]\.0\.weight has 7 entries in dim 0 over 2 ranks: its shards differ in size"),
@@ -494,13 +496,46 @@ class TestTensorParallel(_ShardedJobResults):
         self.assertEqual(len(checks), 8)  # four parameters, four hooks
         self.assertRegex(
             checks[3],
-            r"^sharded +args\[0\]\.2\.bias \(parameter\): a DTensor of shape \(32,\) placed \[Replicate\(\)\] on a 1-D "
+            r"^sharded +args\[0\]\.2\.bias \(parameter\): a DTensor of shape \(32,\) placed \[Replicate\(\)\] on a "
             r"mesh over process group '0' of 2 ranks$",
         )
         self.assertRegex(
             checks[4],
             r"^sharded +args\[0\]\.0\._forward_pre_hooks: tensor parallel's hook .*ColwiseParallel\._prepare_input_fn, "
             r"\(\(Replicate\(\),\), \(Replicate\(\),\)\)",
+        )
+
+
+@needs_gloo
+@needs_compiler
+class TestFullyShardOverTensorParallel(_ShardedChecks, _JobResults):
+    """fully_shard over a tensor parallel model on a 2 x 2 mesh (4 ranks): its shards gathered
+    over the data-parallel dim into tensor parallel's (Note invariant 17)."""
+
+    world_size = 4
+
+    @classmethod
+    def job(cls, out: str) -> list:
+        return [TP_WORKER, out, "2d", *BACKENDS]
+
+    @parametrize("backend", BACKENDS)
+    def test_steps_equal_eager(self, backend):
+        """Per rank, 3 iterations accumulating, and 3 with AdamW inside fn: outputs, 2-D DTensor
+        parameter and gradient shards, placements and optimizer state equal eager's."""
+        self.assert_runs_equal_eager(backend, ("accumulate", "adamw"))
+        self.assertEqual(
+            self.ranks[0]["artifact"][backend]["accumulate"][0]["types"][0],
+            ("DTensor", "DTensor", ("_StridedShard(dim=0, sf=2)", "Shard(dim=0)")),
+        )
+
+    def test_other_ranks_compile_nothing(self):
+        for rank in (1, 2, 3):  # each in other process groups than rank 0, whose names the graph holds
+            self.assertEqual(self.ranks[rank]["compiler_calls"], [], rank)
+
+    def test_a_call_without_fully_shard_is_refused(self):
+        self.assertRegex(
+            self.ranks[0]["refusal"],
+            r"^args\[0\] is a torch\.nn\.modules\.container\.Sequential, but was a .*FSDPSequential",
         )
 
 
@@ -563,6 +598,7 @@ class TestStubCompilers(TestCase):
 instantiate_parametrized_tests(TestDataParallel)
 instantiate_parametrized_tests(TestFullyShard)
 instantiate_parametrized_tests(TestTensorParallel)
+instantiate_parametrized_tests(TestFullyShardOverTensorParallel)
 
 
 if __name__ == "__main__":

@@ -993,8 +993,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for members in _gather_groups(args.lifted):
             whole.update(zip(members, fsdp.gathered([state[i] for i in members], args.lifted[members[0]].sharded)))
         gradient_placements = tp.GradientPlacements()
-        for i, where in parallel.items():
-            whole[i] = gradient_placements.as_dtensor(where, state[i], args.lifted[i].param)
+        for i, where in parallel.items():  # its local shard, or fully_shard's gather of it
+            whole[i] = gradient_placements.as_dtensor(where, whole[i], args.lifted[i].param)
         for i, entry in enumerate(args.lifted):
             for index, fqn in entry.names:
                 mappings[index][fqn] = whole[i]
@@ -1084,8 +1084,12 @@ class _ShardedGradientsUnread(TorchFunctionMode):
 
 
 def _parallel_entries(lifted: list) -> list[int]:
-    """The lifted tensor parallel parameters (indices): DTensors in the trace (invariant 17)."""
-    return [i for i, entry in enumerate(lifted) if entry.sharded is not None and not entry.sharded.gathered]
+    """The lifted tensor parallel parameters (indices), fully_shard over them included:
+    DTensors in the trace (invariant 17)."""
+    return [
+        i for i, entry in enumerate(lifted)
+        if entry.sharded is not None and (not entry.sharded.gathered or entry.sharded.parallel_group_name)
+    ]
 
 
 def _gather_groups(lifted: list) -> list[list[int]]:

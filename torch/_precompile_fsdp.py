@@ -24,8 +24,8 @@ Capture runs no collective: the trace calls stand-in ops that compute nothing
 collectives afterwards, so one rank precompiles alone.  Refused at capture:
 FSDP1, mixed precision and offload policies, settings that change the gradient
 reduction (``runtime.fully_shard_unsupported``), modules sharded together in
-one call, parameters whose dim 0 does not divide evenly over the ranks, and a
-mesh other than 1-D.
+one call, parameters whose dim 0 does not divide evenly over the ranks, and
+meshes other than 1-D, or 2-D with tensor parallel on the second dim.
 """
 
 import contextlib
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import _precompile_compat as compat, _precompile_runtime as runtime
+from . import _precompile_compat as compat, _precompile_runtime as runtime, _precompile_tp as tp
 from ._precompile_schema import PrecompileError, ShardSpec
 
 
@@ -60,23 +60,39 @@ def check_module(where: str, module: torch.nn.Module) -> None:
 
 
 def shard_spec(where: str, param: Any) -> ShardSpec:
-    """A fully_shard parameter's ShardSpec; refuse what the graph's all-gather cannot reproduce."""
+    """A fully_shard parameter's ShardSpec; refuse what the graph's all-gather cannot reproduce.
+
+    On a 1-D mesh it is placed Shard(0).  Over tensor parallel, on a 2-D mesh, fully_shard
+    shards dim 0 of tensor parallel's local shard over the first dim (placed Shard(0), or
+    _StridedShard(0) where tensor parallel shards dim 0 too), and the graph all-gathers that
+    local shard, which tensor parallel's DTensor then holds (``_precompile_tp.local_layout``)."""
     dtensor = sys.modules["torch.distributed.tensor"]
-    mesh = param.device_mesh
-    if mesh.ndim != 1 or tuple(param.placements) != (dtensor.Shard(0),):
+    mesh, placements = param.device_mesh, tuple(param.placements)
+    over_parallel = mesh.ndim == 2 and mesh.mesh_dim_names is not None and getattr(placements[0], "dim", None) == 0
+    if not over_parallel and (mesh.ndim != 1 or placements != (dtensor.Shard(0),)):
         raise PrecompileError(
-            f"{where} is placed {tuple(param.placements)} on a {mesh.ndim}-D device mesh: precompile supports "
-            "fully_shard on a 1-D mesh with its default Shard(0) placement, and tensor parallel on a 1-D mesh, "
-            "each alone (HSDP, fully_shard with tensor parallel, and shard_placement_fn are not supported yet)"
+            f"{where} is placed {placements} on a {mesh.ndim}-D device mesh: precompile supports fully_shard "
+            "with its default Shard(0) placement on a 1-D mesh, or on the first dim of a named 2-D mesh whose "
+            "second dim tensor parallel shards (HSDP and shard_placement_fn are not supported yet)"
         )
-    group = mesh.get_group()
-    if param.shape[0] % group.size():
+    group = mesh.get_group(0)
+    rows = tp.local_layout(where, param)[0][0] if over_parallel else param.shape[0]
+    if rows % group.size():
         raise PrecompileError(
-            f"{where} has {param.shape[0]} rows over {group.size()} ranks: its shards differ in size from rank "
+            f"{where} has {rows} rows over {group.size()} ranks: its shards differ in size from rank "
             "to rank, and one artifact serves every rank; precompile supports parameters whose dim 0 is a "
             "multiple of the world size (pad the layer, or change its size)"
         )
-    return ShardSpec(shape=tuple(param.shape), world_size=group.size(), group_name=group.group_name)
+    spec = ShardSpec(
+        shape=tuple(param.shape), world_size=group.size(), group_name=group.group_name,
+        mesh_ranks=runtime.root_mesh_ranks(mesh),
+    )  # fmt: skip
+    if not over_parallel:
+        return spec
+    parallel = mesh.get_group(1)
+    return spec._replace(
+        placements=tuple(map(repr, placements)), parallel_group_name=parallel.group_name, parallel_world_size=parallel.size()
+    )
 
 
 def local_shard(param: Any) -> torch.Tensor:

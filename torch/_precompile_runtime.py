@@ -225,6 +225,32 @@ def _resolve_process_group(group_name: str) -> Any:
     return _resolve_process_group(group_name)
 
 
+# A 2-D mesh's groups differ from rank to rank (rank 0's data-parallel group is not
+# rank 1's), so the graph's collectives name rank 0's; on a rank outside that group the
+# name is unknown, and the driver registers it for this rank's group on the same mesh dim.
+# c10d's name registry has no public writer in 2.11-2.14.
+def _process_group_known(group_name: str) -> bool:
+    try:
+        _resolve_process_group(group_name)
+    except RuntimeError:  # "Could not resolve the process group registered under the name ..."
+        return False
+    return True
+
+
+def _register_process_group(group_name: str, group: Any) -> None:
+    from torch._C._distributed_c10d import _register_process_group
+
+    _register_process_group(group_name, group)
+
+
+# The mesh a device mesh was sliced from (itself if none): the same on every rank, where
+# the slice holds this rank's row or column.  DeviceMesh._get_root_mesh in 2.13-2.14,
+# _mesh_resources.get_root_mesh before (deprecated from 2.13).
+def root_mesh_ranks(mesh: Any) -> tuple:
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else sys.modules[type(mesh).__module__]._mesh_resources.get_root_mesh(mesh)
+    return tuple(root.mesh.flatten().tolist())
+
+
 # fully_shard's (FSDP2) forward pre- and post-hook on each module it sharded: methods of
 # its FSDPState; the graph does what they do (Note invariant 17).  Private in 2.11-2.14.
 # None until torch.distributed.fsdp is imported (no module has them before).
@@ -265,8 +291,8 @@ def _describe_hook_value(value: Any) -> str | None:
         return None if None in parts else "partial({}, {}, {})".format(*parts)
     cls = type(value)
     if cls.__module__.startswith("torch.distributed"):
-        if cls.__name__ == "DeviceMesh":
-            return f"DeviceMesh({value.mesh.tolist()}, {getattr(value, 'mesh_dim_names', None)!r})"
+        if cls.__name__ == "DeviceMesh":  # by shape: a 2-D mesh's slice holds other ranks on other ranks
+            return f"DeviceMesh({tuple(value.shape)}, {getattr(value, 'mesh_dim_names', None)!r})"
         if cls.__module__.endswith("placement_types"):
             return repr(value)
         if cls.__module__.startswith("torch.distributed.tensor.parallel"):  # a ParallelStyle
@@ -1459,8 +1485,8 @@ class ModuleArguments:
                 checks.append(Check("tie", tied, f"the same tensor as {self.state_path(index)}"))
         for index, shard in self.sharded:
             checks.append(Check("sharded", self.state_path(index), f"a DTensor of shape {_describe_sizes(list(shard.shape))} "
-                                f"placed [{', '.join(shard.placements)}] on a 1-D mesh over process group "
-                                f"{shard.group_name!r} of {shard.world_size} ranks"
+                                f"placed [{', '.join(shard.placements)}] on a mesh over "
+                                + " by ".join(f"process group {name!r} of {size} ranks" for name, size in shard.mesh_groups)
                                 + (f"; its .grad placed [{', '.join(shard.grad_placements)}]" if shard.grad_placements else "")))
         for path, attribute, description in self.convention.parallel_hooks:
             checks.append(Check("sharded", f"{path}.{attribute}", f"tensor parallel's hook {description}"))
@@ -2174,7 +2200,7 @@ def check_sharded_parameters(accessors: list, sharded: list, state_path: Callabl
 
 def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
     """Refuse a parameter that is not sharded as ``spec`` records."""
-    sharder = "fully_shard" if spec.gathered else "tensor parallel"
+    sharder = "tensor parallel" if not spec.gathered else "fully_shard" + (" and tensor parallel" if spec.parallel_group_name else "")
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is None or not isinstance(param, dtensor.DTensor):
         raise PrecompileError(
@@ -2182,24 +2208,33 @@ def check_sharded(where: str, param: Any, spec: ShardSpec) -> None:
             "takes its local shard): pass the model sharded as at capture"
             + (" (after an explicit model.unshard(), call model.reshard())" if spec.gathered else "")
         )
-    mesh, placements = param.device_mesh, tuple(map(repr, param.placements))
-    if mesh.ndim != 1 or placements != spec.placements or tuple(param.shape) != spec.shape:
+    mesh, placements, groups = param.device_mesh, tuple(map(repr, param.placements)), spec.mesh_groups
+    if mesh.ndim != len(groups) or placements != spec.placements or tuple(param.shape) != spec.shape:
         raise PrecompileError(
             f"{where} is a DTensor of shape {tuple(param.shape)} placed [{', '.join(placements)}] on a {mesh.ndim}-D "
-            f"mesh, but was of shape {spec.shape} placed [{', '.join(spec.placements)}] on a 1-D mesh at capture: "
-            "shard the model as at capture, or precompile again"
+            f"mesh, but was of shape {spec.shape} placed [{', '.join(spec.placements)}] on a {len(groups)}-D mesh at "
+            "capture: shard the model as at capture, or precompile again"
         )
-    group = mesh.get_group()
-    if group.size() != spec.world_size:
+    for dim, (_, world_size) in enumerate(groups):
+        if mesh.size(dim) != world_size:
+            raise PrecompileError(
+                f"{where} is sharded over {mesh.size(dim)} ranks, but over {world_size} at capture (the graph's "
+                f"shapes and collectives are for that many): precompile again for a world size of {mesh.size(dim)}"
+            )
+    if spec.mesh_ranks and root_mesh_ranks(mesh) != spec.mesh_ranks:
         raise PrecompileError(
-            f"{where} is sharded over {group.size()} ranks, but over {spec.world_size} at capture (the graph's "
-            f"shapes and collectives are for that many): precompile again for a world size of {group.size()}"
+            f"{where} is sharded over a device mesh of the ranks {list(root_mesh_ranks(mesh))}, but of the ranks "
+            f"{list(spec.mesh_ranks)} at capture: shard the model over the same device mesh"
         )
-    if group.group_name != spec.group_name or _resolve_process_group(spec.group_name) is not group:
-        raise PrecompileError(
-            f"{where} is sharded over the process group {group.group_name!r}, but the graph's collectives "
-            f"run on {spec.group_name!r} (its group at capture): shard the model over the same device mesh"
-        )
+    for dim, (group_name, _) in enumerate(groups):
+        group = mesh.get_group(dim)
+        if spec.mesh_ranks and not _process_group_known(group_name):  # this rank's group on that dim (same mesh)
+            _register_process_group(group_name, group)
+        if _resolve_process_group(group_name) is not group or (not spec.mesh_ranks and group.group_name != group_name):
+            raise PrecompileError(
+                f"{where} is sharded over the process group {group.group_name!r}, but the graph's collectives "
+                f"run on {group_name!r} (its group at capture): shard the model over the same device mesh"
+            )
 
 
 def gradient_placements(param: Any, spec: ShardSpec) -> tuple:

@@ -198,9 +198,11 @@ class ShardSpec(Record):
     whole parameter over the process group ``group_name`` of ``world_size`` ranks and
     reduce-scatters its gradient back, averaged as FSDP2 does.  Tensor parallel's: the
     graph computes with the local shard, and the collectives that DTensor's sharding
-    propagation runs are in it.  No rank is baked.  Checked when the module cache is
-    built: a DTensor of ``shape`` with ``placements`` (their reprs) on a 1-D mesh over
-    that group.
+    propagation runs are in it.  Both (fully_shard over tensor parallel): a 2-D mesh,
+    fully_shard's dim (``group_name``) gathered into tensor parallel's local shard, on
+    its dim ``parallel_group_name``.  No rank is baked.  Checked when the module cache
+    is built: a DTensor of ``shape`` with ``placements`` (their reprs) on a mesh over
+    those groups.
     """
 
     shape: tuple[Count, ...]  # the whole parameter's; each sharded dim divides evenly over the ranks
@@ -211,6 +213,20 @@ class ShardSpec(Record):
     # Its .grad's placements where they are not ``placements``: a Replicate parameter
     # computed with sharded activations (SequenceParallel's norms) gets a Partial(sum) one.
     grad_placements: tuple[str, ...] = ()
+    # A 2-D mesh's tensor parallel dim, under fully_shard's: its process group and size.
+    parallel_group_name: str = ""
+    parallel_world_size: Count = 0
+    # The ranks of the mesh the parameter's was sliced from (or its own), row by row: the
+    # same on every rank.  A slice's groups differ from rank to rank; each rank's own group
+    # on a dim stands for the captured one (the graph's collectives name capture's).
+    mesh_ranks: tuple[Count, ...] = ()
+
+    @property
+    def mesh_groups(self) -> tuple:
+        """(process group name, size) of each dim of the parameter's mesh."""
+        return ((self.group_name, self.world_size),) + (
+            ((self.parallel_group_name, self.parallel_world_size),) if self.parallel_group_name else ()
+        )
 
 
 class StateSpec(Record):

@@ -97,7 +97,28 @@ def shard_spec(where: str, param: Any) -> ShardSpec:
         group_name=group.group_name,
         placements=tuple(map(repr, placements)),
         gathered=False,
+        mesh_ranks=runtime.root_mesh_ranks(mesh),
     )
+
+
+def local_layout(where: str, param: Any) -> tuple[tuple[int, ...], Any, tuple]:
+    """(local shape, mesh, placements) of tensor parallel's DTensor for ``param``: itself on a
+    1-D mesh; on fully_shard's 2-D mesh, what the graph gathers over fully_shard's dim, on
+    the second dim's mesh (named, so that it can be sliced out)."""
+    mesh, placements = param.device_mesh, tuple(param.placements)
+    if mesh.ndim == 1:
+        return tuple(getattr(param, runtime.DTENSOR_LOCAL).shape), mesh, placements
+    parallel_mesh, placement = mesh[mesh.mesh_dim_names[1]], placements[1]
+    shape = list(param.shape)
+    if placement.is_shard():
+        if shape[placement.dim] % parallel_mesh.size():
+            raise PrecompileError(
+                f"{where} has {shape[placement.dim]} entries in dim {placement.dim} over {parallel_mesh.size()} "
+                "tensor parallel ranks: its shards differ in size from rank to rank, and one artifact serves "
+                "every rank; precompile supports dims that divide evenly (pad the layer, or change its size)"
+            )
+        shape[placement.dim] //= parallel_mesh.size()
+    return tuple(shape), parallel_mesh, (placement,)
 
 
 def local_shard(param: Any) -> torch.Tensor:
@@ -118,23 +139,24 @@ class GradientPlacements:
         self.refused: list = []
 
     def as_dtensor(self, where: str, local: torch.Tensor, param: Any) -> Any:
-        """``param`` as fn sees it in the trace: a DTensor over the traced ``local`` shard."""
-        dtensor = type(param)
-        traced = dtensor.from_local(
-            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
-        )
+        """``param`` as fn sees it in the trace: tensor parallel's DTensor over the traced
+        ``local`` shard (on fully_shard's 2-D mesh, the one gathered over its first dim)."""
+        dtensor, (_, mesh, expected) = type(param), local_layout(where, param)
+        traced = dtensor.from_local(local, mesh, expected, run_check=False, shape=param.shape, stride=param.stride())
         if traced.requires_grad:
+            # A Partial gradient reaches a 1-D parameter's own shard; fully_shard's gather would reduce it.
+            partial_ok = param.device_mesh.ndim == 1
 
             def arriving(grad: Any) -> Any:
                 placements = tuple(grad.placements)
-                if placements == tuple(param.placements):
+                if placements == expected:
                     return grad
-                if not all(p.is_replicate() and q.is_partial() for p, q in zip(param.placements, placements)):
-                    self.refused.append((where, placements, tuple(param.placements)))
+                if not partial_ok or not all(p.is_replicate() and q.is_partial() for p, q in zip(expected, placements)):
+                    self.refused.append((where, placements, expected))
                     return grad
                 self.arrived[where] = placements
                 return dtensor.from_local(
-                    getattr(grad, runtime.DTENSOR_LOCAL), param.device_mesh, param.placements, run_check=False,
+                    getattr(grad, runtime.DTENSOR_LOCAL), mesh, expected, run_check=False,
                     shape=param.shape, stride=param.stride(),
                 )
 
