@@ -94,9 +94,9 @@ def block_plan(name: str) -> dict:
     }  # fmt: skip
 
 
-def make_block(mesh: DeviceMesh, name: str) -> nn.Module:
+def make_block(mesh: DeviceMesh, name: str, plan: dict | None = None) -> nn.Module:
     torch.manual_seed(0)
-    return parallelized(Block(), mesh, block_plan(name))
+    return parallelized(Block(), mesh, plan or block_plan(name))
 
 
 def block_data(rank: int) -> list:
@@ -235,6 +235,11 @@ def main(out_dir: str, backends: list) -> None:
             name: (run_block if name in BLOCK_RUNS else run)(name, f, rank, mesh) for name, f in runnables.items()
         }
         result["refusals"][backend] = call_refusals(runnables["accumulate"], mesh)
+        plan = block_plan("prepared")
+        block = make_block(mesh, "prepared", plan)
+        plan["mlp"].prepare_module_input.desired_input_layouts = (Shard(1),)  # after parallelize_module: eager follows it
+        if rank == 0:
+            result["refusals"][backend]["style_changed"] = refusal(lambda: runnables["prepared"](block, *block_data(0)[0]))
         if rank == 0:
             result["refusals"][backend].update(capture_refusals(backend, mesh))
             from torch_precompile._precompile_inspect import describe

@@ -470,7 +470,8 @@ class TestTensorParallel(_ShardedChecks, _JobResults):
 
     @parametrize("backend", BACKENDS)
     def test_calls_refuse_other_parallelizations_before_changing_anything(self, backend):
-        self.assert_refused(self.ranks[0]["refusals"][backend], (
+        refusals = self.ranks[0]["refusals"][backend]
+        self.assert_refused(refusals, (
             ("world_size", WORLD_SIZE_REFUSAL),
             ("placements", r"^args\[0\]\.0\.weight \(parameter\) is a DTensor of shape \(32, 16\) placed \[Shard\(dim=1\)\] "
                            r"on a 1-D mesh, but was of shape \(32, 16\) placed \[Shard\(dim=0\)\] on a 1-D mesh at capture"),
@@ -479,6 +480,9 @@ class TestTensorParallel(_ShardedChecks, _JobResults):
             ("replicated_grad", REPLICATED_GRAD_REFUSAL),
             ("plain_model", r"^args\[0\]\.0\.weight \(parameter\) is a Parameter, but was a DTensor sharded by tensor parallel"),
         ), untouched=True)
+        self.assert_refused(refusals, (  # a ParallelStyle's setting changed after parallelize_module
+            ("style_changed", r"^args\[0\]\.mlp has a tensor parallel forward pre-hook other than at capture, .*PrepareModuleInput"),
+        ), untouched=False)
 
     @parametrize("backend", BACKENDS)
     def test_capture_refuses_what_it_cannot_reproduce(self, backend):

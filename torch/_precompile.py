@@ -580,8 +580,8 @@ says who guarantees it and, where it is enforced, which tests (in
    sync turned off, a custom gradient divide factor, unused-parameter
    reduction or all-reduce hook, modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
-   would differ per rank), and meshes other than 1-D (HSDP, FSDP together
-   with tensor parallel).  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
+   would differ per rank), and meshes other than 1-D (HSDP) except fully_shard
+   over tensor parallel, below.  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
    backends, for a step without an optimizer (accumulating over 3 calls), with
    SGD / Adam / AdamW inside fn and AdamW outside it, both
    ``reshard_after_forward`` settings, and a no_grad forward
@@ -606,11 +606,20 @@ says who guarantees it and, where it is enforced, which tests (in
    rank is in the mesh is not a use.  For both sharded forms, fn reading
    or setting a parameter's ``.grad`` (``clip_grad_norm_``) is refused: in
    the trace the module holds the gathered or DTensor parameter, not the
-   leaf the gradient reaches.  Tested on 2 gloo ranks against eager tensor
+   leaf the gradient reaches.  fully_shard over tensor parallel (a named 2-D
+   mesh, fully_shard on its first dim) composes the two: the graph gathers
+   fully_shard's shards into tensor parallel's local shard, and the trace
+   wraps that as tensor parallel's DTensor.  A slice of a 2-D mesh has other
+   process groups on other ranks, so the ShardSpec records the root mesh's
+   ranks, and at a call each rank's own group on a dim stands for the group
+   the graph's collectives name (registered under that name where this rank
+   does not know it).  Tested on 2 gloo ranks against eager tensor
    parallel, per rank, on both backends, for Colwise / Rowwise steps with
    SGD and AdamW inside fn and outside it, a no_grad forward, and sequence
    parallel blocks (SequenceParallel, PrepareModuleInputOutput)
-   (test_precompile_distributed.py TestTensorParallel).
+   (test_precompile_distributed.py TestTensorParallel), and on 4 ranks (a
+   2 x 2 mesh) for fully_shard over tensor parallel
+   (TestFullyShardOverTensorParallel).
 """
 
 if __name__ == "__main__":

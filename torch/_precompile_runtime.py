@@ -1324,6 +1324,7 @@ class ModuleArguments:
         if self.sharded:
             sharded_entries = check_sharded_parameters(accessors, self.sharded, self.state_path)
             sharded_entries += check_fully_shard(named_submodules(self.positions, modules))
+            sharded_entries += parallel_style_settings(named_submodules(self.positions, modules))
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
             + ddp_entries
@@ -2186,6 +2187,27 @@ def check_fully_shard(named_modules: list) -> list:
             values = vars(group)
             watched += [(values, name) for name in ("reduce_grads", "mp_policy", "offload_policy")]
             watched += [(values, name) for name, _ in _FULLY_SHARD_DEFAULTS]
+    return watched
+
+
+def parallel_style_settings(named_modules: list) -> list:
+    """The (vars, name) entries of the ParallelStyle objects tensor parallel's hooks close
+    over (PrepareModuleInput's read its layouts at every call), which the module cache
+    watches: a changed setting has find_hook describe the hook again."""
+    watched, pending = [], [
+        cell.cell_contents
+        for _, module in named_modules
+        for attribute in _MODULE_HOOKS
+        for hook in (getattr(module, attribute, None) or {}).values()
+        if parallel_hook_description(hook) is not None
+        for cell in hook.__closure__
+    ]
+    while pending:
+        value = pending.pop()
+        if type(value).__module__.startswith("torch.distributed.tensor.parallel"):
+            settings = vars(value)
+            watched += [(settings, name) for name in settings]
+            pending += settings.values()
     return watched
 
 

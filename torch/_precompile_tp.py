@@ -16,12 +16,15 @@ model computes, and they run in the trace:
 - each hook is recorded by its code and closure (``parallel_hooks``) and a call
   accepts exactly those hooks (``runtime.find_hook``).
 
-Backward computes each parameter's gradient as a DTensor placed like the
-parameter, as eager's; one placed otherwise is refused at capture
-(``GradientPlacements``).  Refused at capture: meshes other than 1-D (tensor
-parallel with FSDP), Partial placements, dims that do not divide evenly over the
-ranks, hooks whose closure holds anything but layouts, meshes and functions, and
-a trace that reads this process's rank (its graph would be this rank's).
+With fully_shard over tensor parallel (a 2-D mesh), the graph first gathers
+fully_shard's shards into tensor parallel's local shard (``local_layout``), and
+that is what the DTensor holds.  Backward computes each parameter's gradient as
+a DTensor placed like the parameter, or Partial(sum) for a Replicate one, as
+eager's; one placed otherwise is refused at capture (``GradientPlacements``).
+Refused at capture: other meshes than those, Partial placements, dims that do
+not divide evenly over the ranks, hooks whose closure holds anything but
+layouts, meshes and functions, and a trace that uses this process's rank (its
+graph would be this rank's: ``rank_unread``).
 """
 
 import contextlib
@@ -75,8 +78,8 @@ def shard_spec(where: str, param: Any) -> ShardSpec:
     mesh, placements = param.device_mesh, tuple(param.placements)
     if mesh.ndim != 1:
         raise PrecompileError(
-            f"{where} is a DTensor on a {mesh.ndim}-D device mesh {tuple(mesh.shape)}: precompile supports "
-            "tensor parallel and fully_shard on a 1-D mesh each, not together (FSDP with tensor parallel) yet"
+            f"{where} is a DTensor on a {mesh.ndim}-D device mesh {tuple(mesh.shape)} that no fully_shard "
+            "manages: precompile supports tensor parallel on a 1-D mesh, and fully_shard over it on a 2-D mesh"
         )
     group = mesh.get_group()
     for placement in placements:
