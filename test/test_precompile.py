@@ -711,7 +711,9 @@ class TestArtifact(TestCase):
                 "check_data_parallel": "data_parallel",  # for a module spec with data_parallel
                 # for a state spec with sharded
                 **dict.fromkeys(
-                    ("check_fully_shard", "check_sharded_parameters", "parallel_style_settings", "sharded_inputs"), "sharded"
+                    ("check_fully_shard", "check_sharded_parameters", "parallel_hook_description", "parallel_style_settings",
+                     "sharded_inputs"),
+                    "sharded",
                 ),
                 "OptimizerArgument": "optimizer",  # for each optimizer spec
                 **dict.fromkeys(

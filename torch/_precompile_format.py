@@ -115,7 +115,7 @@ def driver_parts(convention: CallingConvention) -> tuple[str, ...]:
     """The driver's optional parts a runnable of ``convention`` calls into, in file order."""
     used = {
         "data_parallel": any(m.data_parallel is not None for m in convention.modules),
-        "sharded": any(spec.sharded is not None for spec in convention.state),
+        "sharded": any(spec.sharded is not None for spec in convention.state) or bool(convention.parallel_hooks),
         "optimizer": bool(convention.optimizers),
         "input_objects": bool(convention.rebound_inputs or convention.returned_inputs),
         "inductor": convention.backend == "inductor",

@@ -262,52 +262,6 @@ def is_fully_shard_hook(hook: Any) -> bool:
     )
 
 
-# Tensor parallel's forward hooks (parallelize_module's styles install them, most through
-# distribute_module): closures over the device mesh and the style's layouts, so what one
-# does is its code and its closure's values.  A call accepts one only where capture recorded
-# the same description (Note invariant 17).
-def parallel_hook_description(hook: Any) -> str | None:
-    """A tensor parallel hook's code and closure values as text, or None for any other hook."""
-    module, closure = getattr(hook, "__module__", None) or "", getattr(hook, "__closure__", None)
-    if not module.startswith("torch.distributed.tensor") or closure is None:
-        return None
-    values = [_describe_hook_value(cell.cell_contents) for cell in closure]
-    return None if None in values else f"{module}.{hook.__qualname__}({', '.join(values)})"
-
-
-def _describe_hook_value(value: Any) -> str | None:
-    """A tensor parallel hook's closure value as text: its mesh by process group, its style's
-    layouts and flags, the functions it calls by name; None for anything else."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return repr(value)
-    if isinstance(value, (tuple, list)):
-        items = [_describe_hook_value(v) for v in value]
-        return None if None in items else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
-    if isinstance(value, dict):
-        items = [_describe_hook_value(item) for item in value.items()]
-        return None if None in items else f"{{{', '.join(items)}}}"
-    if isinstance(value, functools.partial):
-        parts = [_describe_hook_value(value.func), _describe_hook_value(value.args), _describe_hook_value(value.keywords)]
-        return None if None in parts else "partial({}, {}, {})".format(*parts)
-    cls = type(value)
-    if cls.__module__.startswith("torch.distributed"):
-        if cls.__name__ == "DeviceMesh":  # by shape: a 2-D mesh's slice holds other ranks on other ranks
-            return f"DeviceMesh({tuple(value.shape)}, {getattr(value, 'mesh_dim_names', None)!r})"
-        if cls.__module__.endswith("placement_types"):
-            return repr(value)
-        if cls.__module__.startswith("torch.distributed.tensor.parallel"):  # a ParallelStyle
-            described = _describe_hook_value(vars(value))
-            return None if described is None else f"{cls.__qualname__}{described}"
-    if isinstance(value, (types.FunctionType, types.MethodType)) and (value.__module__ or "").startswith("torch.distributed"):
-        return value.__qualname__
-    return None
-
-
-def is_distributed_hook(hook: Any) -> bool:
-    """fully_shard's hook or tensor parallel's, which a module argument may carry."""
-    return is_fully_shard_hook(hook) or parallel_hook_description(hook) is not None
-
-
 # The fully_shard state of a module it sharded (FSDPModule._get_fsdp_state), or None, and
 # its parameter groups (a list from 2.13, one group or None before).  Private in 2.11-2.14.
 def fully_shard_state(module: Any) -> Any:
@@ -877,7 +831,7 @@ def find_hook(
             for hook in (getattr(module, attribute, None) or {}).values():
                 if is_fully_shard_hook(hook):
                     continue
-                description = parallel_hook_description(hook)
+                description = parallel_hook_description(hook) if parallel_hooks else None
                 if description is None:
                     return f"{path} has a {kind}"
                 if (path, attribute, description) not in parallel_hooks:
@@ -1258,6 +1212,10 @@ class ModuleArguments:
         """The module arguments' cache key: the usual single module's id alone, no tuple built per call."""
         return id(args[self.positions[0]]) if self._one_module else tuple(map(id, self.pick(args)))
 
+    def _accepted_hook(self, hook: Any) -> bool:
+        """fully_shard's hook, or tensor parallel's where the trace ran some (find_hook checks which)."""
+        return is_fully_shard_hook(hook) or bool(self.parallel_hooks) and parallel_hook_description(hook) is not None
+
     def refuse_hooks(self, args: tuple, cached: _ModuleCache) -> _ModuleCache:
         """A PrecompileError naming a hook on the module arguments or their tensors; ``cached``, marked clean, where none."""
         epoch = hook_epoch()  # read first: a hook registered while scanning rescans next call
@@ -1344,7 +1302,7 @@ class ModuleArguments:
                 *(getattr(sub, attribute, None) for sub in called for attribute in _MODULE_HOOKS),
                 *(map(_global_module_hooks, _MODULE_HOOKS) if called else ()),
             )
-            if type(hooks) in (dict, collections.OrderedDict) and all(map(is_distributed_hook, hooks.values()))
+            if type(hooks) in (dict, collections.OrderedDict) and all(map(self._accepted_hook, hooks.values()))
         ]
         classes = list(reads.classes.values())
         class_values = [getattr(owner, name, MISSING) for owner, name in classes]
@@ -2141,6 +2099,47 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
 # ~~~~ driver part: sharded ~~~~
 # Parameters that are DTensors over several ranks, fully_shard (FSDP2)'s or tensor
 # parallel's (Note invariant 17).  Only in artifacts with such a parameter.
+
+
+# Tensor parallel's forward hooks (parallelize_module's styles install them, most through
+# distribute_module): closures over the device mesh and the style's layouts, so what one
+# does is its code and its closure's values.  A call accepts one only where capture recorded
+# the same description (Note invariant 17).
+def parallel_hook_description(hook: Any) -> str | None:
+    """A tensor parallel hook's code and closure values as text, or None for any other hook."""
+    module, closure = getattr(hook, "__module__", None) or "", getattr(hook, "__closure__", None)
+    if not module.startswith("torch.distributed.tensor") or closure is None:
+        return None
+    values = [_describe_hook_value(cell.cell_contents) for cell in closure]
+    return None if None in values else f"{module}.{hook.__qualname__}({', '.join(values)})"
+
+
+def _describe_hook_value(value: Any) -> str | None:
+    """A tensor parallel hook's closure value as text: its mesh by process group, its style's
+    layouts and flags, the functions it calls by name; None for anything else."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        items = [_describe_hook_value(v) for v in value]
+        return None if None in items else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    if isinstance(value, dict):
+        items = [_describe_hook_value(item) for item in value.items()]
+        return None if None in items else f"{{{', '.join(items)}}}"
+    if isinstance(value, functools.partial):
+        parts = [_describe_hook_value(value.func), _describe_hook_value(value.args), _describe_hook_value(value.keywords)]
+        return None if None in parts else "partial({}, {}, {})".format(*parts)
+    cls = type(value)
+    if cls.__module__.startswith("torch.distributed"):
+        if cls.__name__ == "DeviceMesh":  # by shape: a 2-D mesh's slice holds other ranks on other ranks
+            return f"DeviceMesh({tuple(value.shape)}, {getattr(value, 'mesh_dim_names', None)!r})"
+        if cls.__module__.endswith("placement_types"):
+            return repr(value)
+        if cls.__module__.startswith("torch.distributed.tensor.parallel"):  # a ParallelStyle
+            described = _describe_hook_value(vars(value))
+            return None if described is None else f"{cls.__qualname__}{described}"
+    if isinstance(value, (types.FunctionType, types.MethodType)) and (value.__module__ or "").startswith("torch.distributed"):
+        return value.__qualname__
+    return None
 
 
 def fully_shard_unsupported(group: Any) -> str | None:
