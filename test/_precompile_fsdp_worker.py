@@ -61,10 +61,21 @@ def step_with_optimizer(model, optimizer, x, y):
     return loss.detach()
 
 
-def clipped_step(model, x, y):
+def clipped_step(model, optimizer, x, y):
+    """The usual LLM step: clip_grad_norm_ over the DTensor gradients (a norm all-reduced across
+    the ranks, each rank's shard scaled in place) between backward and the optimizer."""
     loss = F.mse_loss(model(x), y)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # reads .grad inside fn: refused when sharded
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.detach()
+
+
+def sets_grad(model, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    model[0].weight.grad = torch.zeros_like(model[0].weight)  # a new tensor, not an in-place write: refused
     return loss.detach()
 
 
@@ -116,8 +127,8 @@ def iterate(name: str, fn, model: nn.Module, rank: int) -> list:
     """The snapshots after each of 3 iterations of run ``name`` with fn on ``model``."""
     seen, optimizer = [], None
     for x, y in make_data(rank):
-        if name in OPTIMIZERS:
-            optimizer = optimizer or optimizer_for(name, model)
+        if name in OPTIMIZERS or name == "clip":
+            optimizer = optimizer or optimizer_for("adamw" if name == "clip" else name, model)
             out = fn(model, optimizer, x, y)
         elif name == "outside":  # the optimizer steps eagerly on the gradients the artifact wrote
             optimizer = optimizer or optimizer_for("adamw", model)
@@ -167,7 +178,7 @@ def steps() -> dict:
     """Each run's step, as captured."""
     return {
         "accumulate": step, "no_reshard": step, "outside": step, "forward": forward,
-        **dict.fromkeys(OPTIMIZERS, step_with_optimizer),
+        **dict.fromkeys(OPTIMIZERS, step_with_optimizer), "clip": clipped_step,
     }  # fmt: skip
 
 
@@ -177,6 +188,7 @@ def precompile_all(backend: str) -> dict:
     for name, fn in steps().items():
         model = make_model(reshard_after_forward=name != "no_reshard")
         arguments = {"forward": (model, x), **{o: (model, optimizer_for(o, model), x, y) for o in OPTIMIZERS}}
+        arguments["clip"] = (model, optimizer_for("adamw", model), x, y)
         with torch.no_grad() if name == "forward" else torch.enable_grad():
             pairs[name] = torch_precompile.precompile(fn, *arguments.get(name, (model, x, y)), backend=backend)
     gpt2 = make_gpt2() if backend == "eager" else None  # a real model's graph; one backend keeps the job short
@@ -259,7 +271,7 @@ def capture_refusals(backend: str, hsdp_mesh) -> dict:
         "grouped": lambda: _grouped(),
     }
     out = {name: refusal(lambda: torch_precompile.precompile(step, model(), x, y, backend=backend)) for name, model in models.items()}
-    out["clip_grad_norm"] = refusal(lambda: torch_precompile.precompile(clipped_step, make_model(), x, y, backend=backend))
+    out["sets_grad"] = refusal(lambda: torch_precompile.precompile(sets_grad, make_model(), x, y, backend=backend))
     return out
 
 

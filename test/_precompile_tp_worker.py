@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 from _precompile_ddp_worker import refusal, start_rank
 from _precompile_fsdp_worker import (
     clipped_step,
+    sets_grad,
     forward,
     iterate,
     make_data,
@@ -48,7 +49,7 @@ from _precompile_fsdp_worker import (
 )
 
 
-RUNS = ("accumulate", "outside", "forward", "sgd", "adamw")
+RUNS = ("accumulate", "outside", "forward", "sgd", "adamw", "clip")
 BLOCK_RUNS = ("sequence_parallel", "prepared")  # the block's: accumulating, and AdamW outside fn
 
 
@@ -57,6 +58,16 @@ def make_model(mesh: DeviceMesh, plan: dict | None = None) -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
     return parallelized(model, mesh, plan or {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def model_for(name: str, mesh: DeviceMesh) -> nn.Module:
+    """Run ``name``'s model.  clip_grad_norm_ needs every gradient a DTensor (eager refuses a mix
+    of DTensors and tensors), so "clip" has only the column-wise and the row-wise layer."""
+    if name != "clip":
+        return make_model(mesh)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    return parallelized(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
 
 def parallelized(model: nn.Module, mesh: DeviceMesh, plan: dict) -> nn.Module:
@@ -119,19 +130,23 @@ def run_block(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
 
 def run(name: str, fn, rank: int, mesh: DeviceMesh) -> list:
     """3 iterations of run ``name`` with fn (an artifact, or the eager step it captured)."""
-    return iterate(name, fn, make_model(mesh), 0)  # every rank the same batch: Replicate inputs
+    return iterate(name, fn, model_for(name, mesh), 0)  # every rank the same batch: Replicate inputs
 
 
 def steps() -> dict:
-    return {"accumulate": step, "outside": step, "forward": forward, "sgd": step_with_optimizer, "adamw": step_with_optimizer}
+    return {
+        "accumulate": step, "outside": step, "forward": forward,
+        "sgd": step_with_optimizer, "adamw": step_with_optimizer, "clip": clipped_step,
+    }  # fmt: skip
 
 
 def precompile_all(backend: str, mesh: DeviceMesh) -> dict:
     x, y = make_data(0)[0]
     pairs = {}
     for name, fn in steps().items():
-        model = make_model(mesh)
+        model = model_for(name, mesh)
         arguments = {"forward": (model, x), **{o: (model, optimizer_for(o, model), x, y) for o in ("sgd", "adamw")}}
+        arguments["clip"] = (model, optimizer_for("adamw", model), x, y)
         with torch.no_grad() if name == "forward" else torch.enable_grad():
             pairs[name] = torch_precompile.precompile(fn, *arguments.get(name, (model, x, y)), backend=backend)
     for name in BLOCK_RUNS:
@@ -168,7 +183,7 @@ def capture_refusals(backend: str, mesh: DeviceMesh) -> dict:
 
     block = make_block(mesh, "sequence_parallel")
     return {
-        "clip_grad_norm": refusal(lambda: torch_precompile.precompile(clipped_step, make_model(mesh), x, y, backend=backend)),
+        "sets_grad": refusal(lambda: torch_precompile.precompile(sets_grad, make_model(mesh), x, y, backend=backend)),
         "partial_grad_optimizer": refusal(lambda: torch_precompile.precompile(
             step_with_optimizer, block, optimizer_for("adamw", block), *block_data(0)[0], backend=backend)),
         "embedding": refusal(lambda: torch_precompile.precompile(lambda m, i: m(i).sum(), embedding(), ids, backend=backend)),

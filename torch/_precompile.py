@@ -603,10 +603,12 @@ says who guarantees it and, where it is enforced, which tests (in
    this process's rank (DTensor computing offsets or picking a chunk from
    it: row-wise embeddings, random ops, Replicate to Shard, uneven shards)
    is refused, since one artifact serves every rank; asking whether the
-   rank is in the mesh is not a use.  For both sharded forms, fn reading
-   or setting a parameter's ``.grad`` (``clip_grad_norm_``) is refused: in
-   the trace the module holds the gathered or DTensor parameter, not the
-   leaf the gradient reaches.  fully_shard over tensor parallel (a named 2-D
+   rank is in the mesh is not a use.  For both sharded forms, in the trace
+   the module holds the gathered or DTensor parameter, not the leaf the
+   gradient reaches; its ``.grad`` reads as eager's, a DTensor over the
+   traced shard's gradient, so ``clip_grad_norm_`` inside fn computes and
+   scales as eager's (its norm's all-reduce in the graph); setting it to
+   None clears the shard's, setting it to a tensor is refused.  fully_shard over tensor parallel (a named 2-D
    mesh, fully_shard on its first dim) composes the two: the graph gathers
    fully_shard's shards into tensor parallel's local shard, and the trace
    wraps that as tensor parallel's DTensor.  A slice of a 2-D mesh has other

@@ -663,9 +663,10 @@ class _CaptureGuard(TorchDispatchMode):
         from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
 
         written = _written_arguments(func)
-        if not written:
+        proxy_mode = get_proxy_mode()
+        if not written or proxy_mode is None:  # no mode: DTensor's sharding propagation, on meta tensors
             return
-        tracer = get_proxy_mode().tracer
+        tracer = proxy_mode.tracer
         values = [args[i] if i < len(args) else kwargs.get(name) for i, name in written]
         for tensor in pytree.tree_leaves(values):
             if not isinstance(tensor, torch.Tensor) or compat.is_fake(tensor) or has_proxy_slot(tensor, tracer):
@@ -975,6 +976,9 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         i: f"args[{args.module_positions[args.lifted[i].names[0][0]]}].{args.lifted[i].names[0][1]}"
         for i in _parallel_entries(args.lifted)
     }
+    # A sharded model's gradients are DTensors in fn (_ShardedGradients): their ops are traced
+    # on the local shards, and their collectives through stand-ins, as tensor parallel's.
+    distributed = any(entry.sharded is not None for entry in args.lifted)
 
     def flat_fn(*flat):
         state = flat[:num_state]
@@ -998,7 +1002,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         for i, entry in enumerate(args.lifted):
             for index, fqn in entry.names:
                 mappings[index][fqn] = whole[i]
-        guard = _CaptureGuard(caller_tensors, bool(args.optimizers), parallel=bool(parallel))
+        guard = _CaptureGuard(caller_tensors, bool(args.optimizers), parallel=distributed)
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(compat.reparametrized(module, mapping))
@@ -1008,14 +1012,15 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             stack.enter_context(fsdp.hooks_skipped(args.modules))
-            if parallel:
+            if distributed:
                 stack.enter_context(tp.rank_unread(lambda: _user_line(traceback.extract_stack())))
-            sharded_paths = {  # what fn's modules hold for each sharded parameter, by path
-                id(whole[i]): f"args[{args.module_positions[e.names[0][0]]}].{e.names[0][1]}"
+            sharded = {  # what fn's modules hold for each sharded parameter
+                id(whole[i]): (f"args[{args.module_positions[e.names[0][0]]}].{e.names[0][1]}", state[i], e.param)
                 for i, e in enumerate(args.lifted) if e.sharded is not None
             }
-            if sharded_paths:
-                stack.enter_context(_ShardedGradientsUnread(sharded_paths))
+            if sharded:
+                placements_of = lambda path, param: gradient_placements.arrived.get(path, tuple(param.placements))  # noqa: E731
+                stack.enter_context(_ShardedGradients(sharded, placements_of))
             compat.record_frames_of(fn)  # the rendered eager graph names fn's lines (Note invariant 6)
             with (
                 torch.enable_grad(),
@@ -1061,26 +1066,49 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     return flat_fn
 
 
-class _ShardedGradientsUnread(TorchFunctionMode):
-    """While fn is traced: refuse reading or setting ``.grad`` of what a sharded model holds
-    for its parameters (invariant 17).  In the trace that is the whole parameter fully_shard
+class _ShardedGradients(TorchFunctionMode):
+    """While fn is traced: ``.grad`` of what a sharded model holds for a parameter (invariant
+    17) reads as eager's.  In the trace the module holds the whole parameter fully_shard
     gathers, or tensor parallel's DTensor over the traced shard: not the leaf backward
-    accumulates into, so its ``.grad`` is None, and ``clip_grad_norm_`` or a hand-written
-    update would silently do nothing.  (An optimizer argument steps the traced shards.)"""
+    accumulates into.  Its ``.grad`` is a DTensor placed as backward leaves it, over the
+    traced shard's gradient, so ``clip_grad_norm_`` or a hand-written update computes with it
+    and writes it in place as in eager.  Setting it to None clears the shard's; another
+    value is refused."""
 
-    def __init__(self, paths: dict):
+    def __init__(self, entries: dict, placements_of: Callable[[str, Any], tuple]):
         super().__init__()
-        self.paths = paths  # id(tensor) -> "args[0].fc.weight"
+        self.entries = entries  # id(tensor fn's modules hold) -> (path, traced shard, the DTensor parameter)
+        self.placements_of = placements_of  # (path, parameter) -> its gradient's placements
+        self.views: dict = {}  # id(shard gradient) -> (it, the DTensor over it)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in (torch.Tensor.grad.__get__, torch.Tensor.grad.__set__) and id(args[0]) in self.paths:
-            raise PrecompileError(
-                f"fn {'reads' if func == torch.Tensor.grad.__get__ else 'sets'} {self.paths[id(args[0])]}.grad"
-                f"{_user_line(traceback.extract_stack())}, a parameter of a model sharded by fully_shard or tensor "
-                "parallel, whose gradient the artifact writes only after its graph ran: keep gradient reads "
-                "(clip_grad_norm_, a hand-written update) outside fn, or pass the optimizer as an argument of fn"
-            )
+        entry = self.entries.get(id(args[0])) if args else None
+        if entry is not None and func == torch.Tensor.grad.__get__:
+            return self._gradient(*entry)
+        if entry is not None and func == torch.Tensor.grad.__set__:
+            path, shard, _ = entry
+            if args[1] is not None:
+                raise PrecompileError(
+                    f"fn sets {path}.grad{_user_line(traceback.extract_stack())}, a parameter of a model sharded by "
+                    "fully_shard or tensor parallel, to a tensor: precompile supports setting it to None (zero_grad) "
+                    "and updating it in place; set it outside fn"
+                )
+            shard.grad = None
+            return None
         return func(*args, **(kwargs or {}))
+
+    def _gradient(self, path: str, shard: torch.Tensor, param: Any) -> Any:
+        local = shard.grad
+        if local is None:
+            return None
+        known = self.views.get(id(local))
+        if known is None or known[0] is not local:  # the same DTensor for the same gradient, as eager's .grad
+            view = type(param).from_local(
+                local, param.device_mesh, self.placements_of(path, param), run_check=False,
+                shape=param.shape, stride=param.stride(),
+            )  # fmt: skip
+            known = self.views[id(local)] = (local, view)
+        return known[1]
 
 
 def _parallel_entries(lifted: list) -> list[int]:
@@ -1476,7 +1504,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions, same)
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
-    if _parallel_entries(args.lifted):
+    if any(entry.sharded is not None for entry in args.lifted):
         tp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
