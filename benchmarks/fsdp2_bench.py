@@ -29,10 +29,15 @@ from a barrier after ``import torch``, process group, model and fully_shard:
                  call is reported too).
 Median of ``--starts`` jobs per method, the two methods' jobs interleaved.
 
-Usage: python benchmarks/fsdp2_bench.py [--workloads mlp_train,gpt2_train] [--repeats 7] [--steps 10] [--starts 3]
+``--parallel tp`` runs the same with tensor parallel instead of fully_shard:
+``parallelize_module`` splits the MLP's first Linear column-wise and its second
+row-wise (the last stays whole; GPT-2's Conv1D layers have no ParallelStyle), the
+methods then being eager, torch.compile-d and precompiled tensor parallel.
+
+Usage: python benchmarks/fsdp2_bench.py [--workloads mlp_train,gpt2_train] [--repeats 7] [--steps 10] [--starts 3] [--parallel fsdp2|tp]
 Goals: step time <= eager FSDP2's and <= torch.compile FSDP2's; warm start per
 rank >= 50x faster than torch.compile's warm-cache start.  Writes
-results/fsdp2_bench.md (and .json).
+results/fsdp2_bench.md (and .json), or results/tp_bench.md with --parallel tp.
 """
 
 import argparse
@@ -52,7 +57,8 @@ import _common  # noqa: E402  (imports no torch)
 
 
 METHODS = ("eager", "compile", "precompile")
-TITLES = {"eager": "eager FSDP2", "compile": "torch.compile FSDP2", "precompile": "precompile FSDP2"}
+TITLES = {"eager": "eager {}", "compile": "torch.compile {}", "precompile": "precompile {}"}  # .format(FORMS[parallel])
+FORMS = {"fsdp2": "FSDP2", "tp": "tensor parallel"}
 WORLD_SIZE = 2
 START_GOAL = 50.0  # torch.compile's warm-cache start / precompile's warm start
 
@@ -61,11 +67,21 @@ def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _sharded(workload, model):
-    """fully_shard each Linear (MLP) / transformer block (GPT-2), then the root; returns (model, layout)."""
+def _sharded(workload, model, parallel: str):
+    """fully_shard each Linear (MLP) / transformer block (GPT-2), then the root, or (``parallel``
+    "tp") tensor parallel's column-wise and row-wise split of the MLP; returns (model, layout)."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
+    if parallel == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module, RowwiseParallel
+
+        if workload.name.startswith("gpt2"):
+            raise ValueError("tensor parallel: GPT-2's Conv1D layers have no ParallelStyle; use --workloads mlp_train")
+        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        return parallelize_module(model, mesh, plan), "parallelize_module: Linear 0 column-wise, Linear 1 row-wise, Linear 2 whole"
     if workload.name.startswith("gpt2"):
         blocks = list(model.model.transformer.h)
         layout = f"fully_shard on each of the {len(blocks)} GPT2Blocks, then the root (wte = lm_head, wpe, ln_f)"
@@ -123,7 +139,7 @@ def child(args) -> None:
         for method in METHODS:  # same seed: the same weights and data on every rank and method
             model, inputs = workload.build()
             result["odd_dim0"] = _odd_dim0(model)
-            models[method], result["layout"] = _sharded(workload, model)
+            models[method], result["layout"] = _sharded(workload, model, args.parallel)
         # Rank 0 builds the artifact alone (no collective at capture); every rank loads it.
         shipped = [None]
         if rank == 0:
@@ -188,7 +204,7 @@ def start_child(args) -> None:
     rank = dist.get_rank()
     workload = _common.WORKLOADS[args.workloads]
     model, inputs = workload.build()
-    model, _ = _sharded(workload, model)
+    model, _ = _sharded(workload, model, args.parallel)
     result = {"heavy_modules_before": _common._heavy_modules()}
     if args.warm_start == "precompile":
         import torch_precompile
@@ -240,13 +256,13 @@ def run_job(out: str, cache_dir: str, extra: list, timeout: float) -> list:
     return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORLD_SIZE)]
 
 
-def warm_starts(scratch: str, name: str, pair_file: str, count: int) -> dict:
+def warm_starts(scratch: str, name: str, pair_file: str, count: int, parallel: str) -> dict:
     """Fresh 2-rank jobs: precompile's start (empty cache) and torch.compile's warm-cache start, interleaved."""
     compile_cache = os.path.join(scratch, f"compile-cache-{name}")
     starts = {"precompile": [], "compile": [], "compile_populate": [], "errors": {}}
 
     def job(kind: str, tag: str, cache: str) -> list | None:
-        extra = ["--warm-start", kind, "--workloads", name, "--pair", pair_file]
+        extra = ["--warm-start", kind, "--workloads", name, "--pair", pair_file, "--parallel", parallel]
         try:
             return run_job(os.path.join(scratch, f"start-{name}-{tag}"), cache, extra, timeout=600)
         except Exception as error:
@@ -277,14 +293,16 @@ def _met(flag) -> str:
     return "n/a" if flag is None else ("met" if flag else "NOT met")
 
 
-def render(ranks: list, starts: dict, workloads: list, failed: str | None) -> str:
+def render(ranks: list, starts: dict, workloads: list, failed: str | None, parallel: str) -> str:
+    form = FORMS[parallel]
+    titles = {method: title.format(form) for method, title in TITLES.items()}
     out = []
     if failed:
         out.append(f"## The step-time job failed\n\n```\n{failed}\n```\n")
     for name in workloads:
         workload = _common.WORKLOADS[name]
         per_rank = [r.get(name, {}) for r in ranks]
-        out.append(f"## {workload.label}, 2 ranks, FSDP2\n")
+        out.append(f"## {workload.label}, 2 ranks, {form}\n")
         first = per_rank[0] if per_rank else {}
         if first.get("layout"):
             odd = first.get("odd_dim0") or []
@@ -307,15 +325,15 @@ def render(ranks: list, starts: dict, workloads: list, failed: str | None) -> st
                     s = x.get("step_s", {})
                     flags.append(None if s.get("precompile") is None or s.get("eager") is None else
                                  s["precompile"] <= s["eager"] and (s.get("compile") is None or s["precompile"] <= s["compile"]))
-                goal = "<= eager FSDP2 and <= torch.compile FSDP2: " + " / ".join(_met(f) for f in flags)
-            rows.append([TITLES[method], *(_common.fmt_time(t) if t is not None else "error" if method in errors else "n/a" for t in times),
+                goal = f"<= {titles['eager']} and <= {titles['compile']}: " + " / ".join(_met(f) for f in flags)
+            rows.append([titles[method], *(_common.fmt_time(t) if t is not None else "error" if method in errors else "n/a" for t in times),
                          " / ".join(speedups), goal])
         out.append(_common.markdown_table(
-            ["method", *(f"step, rank {r}" for r in range(WORLD_SIZE)), "speed-up vs eager FSDP2 (rank 0 / rank 1)", "goal (rank 0 / rank 1)"],
+            ["method", *(f"step, rank {r}" for r in range(WORLD_SIZE)), f"speed-up vs {titles['eager']} (rank 0 / rank 1)", "goal (rank 0 / rank 1)"],
             rows,
         ))
         for method, message in errors.items():
-            out.append(f"\n**{TITLES[method]} failed:**\n\n```\n{message[:3000]}\n```")
+            out.append(f"\n**{titles[method]} failed:**\n\n```\n{message[:3000]}\n```")
         tb = first.get("precompile_traceback")
         if tb:
             out.append(f"\nTraceback (rank 0):\n\n```\n{tb}\n```")
@@ -334,7 +352,7 @@ def render(ranks: list, starts: dict, workloads: list, failed: str | None) -> st
             ])
         out.append(
             f"\nWarm start per rank, fresh 2-rank jobs (median of {len(pre)} precompile / {len(comp)} torch.compile jobs), "
-            "from a barrier after `import torch`, init_process_group, model and fully_shard (each column is its own "
+            "from a barrier after `import torch`, init_process_group, model and its sharding (each column is its own "
             "median over the jobs, so `total` need not be `load()` + `first call`):\n"
         )
         out.append(_common.markdown_table(
@@ -346,18 +364,18 @@ def render(ranks: list, starts: dict, workloads: list, failed: str | None) -> st
             out.append(f"\n**warm-start job ({kind}) failed:**\n\n```\n{message}\n```")
         grads = [x.get("grads", {}) for x in per_rank]
         grad_text = "; ".join(
-            f"{TITLES[m]} {all(g.get(m, {}).get('match', False) for g in grads)}"
+            f"{titles[m]} {all(g.get(m, {}).get('match', False) for g in grads)}"
             f" (max abs diff {max((g.get(m, {}).get('max_abs_diff') or 0.0) for g in grads):.1e})"
             for m in ("precompile", "compile") if all(m in g for g in grads)
         ) or "n/a"
         dtensor = all(g.get("precompile", {}).get("dtensor_grads", False) for g in grads) if all("precompile" in g for g in grads) else None
-        mismatches = [f"rank {r} {TITLES[m]}: {c['error']}" for r, g in enumerate(grads) for m, c in g.items() if c.get("error")]
+        mismatches = [f"rank {r} {titles[m]}: {c['error']}" for r, g in enumerate(grads) for m, c in g.items() if c.get("error")]
         out.append(
             f"\nBuild on rank 0: precompile {_common.fmt_time(first.get('precompile_build_s'))}; torch.compile's first call "
             f"in the step-time job {' / '.join(_common.fmt_time(x.get('compile_first_call_s')) for x in per_rank)} (rank 0 / rank 1); "
             f"torch.compile's first call in the job that populated its cache (cold) "
             f"{' / '.join(_common.fmt_time(t) for t in pop_total)}.  "
-            f"Last step's local grad shards (`p.grad.to_local()`) equal eager FSDP2's on every rank "
+            f"Last step's local grad shards (`p.grad.to_local()`) equal {titles['eager']}'s on every rank "
             f"(`torch.testing.assert_close`, default tolerances): {grad_text}.  "
             f"precompile's .grad are DTensors: {'n/a' if dtensor is None else dtensor}.\n"
         )
@@ -375,6 +393,7 @@ def main() -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--warm-start", default=None, choices=("precompile", "compile"), help=argparse.SUPPRESS)
     parser.add_argument("--pair", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--parallel", default="fsdp2", choices=tuple(FORMS))
     args = parser.parse_args()
     if args.child:
         (start_child if args.warm_start else child)(args)
@@ -385,16 +404,17 @@ def main() -> None:
     ranks, starts, failed = [{} for _ in range(WORLD_SIZE)], {}, None
     with tempfile.TemporaryDirectory(prefix="fsdp2-bench-") as scratch:
         out = os.path.join(scratch, "steady")
-        extra = ["--workloads", args.workloads, "--repeats", str(args.repeats), "--steps", str(args.steps)]
+        extra = ["--workloads", args.workloads, "--repeats", str(args.repeats), "--steps", str(args.steps), "--parallel", args.parallel]
         try:
             ranks = run_job(out, os.path.join(scratch, "steady-cache"), extra, timeout=1800)
         except Exception as error:
             failed = str(error)
             print(failed, file=sys.stderr)
         for name in workloads:
-            starts[name] = warm_starts(scratch, name, os.path.join(out, f"{name}.pair"), args.starts)
+            starts[name] = warm_starts(scratch, name, os.path.join(out, f"{name}.pair"), args.starts, args.parallel)
+    title = "FSDP2 (fully_shard)" if args.parallel == "fsdp2" else "Tensor parallel (parallelize_module)"
     header = _common.report_header(
-        "FSDP2 (fully_shard) training step, 2 ranks (benchmarks/fsdp2_bench.py)", sys.argv, mach, load_before,
+        f"{title} training step, 2 ranks (benchmarks/fsdp2_bench.py)", sys.argv, mach, load_before,
         _common.load_average(), time.perf_counter() - t0,
     )
     note = (
@@ -410,9 +430,9 @@ def main() -> None:
     if implementation_after != implementation_before:  # the header's state is the one at the end
         note += f"- the implementation changed during the run; at its start: {implementation_before}\n"
     note += "\n"
-    text = header + note + render(ranks, starts, workloads, failed)
+    text = header + note + render(ranks, starts, workloads, failed, args.parallel)
     print(text)
-    _common.write_report("fsdp2_bench.md", text, {"ranks": ranks, "warm_starts": starts, "step_job_error": failed, "_header": header + note})
+    _common.write_report("fsdp2_bench.md" if args.parallel == "fsdp2" else "tp_bench.md", text, {"ranks": ranks, "warm_starts": starts, "step_job_error": failed, "_header": header + note})
 
 
 if __name__ == "__main__":
