@@ -73,6 +73,7 @@ class _LiftedTensor:
     sharded: Any = None  # a DTensor parameter's ShardSpec (Note invariant 17)
     param: Any = None  # ... the parameter, a DTensor
     gather_group: int | None = None  # ... and which of the all-gathers gathers it (fully_shard's)
+    layout: Any = None  # ... tensor parallel's (local shape, mesh, placements) of it (tp.local_layout)
 
 
 @dataclasses.dataclass
@@ -276,7 +277,7 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
         if module_index in parallel_models and entry.kind == "parameter" and isinstance(entry.tensor, dtensor.DTensor):
             where = f"args[{module_positions[module_index]}].{fqn}"
             entry.param, entry.sharded = entry.tensor, tp.shard_spec(where, entry.tensor)
-            entry.tensor = tp.local_shard(entry.param)
+            entry.tensor, entry.layout = tp.local_shard(entry.param), tp.local_layout(where, entry.param)
     if not sharded_models:
         return
     # One all-gather per fully_shard parameter group and dtype, as eager FSDP2's.
@@ -293,6 +294,8 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
                     "hand): precompile supports DTensor parameters only as fully_shard's, on a 1-D mesh"
                 )
             entry.param, entry.sharded = entry.tensor, fsdp.shard_spec(where, entry.tensor)
+            if entry.sharded.parallel_group_name:  # the mesh sliced here: not in the trace
+                entry.layout = tp.local_layout(where, entry.param)
             entry.tensor = fsdp.local_shard(entry.param)
             entry.gather_group = buckets.setdefault(groups[id(entry.param)], len(buckets))
 
@@ -998,7 +1001,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             whole.update(zip(members, fsdp.gathered([state[i] for i in members], args.lifted[members[0]].sharded)))
         gradient_placements = tp.GradientPlacements()
         for i, where in parallel.items():  # its local shard, or fully_shard's gather of it
-            whole[i] = gradient_placements.as_dtensor(where, whole[i], args.lifted[i].param)
+            whole[i] = gradient_placements.as_dtensor(where, whole[i], args.lifted[i].param, args.lifted[i].layout)
         for i, entry in enumerate(args.lifted):
             for index, fqn in entry.names:
                 mappings[index][fqn] = whole[i]

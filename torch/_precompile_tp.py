@@ -141,10 +141,11 @@ class GradientPlacements:
         self.arrived: dict = {}  # where -> placements, where they differ from the parameter's
         self.refused: list = []
 
-    def as_dtensor(self, where: str, local: torch.Tensor, param: Any) -> Any:
+    def as_dtensor(self, where: str, local: torch.Tensor, param: Any, layout: tuple) -> Any:
         """``param`` as fn sees it in the trace: tensor parallel's DTensor over the traced
-        ``local`` shard (on fully_shard's 2-D mesh, the one gathered over its first dim)."""
-        dtensor, (_, mesh, expected) = type(param), local_layout(where, param)
+        ``local`` shard (on fully_shard's 2-D mesh, the one gathered over its first dim), as
+        ``local_layout`` gave it before the trace (slicing a mesh computes with tensors)."""
+        dtensor, (_, mesh, expected) = type(param), layout
         traced = dtensor.from_local(local, mesh, expected, run_check=False, shape=param.shape, stride=param.stride())
         if traced.requires_grad:
             # A Partial gradient reaches a 1-D parameter's own shard; fully_shard's gather would reduce it.
