@@ -182,10 +182,9 @@ class GradientPlacements:
         return spec if placements is None else spec._replace(grad_placements=tuple(map(repr, placements)))
 
 
-# The functional collectives DTensor's redistribution runs, by name; their stand-ins take
-# the same arguments, so use_collectives only retargets them.
-# What each stand-in returns (compat.TENSOR_PARALLEL_COLLECTIVES has their schemas): a
-# tensor of the collective's result's shape.
+# What the stand-in of each functional collective DTensor's redistribution runs returns: a
+# tensor of the result's shape.  Their schemas are the collectives' own
+# (compat.TENSOR_PARALLEL_COLLECTIVES), so use_collectives only retargets them.
 _STAND_IN_RESULTS = {
     "all_reduce": lambda input, *_: input.clone(),
     "all_gather_into_tensor": lambda input, group_size, _: input.repeat(group_size, *[1] * (input.dim() - 1)),
