@@ -30,6 +30,12 @@ from _precompile_ddp_worker import refusal, start_rank
 
 STEPS = 3
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# The runs whose model has a mixed precision policy: bfloat16 compute with float32 reduction
+# and output, and bfloat16 throughout with AdamW inside fn.
+MIXED_PRECISION = {
+    "bf16_accumulate": dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32),
+    "bf16_adamw": dict(param_dtype=torch.bfloat16),
+}
 
 
 def make_model(reshard_after_forward: bool = True, **options) -> nn.Module:
@@ -40,6 +46,17 @@ def make_model(reshard_after_forward: bool = True, **options) -> nn.Module:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, reshard_after_forward=reshard_after_forward, **options)
     return fully_shard(model, reshard_after_forward=reshard_after_forward, **options)
+
+
+def model_for(name: str) -> nn.Module:
+    """Run ``name``'s model, sharded as the run says."""
+    policy = {"mp_policy": MixedPrecisionPolicy(**MIXED_PRECISION[name])} if name in MIXED_PRECISION else {}
+    return make_model(reshard_after_forward=name != "no_reshard", **policy)
+
+
+def optimizer_name(name: str) -> str | None:
+    """The optimizer run ``name`` steps inside fn, or None."""
+    return name if name in OPTIMIZERS else "adamw" if name in ("clip", "bf16_adamw") else None
 
 
 def make_data(rank: int) -> list:
@@ -114,7 +131,7 @@ def snapshot(model: nn.Module, optimizer=None) -> dict:
 
 def run(name: str, fn, rank: int) -> dict:
     """3 iterations of run ``name`` with fn (an artifact, or the eager step it captured)."""
-    model = make_model(reshard_after_forward=name != "no_reshard")
+    model = model_for(name)
     seen = iterate(name, fn, model, rank)
     # An eager step after the artifact's: fully_shard's state was left as eager leaves it.
     if name != "forward":
@@ -127,8 +144,8 @@ def iterate(name: str, fn, model: nn.Module, rank: int) -> list:
     """The snapshots after each of 3 iterations of run ``name`` with fn on ``model``."""
     seen, optimizer = [], None
     for x, y in make_data(rank):
-        if name in OPTIMIZERS or name == "clip":
-            optimizer = optimizer or optimizer_for("adamw" if name == "clip" else name, model)
+        if optimizer_name(name) is not None:
+            optimizer = optimizer or optimizer_for(optimizer_name(name), model)
             out = fn(model, optimizer, x, y)
         elif name == "outside":  # the optimizer steps eagerly on the gradients the artifact wrote
             optimizer = optimizer or optimizer_for("adamw", model)
@@ -138,7 +155,7 @@ def iterate(name: str, fn, model: nn.Module, rank: int) -> list:
         elif name == "forward":
             with torch.no_grad():
                 out = fn(model, x)
-        else:  # "accumulate", "no_reshard": gradients accumulate over the iterations
+        else:  # "accumulate", "no_reshard", "bf16_accumulate": gradients accumulate over the iterations
             out = fn(model, x, y)
         seen.append({"out": out.clone(), **snapshot(model, optimizer)})
     return seen
@@ -179,6 +196,7 @@ def steps() -> dict:
     return {
         "accumulate": step, "no_reshard": step, "outside": step, "forward": forward,
         **dict.fromkeys(OPTIMIZERS, step_with_optimizer), "clip": clipped_step,
+        "bf16_accumulate": step, "bf16_adamw": step_with_optimizer,
     }  # fmt: skip
 
 
@@ -186,11 +204,11 @@ def precompile_all(backend: str) -> dict:
     x, y = make_data(0)[0]
     pairs = {}
     for name, fn in steps().items():
-        model = make_model(reshard_after_forward=name != "no_reshard")
-        arguments = {"forward": (model, x), **{o: (model, optimizer_for(o, model), x, y) for o in OPTIMIZERS}}
-        arguments["clip"] = (model, optimizer_for("adamw", model), x, y)
+        model = model_for(name)
+        optimizer = optimizer_name(name) and optimizer_for(optimizer_name(name), model)
+        arguments = (model, x) if name == "forward" else (model, optimizer, x, y) if optimizer else (model, x, y)
         with torch.no_grad() if name == "forward" else torch.enable_grad():
-            pairs[name] = torch_precompile.precompile(fn, *arguments.get(name, (model, x, y)), backend=backend)
+            pairs[name] = torch_precompile.precompile(fn, *arguments, backend=backend)
     gpt2 = make_gpt2() if backend == "eager" else None  # a real model's graph; one backend keeps the job short
     if gpt2 is not None:
         pairs["gpt2"] = torch_precompile.precompile(gpt2_step, gpt2, torch.randint(0, 128, (2, 16)), backend=backend)
@@ -226,6 +244,7 @@ def call_refusals(runnable) -> dict:
 
     return out | refused_calls(runnable, x, y, (
         ("world_size", lambda: make_model(mesh=DeviceMesh.from_group(one_rank, "cpu"))),
+        ("mixed_precision", lambda: model_for("bf16_adamw")),
         ("no_gradient_sync", lambda: _without_gradient_sync(make_model())),
         ("requires_grad", lambda: make_model().requires_grad_(False)),
         ("replicated_grad", lambda: with_replicated_grad(make_model())),
@@ -264,7 +283,6 @@ def capture_refusals(backend: str, hsdp_mesh) -> dict:
     x, y = make_data(0)[0]
     models = {
         "hsdp": lambda: make_model(mesh=hsdp_mesh),
-        "mixed_precision": lambda: make_model(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)),
         "offload": lambda: make_model(offload_policy=CPUOffloadPolicy(pin_memory=False)),
         "no_gradient_sync": lambda: _without_gradient_sync(make_model()),
         "uneven": lambda: fully_shard(nn.Sequential(nn.Linear(16, 7))),
@@ -281,6 +299,33 @@ def _grouped() -> nn.Module:
     return fully_shard(model)
 
 
+# -- the job: rank 0 precompiles, every rank loads and runs ---------------------
+
+
+def shipped_and_loaded(rank: int, precompile_pairs) -> tuple[dict, dict]:
+    """Rank 0's artifact pairs (``precompile_pairs()``, name -> pair), broadcast to every
+    rank, and this rank's runnables of them."""
+    shipped = [precompile_pairs() if rank == 0 else None]
+    dist.broadcast_object_list(shipped, src=0)
+    return shipped[0], {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
+
+
+def graph_ops(code: str, pattern: str) -> list:
+    """What ``pattern`` matches in an artifact's graph section, in order."""
+    return re.findall(pattern, code[code.index("# ==================== graph") :])
+
+
+def save_rank(result: dict, rank: int, compiler_log: str, out_dir: str) -> None:
+    """Save this rank's ``result`` to OUT_DIR/rank{r}.pt, with on ranks > 0 the compilers it
+    ran, and end the job."""
+    if rank > 0:
+        with open(compiler_log) as f:
+            result["compiler_calls"] = f.read().splitlines()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(out_dir: str, backends: list) -> None:
     rank, compiler_log = start_rank(out_dir)
     from torch.distributed.device_mesh import init_device_mesh
@@ -289,30 +334,24 @@ def main(out_dir: str, backends: list) -> None:
     hsdp_mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("replicate", "shard"))
     result = {"artifact": {}, "eager": {}, "refusals": {}}
     for backend in backends:
-        shipped = [precompile_all(backend) if rank == 0 else None]
-        dist.broadcast_object_list(shipped, src=0)
-        runnables = {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
+        shipped, runnables = shipped_and_loaded(rank, lambda: precompile_all(backend))
         result["artifact"][backend] = {
             name: run_gpt2(f, rank) if name == "gpt2" else run(name, f, rank) for name, f in runnables.items()
         }
         result["refusals"][backend] = call_refusals(runnables["accumulate"])
         if rank == 0:
+            other_policy = (("other_policy", lambda: model_for("bf16_adamw")),)  # bfloat16 reduction and output
+            result["refusals"][backend].update(refused_calls(runnables["bf16_accumulate"], *make_data(0)[0], other_policy))
             result["refusals"][backend].update(capture_refusals(backend, hsdp_mesh))
             from torch_precompile._precompile_inspect import describe
 
-            result["checks"] = describe(*shipped[0]["adamw"])["checks"]
+            result["checks"] = describe(*shipped["adamw"])["checks"]
             if backend == "eager":  # the captured graph's ops, in order
-                code = shipped[0]["accumulate"][0]
-                result["graph_ops"] = re.findall(r"= torch\.ops\.\w+\.(\w+)\.", code[code.index("# ==================== graph"):])
-    if rank > 0:
-        with open(compiler_log) as f:
-            result["compiler_calls"] = f.read().splitlines()
+                result["graph_ops"] = graph_ops(shipped["accumulate"][0], r"= torch\.ops\.\w+\.(\w+)\.")
     result["eager"] = {name: run(name, fn, rank) for name, fn in steps().items()}
     if make_gpt2() is not None:
         result["eager"]["gpt2"] = run_gpt2(gpt2_step, rank)
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    save_rank(result, rank, compiler_log, out_dir)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ messages of the refusal checks, with whether the refused call left the model
 as it was; the checks listing and the captured graph's collectives.
 """
 
-import os
-import re
 import sys
 
 import torch
@@ -38,10 +36,13 @@ from _precompile_fsdp_worker import (
     clipped_step,
     sets_grad,
     forward,
+    graph_ops,
     iterate,
     make_data,
     optimizer_for,
     refused_calls,
+    save_rank,
+    shipped_and_loaded,
     snapshot,
     step,
     step_with_optimizer,
@@ -195,18 +196,20 @@ def capture_refusals(backend: str, mesh: DeviceMesh) -> dict:
 # -- fully_shard over tensor parallel: 4 ranks, a 2 x 2 mesh -------------------
 
 
-RUNS_2D = {"accumulate": step, "adamw": step_with_optimizer}
+RUNS_2D = {"accumulate": step, "adamw": step_with_optimizer, "bf16_adamw": step_with_optimizer}
 
 
-def make_model_2d(mesh_2d: DeviceMesh) -> nn.Module:
-    """Tensor parallel over the mesh's "tp" dim, then fully_shard over "dp" (each Linear, the root)."""
-    from torch.distributed.fsdp import fully_shard
+def make_model_2d(mesh_2d: DeviceMesh, name: str = "accumulate") -> nn.Module:
+    """Tensor parallel over the mesh's "tp" dim, then fully_shard over "dp" (each Linear, the
+    root); run "bf16_adamw"'s computes in bfloat16 (fully_shard's mixed precision policy)."""
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 
+    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)} if name == "bf16_adamw" else {}
     model = make_model(mesh_2d["tp"])
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh_2d["dp"])
-    return fully_shard(model, mesh=mesh_2d["dp"])
+            fully_shard(layer, mesh=mesh_2d["dp"], **policy)
+    return fully_shard(model, mesh=mesh_2d["dp"], **policy)
 
 
 def main_2d(out_dir: str, backends: list) -> None:
@@ -217,24 +220,20 @@ def main_2d(out_dir: str, backends: list) -> None:
     x, y = make_data(0)[0]
     result = {"artifact": {}}
     for backend in backends:  # rank 0 makes and captures its models alone: no collective
-        shipped = [None]
-        if rank == 0:
-            models = {name: make_model_2d(mesh_2d) for name in RUNS_2D}
-            arguments = {"accumulate": (models["accumulate"], x, y), "adamw": (models["adamw"], optimizer_for("adamw", models["adamw"]), x, y)}
-            shipped = [{name: torch_precompile.precompile(fn, *arguments[name], backend=backend) for name, fn in RUNS_2D.items()}]
-        dist.broadcast_object_list(shipped, src=0)
-        runnables = {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
-        result["artifact"][backend] = {name: iterate(name, f, make_model_2d(mesh_2d), rank // 2) for name, f in runnables.items()}
+
+        def precompile_pairs() -> dict:
+            models = {name: make_model_2d(mesh_2d, name) for name in RUNS_2D}
+            arguments = {name: (model, optimizer_for("adamw", model), x, y) for name, model in models.items()}
+            arguments["accumulate"] = (models["accumulate"], x, y)
+            return {name: torch_precompile.precompile(fn, *arguments[name], backend=backend) for name, fn in RUNS_2D.items()}
+
+        _, runnables = shipped_and_loaded(rank, precompile_pairs)
+        result["artifact"][backend] = {name: iterate(name, f, make_model_2d(mesh_2d, name), rank // 2) for name, f in runnables.items()}
         one_dim = make_model(mesh_2d["tp"])  # tensor parallel alone
         if rank == 0:
             result["refusal"] = refusal(lambda: runnables["accumulate"](one_dim, x, y))
-    if rank > 0:
-        with open(compiler_log) as f:
-            result["compiler_calls"] = f.read().splitlines()
-    result["eager"] = {name: iterate(name, fn, make_model_2d(mesh_2d), rank // 2) for name, fn in RUNS_2D.items()}
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    result["eager"] = {name: iterate(name, fn, make_model_2d(mesh_2d, name), rank // 2) for name, fn in RUNS_2D.items()}
+    save_rank(result, rank, compiler_log, out_dir)
 
 
 def main(out_dir: str, backends: list) -> None:
@@ -243,9 +242,7 @@ def main(out_dir: str, backends: list) -> None:
     mesh = init_device_mesh("cpu", (world_size,))
     result = {"artifact": {}, "eager": {}, "refusals": {}}
     for backend in backends:
-        shipped = [precompile_all(backend, mesh) if rank == 0 else None]
-        dist.broadcast_object_list(shipped, src=0)
-        runnables = {name: torch_precompile.load(*pair) for name, pair in shipped[0].items()}
+        shipped, runnables = shipped_and_loaded(rank, lambda: precompile_all(backend, mesh))
         result["artifact"][backend] = {
             name: (run_block if name in BLOCK_RUNS else run)(name, f, rank, mesh) for name, f in runnables.items()
         }
@@ -259,18 +256,12 @@ def main(out_dir: str, backends: list) -> None:
             result["refusals"][backend].update(capture_refusals(backend, mesh))
             from torch_precompile._precompile_inspect import describe
 
-            result["checks"] = describe(*shipped[0]["adamw"])["checks"]
+            result["checks"] = describe(*shipped["adamw"])["checks"]
             if backend == "eager":  # the captured graph's collectives, in order
-                code = shipped[0]["accumulate"][0]
-                result["collectives"] = re.findall(r"torch\.ops\._c10d_functional\.(\w+)\.", code[code.index("# ==================== graph"):])
-    if rank > 0:
-        with open(compiler_log) as f:
-            result["compiler_calls"] = f.read().splitlines()
+                result["collectives"] = graph_ops(shipped["accumulate"][0], r"torch\.ops\._c10d_functional\.(\w+)\.")
     result["eager"] = {name: run(name, fn, rank, mesh) for name, fn in steps().items()}
     result["eager"].update({name: run_block(name, step, rank, mesh) for name in BLOCK_RUNS})
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    save_rank(result, rank, compiler_log, out_dir)
 
 
 if __name__ == "__main__":

@@ -385,6 +385,13 @@ class TestFullyShard(_ShardedChecks, _JobResults):
         refusals = self.ranks[0]["refusals"][backend]
         self.assert_refused(refusals, (
             ("world_size", WORLD_SIZE_REFUSAL),
+            ("mixed_precision", r"^args\[0\] is sharded by fully_shard with mixed precision policy MixedPrecisionPolicy\("
+                                r"param_dtype=torch\.bfloat16.*\), but without one at capture \(the graph casts as capture's "
+                                r"policy does\): shard it with capture's mp_policy, or precompile again$"),
+            ("other_policy", r"^args\[0\] is sharded by fully_shard with mixed precision policy MixedPrecisionPolicy\("
+                             r"param_dtype=torch\.bfloat16, reduce_dtype=None, output_dtype=None.*\), but with "
+                             r"MixedPrecisionPolicy\(param_dtype=torch\.bfloat16, reduce_dtype=torch\.float32, "
+                             r"output_dtype=torch\.float32.*\) at capture"),
             ("unsharded", r"^args\[0\]\.0\.weight \(parameter\) is a Parameter, but was a DTensor sharded by fully_shard "
                           r"at capture .*call model\.reshard\(\)"),
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off "
@@ -399,8 +406,6 @@ class TestFullyShard(_ShardedChecks, _JobResults):
     def test_capture_refuses_what_it_cannot_reproduce(self, backend):
         """Named, with a fix that keeps the model's semantics (no advice to remove fully_shard's hooks)."""
         self.assert_refused(self.ranks[0]["refusals"][backend], (
-            ("mixed_precision", r"^args\[0\]\.0 is sharded by fully_shard, and it has a mixed precision policy "
-                                r"\(MixedPrecisionPolicy\(param_dtype=torch\.bfloat16.*\), which precompile does not support yet"),
             ("offload", r"^args\[0\]\.0 is sharded by fully_shard, and it offloads parameters to the CPU \(CPUOffloadPolicy\)"),
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off"),
             ("uneven", r"^args\[0\]\.0\.weight has 7 rows over 2 ranks: its shards differ in size from rank to rank"),
@@ -524,9 +529,10 @@ class TestFullyShardOverTensorParallel(_ShardedChecks, _JobResults):
 
     @parametrize("backend", BACKENDS)
     def test_steps_equal_eager(self, backend):
-        """Per rank, 3 iterations accumulating, and 3 with AdamW inside fn: outputs, 2-D DTensor
-        parameter and gradient shards, placements and optimizer state equal eager's."""
-        self.assert_runs_equal_eager(backend, ("accumulate", "adamw"))
+        """Per rank, 3 iterations accumulating, and 3 with AdamW inside fn (also in bfloat16 by
+        fully_shard's mixed precision policy): outputs, 2-D DTensor parameter and gradient
+        shards, placements and optimizer state equal eager's."""
+        self.assert_runs_equal_eager(backend, ("accumulate", "adamw", "bf16_adamw"))
         param, grad, (over_data_parallel, tensor_parallel) = self.ranks[0]["artifact"][backend]["accumulate"][0]["types"][0]
         self.assertEqual((param, grad, tensor_parallel), ("DTensor", "DTensor", "Shard(dim=0)"))
         self.assertRegex(over_data_parallel, r"^_StridedShard\(dim=0")  # fully_shard's, over tensor parallel's dim 0

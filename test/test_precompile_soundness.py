@@ -324,6 +324,19 @@ class TestSoundness(TestCase):
                 torch.testing.assert_close(f(view), view * 2)
 
     @parametrize("backend", BACKENDS)
+    def test_gradients_keep_the_kernels_dtype(self, backend):
+        """A bfloat16 model's loss against a float32 target: eager's mse_loss_backward gives the
+        bfloat16 gradient Inductor's decomposition of it would promote to float32."""
+        torch.manual_seed(0)
+        model, x, y = nn.Linear(4, 2).bfloat16(), torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(3, 2)
+        reference = copy.deepcopy(model)
+        f = _runnable("bfloat16_train", _train_step, copy.deepcopy(model), x, y, backend=backend)
+        torch.testing.assert_close(f(model, x, y), _train_step(reference, x, y))
+        for got, want in zip(model.parameters(), reference.parameters()):
+            self.assertEqual(got.grad.dtype, torch.bfloat16)
+            torch.testing.assert_close(got.grad, want.grad)
+
+    @parametrize("backend", BACKENDS)
     def test_global_state(self, backend):
         """Row 11: grad mode (training steps), autocast and the default dtype."""
         f = _train_runnable(backend)

@@ -346,9 +346,9 @@ says who guarantees it and, where it is enforced, which tests (in
      parameter is CHECKED at every call as a DTensor of the captured shape
      placed ``Shard(0)`` on a 1-D mesh over the captured process group and
      world size (its local shard's layout by the tensor check), and its
-     ``requires_grad``; fully_shard's settings (mixed precision and offload
-     policies, gradient sync, divide factor, unused-parameter reduction,
-     all-reduce hook) are CHECKED and watched by the module cache; fully_shard's
+     ``requires_grad``; fully_shard's settings (each module's mixed precision
+     policy, the offload policy, gradient sync, divide factor, unused-parameter
+     reduction, all-reduce hook) are CHECKED and watched by the module cache; fully_shard's
      own forward hooks are expected, any other hook is refused as above
      (test_precompile_distributed.py TestFullyShard
      test_calls_refuse_other_shardings_before_changing_anything).
@@ -559,10 +559,16 @@ says who guarantees it and, where it is enforced, which tests (in
    does what fully_shard's hooks would, as SimpleFSDP formulates it
    (``torch/_precompile_fsdp.py``): fully_shard's forward hooks do not run;
    the graph all-gathers each parameter from its shards before fn's forward,
-   and the all-gather's backward reduce-scatters the whole gradient and
-   divides it by the world size, so each rank's ``.grad`` is a DTensor placed
-   like the parameter holding its part of the average, as eager FSDP2 leaves
-   it (assigned when None, else accumulated into its local shard).  An
+   and the all-gather's backward reduce-scatters the whole gradient averaged
+   over the ranks (the reduce op and divide factors fully_shard picks for the
+   dtype), so each rank's ``.grad`` is a DTensor placed like the parameter
+   holding its part of the average, as eager FSDP2 leaves it (assigned when
+   None, else accumulated into its local shard).  A mixed precision policy's
+   casts are in the graph where fully_shard makes them: the shards cast to
+   ``param_dtype`` before the all-gather, each sharded module's inputs (to
+   ``param_dtype``) and outputs (to ``output_dtype``), the gradient cast to
+   ``reduce_dtype`` before the reduce-scatter and back to the shard's dtype
+   after it; each module's policy is recorded and CHECKED.  An
    optimizer inside fn (invariant 15) steps the local shards, and state it
    creates is DTensors, as eager's.  The collectives are
    ``_c10d_functional.all_gather_into_tensor`` and ``reduce_scatter_tensor``
@@ -576,16 +582,16 @@ says who guarantees it and, where it is enforced, which tests (in
    on it, and it is not checked).  No rank is baked: one
    artifact serves every rank, and capture runs no collective (stand-in ops,
    retargeted afterwards).  Refused at capture, with a fix that keeps the
-   model's meaning: FSDP1, mixed precision and CPU offload policies, gradient
-   sync turned off, a custom gradient divide factor, unused-parameter
+   model's meaning: FSDP1, CPU offload policies, gradient sync turned off, a custom gradient divide factor, unused-parameter
    reduction or all-reduce hook, modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
    would differ per rank), and meshes other than 1-D (HSDP) except fully_shard
    over tensor parallel, below.  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
    backends, for a step without an optimizer (accumulating over 3 calls), with
    SGD / Adam / AdamW inside fn and AdamW outside it, both
-   ``reshard_after_forward`` settings, and a no_grad forward
-   (test_precompile_distributed.py TestFullyShard).
+   ``reshard_after_forward`` settings, a no_grad forward, and bfloat16 mixed
+   precision (float32 and bfloat16 reduction) (test_precompile_distributed.py
+   TestFullyShard).
    A model ``parallelize_module`` split (tensor parallel) is a module
    argument whose DTensor parameters (1-D mesh, ``Shard(d)`` or
    ``Replicate()``) are lifted the same way, with their placements in the

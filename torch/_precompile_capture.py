@@ -72,7 +72,8 @@ class _LiftedTensor:
     names: list  # [(module index, fqn), ...]
     sharded: Any = None  # a DTensor parameter's ShardSpec (Note invariant 17)
     param: Any = None  # ... the parameter, a DTensor
-    gather_group: int | None = None  # ... and which of the all-gathers gathers it (fully_shard's)
+    gather_group: int | None = None  # ... and which of the all-gathers gathers it (fully_shard's),
+    precision: Any = None  # ... in which dtypes (fsdp.Precision)
     layout: Any = None  # ... tensor parallel's (local shape, mesh, placements) of it (tp.local_layout)
 
 
@@ -92,6 +93,7 @@ class _Arguments:
     optimizers: list = dataclasses.field(default_factory=list)  # [_LiftedOptimizer]
     data_parallel: list = dataclasses.field(default_factory=list)  # [ddp.DataParallelArgument]
     parallel_hooks: list = dataclasses.field(default_factory=list)  # [(path, hook dict, description)], tensor parallel's
+    fully_shard_policies: list = dataclasses.field(default_factory=list)  # [(module path, mixed precision policy)]
 
 
 @dataclasses.dataclass
@@ -149,16 +151,18 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     lifted = _lift_state(modules)
     # DDP and fully_shard first: the artifact does what DDP's reducer and fully_shard's
     # hooks would (generic checks of hooks and DTensors must skip theirs).
+    fully_shard_policies = []
     for position, module in zip(module_positions, modules):
         ddp.refuse_sharded_wrappers(f"args[{position}]", module)
-        fsdp.check_module(f"args[{position}]", module)
-    _lift_shards(lifted, module_positions, modules)
+        fully_shard_policies += fsdp.check_module(f"args[{position}]", module)
+    hooks_by_module = [tp.parallel_hooks(runtime.named_submodules([p], [m])) for p, m in zip(module_positions, modules)]
+    parallel_hooks = [hook for hooks in hooks_by_module for hook in hooks]
+    _lift_shards(lifted, module_positions, modules, parallelized={i for i, hooks in enumerate(hooks_by_module) if hooks})
     for entry in lifted:
         module_index, fqn = entry.names[0]
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
     _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
-    parallel_hooks = tp.parallel_hooks(runtime.named_submodules(module_positions, modules))
     data_parallel = [
         ddp.data_parallel_argument(index, f"args[{position}]", module, lifted)
         for index, (position, module) in enumerate(zip(module_positions, modules))
@@ -182,6 +186,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         optimizers=[_lift_optimizer(i, example_inputs[i], lifted) for i in optimizer_positions],
         data_parallel=data_parallel,
         parallel_hooks=parallel_hooks,
+        fully_shard_policies=fully_shard_policies,
     )
 
 
@@ -259,9 +264,10 @@ def _named_sharded(module_positions: list, lifted: list) -> list:
     return [(f"args[{module_positions[e.names[0][0]]}].{e.names[0][1]}", e.param) for e in lifted if e.sharded]
 
 
-def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
+def _lift_shards(lifted: list, module_positions: list, modules: list, parallelized: set) -> None:
     """Each DTensor parameter over several ranks, fully_shard's or tensor parallel's: lift its
-    local shard (Note invariant 17)."""
+    local shard (Note invariant 17).  ``parallelized``: the modules (indices) with tensor
+    parallel's hooks."""
     dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
     if dtensor is None:
         return
@@ -270,7 +276,7 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
     # on a one-rank mesh alone, all local, are traced as DTensor ops instead).
     parallel_models = {
         i for i, m in enumerate(modules)
-        if i not in sharded_models and (tp.is_parallelized(m) or any(map(_is_spread_dtensor, m.parameters())))
+        if i not in sharded_models and (i in parallelized or any(map(_is_spread_dtensor, m.parameters())))
     }
     for entry in lifted:
         module_index, fqn = entry.names[0]
@@ -282,7 +288,7 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
         return
     # One all-gather per fully_shard parameter group and dtype, as eager FSDP2's.
     all_groups = [group for index in sorted(sharded_models) for group in fsdp.parameter_groups(modules[index])]
-    groups = {id(param): (g, param.dtype) for g, group in enumerate(all_groups) for param in group}
+    groups = {id(param): (g, param.dtype) for g, (_, params) in enumerate(all_groups) for param in params}
     buckets: dict = {}
     for entry in lifted:
         module_index, fqn = entry.names[0]
@@ -297,7 +303,9 @@ def _lift_shards(lifted: list, module_positions: list, modules: list) -> None:
             if entry.sharded.parallel_group_name:  # the mesh sliced here: not in the trace
                 entry.layout = tp.local_layout(where, entry.param)
             entry.tensor = fsdp.local_shard(entry.param)
-            entry.gather_group = buckets.setdefault(groups[id(entry.param)], len(buckets))
+            group = groups[id(entry.param)]
+            entry.gather_group = buckets.setdefault(group, len(buckets))
+            entry.precision = fsdp.precision(all_groups[group[0]][0], entry.param)
 
 
 def _refuse_hooks(
@@ -981,7 +989,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     }
     # A sharded model's gradients are DTensors in fn (_ShardedGradients): their ops are traced
     # on the local shards, and their collectives through stand-ins, as tensor parallel's.
-    distributed = any(entry.sharded is not None for entry in args.lifted)
+    distributed = _is_distributed(args.lifted)
 
     def flat_fn(*flat):
         state = flat[:num_state]
@@ -998,7 +1006,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         mappings = [{} for _ in args.modules]
         whole = dict(enumerate(state))
         for members in _gather_groups(args.lifted):
-            whole.update(zip(members, fsdp.gathered([state[i] for i in members], args.lifted[members[0]].sharded)))
+            first = args.lifted[members[0]]
+            whole.update(zip(members, fsdp.gathered([state[i] for i in members], first.sharded, first.precision)))
         gradient_placements = tp.GradientPlacements()
         for i, where in parallel.items():  # its local shard, or fully_shard's gather of it
             whole[i] = gradient_placements.as_dtensor(where, whole[i], args.lifted[i].param, args.lifted[i].layout)
@@ -1014,7 +1023,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             for index, grad in zip(candidates, incoming_grads):
                 state[index].grad = grad
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
-            stack.enter_context(fsdp.hooks_skipped(args.modules))
+            stack.enter_context(fsdp.hooks_as_casts(args.modules))
             if distributed:
                 stack.enter_context(tp.rank_unread(lambda: _user_line(traceback.extract_stack())))
             sharded = {  # what fn's modules hold for each sharded parameter
@@ -1112,6 +1121,11 @@ class _ShardedGradients(TorchFunctionMode):
             )  # fmt: skip
             known = self.views[id(local)] = (local, view)
         return known[1]
+
+
+def _is_distributed(lifted: list) -> bool:
+    """Whether a lifted parameter is a DTensor over several ranks (invariant 17)."""
+    return any(entry.sharded is not None for entry in lifted)
 
 
 def _parallel_entries(lifted: list) -> list[int]:
@@ -1507,7 +1521,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
                 graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions, same)
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
-    if any(entry.sharded is not None for entry in args.lifted):
+    if _is_distributed(args.lifted):
         tp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
     optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
@@ -1591,6 +1605,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         same_inputs=tuple(same),
         rebound_inputs=recorded["rebound_inputs"],
         parallel_hooks=tuple(args.parallel_hooks),
+        fully_shard_policies=tuple(args.fully_shard_policies),
         size_facts=recorded.get("size_facts", ()),
         returned_inputs=recorded["returned_inputs"],
     )
@@ -2824,6 +2839,40 @@ def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:
     graph.recompile()
 
 
+def _keep_traced_dtypes(graph: torch.fx.GraphModule) -> None:
+    """Cast an op's result to the dtype the traced kernel gave it where Inductor's
+    decomposition of the op computes another.
+
+    ``mse_loss_backward`` of a bfloat16 input and a float32 target returns bfloat16
+    (the input's dtype); its decomposition returns the promoted float32, and the matmul
+    that consumes it then fails (or a returned result would differ from eager's).
+    torch.compile never sees the kernel's dtype (autograd casts the decomposed gradient);
+    the traced graph holds it, so the cast here is a no-op copy in eager terms.
+    """
+    decompositions = compat.inductor_decompositions()
+    changed = False
+    for node in list(graph.graph.nodes):
+        decomposition = decompositions.get(node.target) if node.op == "call_function" else None
+        traced = node.meta.get("val")
+        if decomposition is None or not isinstance(traced, torch.Tensor):
+            continue
+        try:
+            values = pytree.tree_map(lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a, (node.args, node.kwargs))
+            fake_mode, (args, kwargs) = compat.in_one_fake_mode(values)
+            with fake_mode:
+                decomposed = decomposition(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - a decomposition fake tensors cannot run; Inductor decides
+            continue
+        if isinstance(decomposed, torch.Tensor) and decomposed.dtype != traced.dtype:
+            with graph.graph.inserting_after(node):
+                cast = graph.graph.call_function(torch.ops.prims.convert_element_type.default, (node, traced.dtype))
+            cast.meta["val"] = traced
+            node.replace_all_uses_with(cast, delete_user_cb=lambda user: user is not cast)
+            changed = True
+    if changed:
+        graph.recompile()
+
+
 def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
     """Make random fills draw into memory laid out as eager laid it out.
 
@@ -2951,6 +3000,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     if not compat.INDUCTOR_KEEPS_ROUNDING_CASTS:
         _refuse_float_round_trips(capture.graph)
     _views_as_reshapes(capture.graph)
+    _keep_traced_dtypes(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
     with torch.no_grad():
         try:

@@ -34,6 +34,7 @@ public ``torch.backends.mkldnn.flags`` is used directly.
 """
 
 import contextlib
+import functools
 import os
 import re
 import traceback
@@ -408,6 +409,36 @@ INDUCTOR_STAND_INS = frozenset({"AsyncCompile", "extern_kernels", "align", "mayb
 INDUCTOR_KEEPS_ROUNDING_CASTS = TORCH_RELEASE >= (2, 13)
 
 
+def inductor_decompositions() -> dict:
+    """The decompositions Inductor applies to an ATen graph before lowering it (op -> Python
+    function): ``torch._inductor.decomposition.select_decomp_table``, private in 2.11-2.14."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def in_one_fake_mode(values: Any) -> tuple:
+    """(a fake tensor mode, ``values`` with each tensor a fake tensor of it): the mode of the
+    fake tensors in ``values`` where they share one (a symbolic trace's), else a new mode's
+    copies of them (a real trace makes each in a mode of its own).  FakeTensor and
+    FakeTensorMode are private in 2.11-2.14."""
+    import torch.utils._pytree as pytree
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    modes = {v.fake_mode for v in pytree.tree_leaves(values) if isinstance(v, FakeTensor)}
+    if len(modes) == 1:
+        return modes.pop(), values
+    mode = FakeTensorMode()
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+
+    with mode:
+        return mode, pytree.tree_map(copy, values)
+
+
 def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: dict) -> list:
     """Compile ``graph`` with Inductor under ``config``: (compiled, inputs, outputs) per inner graph.
 
@@ -679,11 +710,32 @@ def fully_shard_group_parameters(group: Any) -> list:
 def fully_shard_collectives() -> tuple[Any, Any, Any]:
     """``(all_gather_into_tensor, reduce_scatter_tensor, wait_tensor)``: functional collective
     ops, same in 2.11-2.14.  ``all_gather_into_tensor(shard, world_size, group_name)``
-    concatenates the ranks' shards along dim 0, ``reduce_scatter_tensor(whole, "sum",
-    world_size, group_name)`` sums the ranks' tensors and keeps this rank's part of dim 0;
+    concatenates the ranks' shards along dim 0, ``reduce_scatter_tensor(whole, reduce_op,
+    world_size, group_name)`` reduces the ranks' tensors ("sum" or "avg") and keeps this
+    rank's part of dim 0;
     neither waits (the public wrappers wait at once while a tracer is active)."""
     ops = torch.ops._c10d_functional
     return ops.all_gather_into_tensor.default, ops.reduce_scatter_tensor.default, ops.wait_tensor.default
+
+
+def fully_shard_cast(dtype: torch.dtype, value: Any) -> Any:
+    """``value`` with each floating point tensor in it cast to ``dtype``, as fully_shard's
+    mixed precision casts a module's inputs and outputs: FSDP2's private
+    ``_apply_to_tensors`` and ``_cast_fp_tensor`` (same in 2.11-2.14)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _cast_fp_tensor
+    from torch.distributed.utils import _apply_to_tensors
+
+    return _apply_to_tensors(functools.partial(_cast_fp_tensor, dtype), value)
+
+
+def fully_shard_divide_factors(group: Any, reduce_dtype: torch.dtype, device_type: str) -> tuple:
+    """``(predivide, postdivide, reduce_scatter_op)`` of fully_shard's gradient reduce-scatter
+    over ``group`` in ``reduce_dtype``: FSDP2's private ``_get_gradient_divide_factors``
+    (same signature in 2.11-2.14), which averages in the collective for float32 and
+    bfloat16 and divides before and after a sum for other dtypes."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
+
+    return _get_gradient_divide_factors(group, None, reduce_dtype, device_type)[:3]
 
 
 def first_bucket_bytes() -> int:

@@ -8,30 +8,33 @@ call (``runtime.check_sharded_parameters``, ``runtime.sharded_inputs``).  What
 fully_shard does around the model is traced instead of run, as SimpleFSDP
 formulates it:
 
-- its forward pre- and post-hooks never run: before fn, the graph all-gathers
-  each parameter group from its shards (one functional collective per group and
-  dtype, as fully_shard's) and the modules compute with the whole parameters;
-  ``_overlap`` then moves each wait to where its result is first used and each
-  reduce-scatter to where its gradient is ready;
-- the all-gather's backward reduce-scatters the whole gradient and divides it
-  by the world size, so backward leaves each local shard the average of its
-  part of the gradient, as fully_shard's reduce-scatter does; the driver writes
-  it to ``.grad`` as a DTensor placed like the parameter
-  (``runtime.ShardedGradient``).
+- its forward pre- and post-hooks never run (``hooks_as_casts``): before fn,
+  the graph all-gathers each parameter group from its shards (one functional
+  collective per group and dtype, as fully_shard's) and the modules compute
+  with the whole parameters; ``_overlap`` then moves each wait to where its
+  result is first used and each reduce-scatter to where its gradient is ready;
+- the all-gather's backward reduce-scatters the whole gradient, averaged over
+  the ranks as fully_shard's reduce-scatter averages it, so backward leaves
+  each local shard its part of the gradient; the driver writes it to ``.grad``
+  as a DTensor placed like the parameter (``runtime.ShardedGradient``);
+- a mixed precision policy's casts are in the graph where fully_shard makes
+  them (``Precision``): the shards before the all-gather, each sharded module's
+  inputs and outputs (its hooks' casts alone stay), the gradient before the
+  reduce-scatter and back to the shard's dtype after it.
 
 Capture runs no collective: the trace calls stand-in ops that compute nothing
 (``_stand_in_ops``) and ``use_collectives`` turns them into the functional
 collectives afterwards, so one rank precompiles alone.  Refused at capture:
-FSDP1, mixed precision and offload policies, settings that change the gradient
-reduction (``runtime.fully_shard_unsupported``), modules sharded together in
-one call, parameters whose dim 0 does not divide evenly over the ranks, and
-meshes other than 1-D, or 2-D with tensor parallel on the second dim.
+FSDP1, offload policies, settings that change the gradient reduction
+(``runtime.fully_shard_unsupported``), modules sharded together in one call,
+parameters whose dim 0 does not divide evenly over the ranks, and meshes other
+than 1-D, or 2-D with tensor parallel on the second dim.
 """
 
 import contextlib
 import functools
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -44,19 +47,24 @@ def is_fully_shard_module(module: Any) -> bool:
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
-def check_module(where: str, module: torch.nn.Module) -> None:
-    """Refuse a fully_shard submodule whose settings the graph does not reproduce."""
+def check_module(where: str, module: torch.nn.Module) -> list:
+    """Refuse a fully_shard submodule whose settings the graph does not reproduce; return the
+    (path, policy) of each with a mixed precision policy, which a call checks."""
+    policies = []
     for path, sub in module.named_modules():
         if not is_fully_shard_module(sub):
             continue
         name = f"{where}.{path}" if path else where
-        runtime.check_fully_shard([(name, sub)])
+        policy = runtime.mixed_precision(runtime.fully_shard_state(sub))
+        policies += [(name, policy)] if policy is not None else []
+        runtime.check_fully_shard([(name, sub)], policies)
         hooks = [h for attribute in runtime.MODULE_HOOK_DICTS for h in getattr(sub, attribute).values()]
         if not any(map(runtime.is_fully_shard_hook, hooks)):
             raise PrecompileError(
                 f"{name} was sharded by one fully_shard call together with other modules (fully_shard([...])), "
                 "whose shared hooks precompile does not support yet: call fully_shard on each module"
             )
+    return policies
 
 
 def shard_spec(where: str, param: Any) -> ShardSpec:
@@ -101,22 +109,48 @@ def local_shard(param: Any) -> torch.Tensor:
     return getattr(param, runtime.DTENSOR_LOCAL).detach().requires_grad_(param.requires_grad)
 
 
-def parameter_groups(model: torch.nn.Module) -> list[list]:
-    """The sharded parameters of each fully_shard parameter group in ``model`` (each group is
-    all-gathered in one collective, as eager FSDP2 does)."""
+def parameter_groups(model: torch.nn.Module) -> list[tuple]:
+    """(group, its sharded parameters) of each fully_shard parameter group in ``model`` (each
+    group is all-gathered in one collective, as eager FSDP2 does)."""
     states = [state for state in map(runtime.fully_shard_state, model.modules()) if state is not None]
-    return [compat.fully_shard_group_parameters(group) for state in states for group in runtime.fully_shard_param_groups(state)]
+    return [
+        (group, compat.fully_shard_group_parameters(group))
+        for state in states
+        for group in runtime.fully_shard_param_groups(state)
+    ]
 
 
-def gathered(shards: list, spec: ShardSpec) -> list:
+class Precision(NamedTuple):
+    """The dtypes one parameter group's all-gather and gradient reduce-scatter compute in, as
+    its mixed precision policy has fully_shard's (FSDPParam.init_dtype_attrs, foreach_reduce):
+    the shards are cast to ``param_dtype`` and gathered; the whole gradient (in that dtype) is
+    cast to ``reduce_dtype``, divided by ``predivide``, reduced by ``reduce_op`` ("avg" or
+    "sum"), divided by ``postdivide`` and cast back to the shard's dtype."""
+
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+    reduce_op: str
+    predivide: float | None
+    postdivide: float | None
+
+
+def precision(group: Any, param: Any) -> Precision:
+    """How ``param``'s fully_shard parameter ``group`` gathers it and reduces its gradient."""
+    policy, dtype = group.mp_policy, param.dtype
+    param_dtype = policy.param_dtype if policy.param_dtype is not None and dtype.is_floating_point else dtype
+    reduce_dtype = policy.reduce_dtype or param_dtype  # the gradient's own dtype where the policy has none
+    predivide, postdivide, op = compat.fully_shard_divide_factors(param.device_mesh.get_group(0), reduce_dtype, param.device.type)
+    return Precision(param_dtype, reduce_dtype, op.name.lower(), predivide, postdivide)
+
+
+def gathered(shards: list, spec: ShardSpec, how: Precision) -> list:
     """The whole parameters from their ``shards`` (one group's: one all-gather of them
     flattened into one tensor, and one reduce-scatter of their gradients, as fully_shard's
     own flat collectives), through the trace's stand-in ops."""
-    all_gather, _, wait = _stand_in_ops()
     world_size = spec.world_size
     with torch.enable_grad():  # backward reaches the shards through it, whatever fn's grad mode
         flat = torch.cat([shard.reshape(-1) for shard in shards]) if len(shards) > 1 else shards[0].reshape(-1)
-        whole = wait(all_gather(flat, world_size, spec.group_name)).view(world_size, -1)  # a row per rank
+        whole = _GatherShards.apply(flat, spec, how).view(world_size, -1)  # a row per rank
         params, offset = [], 0
         for shard in shards:
             part = whole[:, offset : offset + shard.numel()]  # each rank's shard of this parameter
@@ -125,10 +159,34 @@ def gathered(shards: list, spec: ShardSpec) -> list:
     return params
 
 
+class _GatherShards(torch.autograd.Function):
+    """A parameter group's flat shard, cast and all-gathered; backward casts the whole
+    gradient, reduce-scatters it and casts this rank's part back, as ``Precision`` says."""
+
+    @staticmethod
+    def forward(ctx: Any, flat: torch.Tensor, spec: ShardSpec, how: Precision) -> torch.Tensor:
+        ctx.spec, ctx.how, ctx.dtype = spec, how, flat.dtype
+        all_gather, _, wait = _stand_in_ops()
+        return wait(all_gather(flat.to(how.param_dtype), spec.world_size, spec.group_name))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        _, reduce_scatter, wait = _stand_in_ops()
+        spec, how = ctx.spec, ctx.how
+        grad = grad.to(how.reduce_dtype).contiguous()
+        if how.predivide not in (None, 1):
+            grad = grad / how.predivide
+        shard = wait(reduce_scatter(grad, how.reduce_op, spec.world_size, spec.group_name))
+        if how.postdivide not in (None, 1):
+            shard = shard / how.postdivide
+        return shard.to(ctx.dtype), None, None
+
+
 @contextlib.contextmanager
-def hooks_skipped(modules: list):
-    """While fn is traced: fully_shard's forward hooks stay out of the modules' hook dicts
-    (the graph gathers the parameters itself); put back, in order, on exit."""
+def hooks_as_casts(modules: list):
+    """While fn is traced, each of fully_shard's forward hooks only casts as its mixed
+    precision policy says (the graph gathers the parameters itself), or is out of its
+    module's hook dict where it casts nothing; put back, in order, on exit."""
     saved = []
     try:
         for module in modules:
@@ -138,7 +196,11 @@ def hooks_skipped(modules: list):
                         hooks = getattr(sub, attribute)
                         saved.append((hooks, dict(hooks)))
                         for key in [k for k, hook in hooks.items() if runtime.is_fully_shard_hook(hook)]:
-                            del hooks[key]
+                            cast = _policy_cast(hooks[key])
+                            if cast is None:
+                                del hooks[key]
+                            else:
+                                hooks[key] = cast  # in the fully_shard hook's place
         yield
     finally:
         for hooks, entries in saved:
@@ -146,16 +208,28 @@ def hooks_skipped(modules: list):
             hooks.update(entries)
 
 
+def _policy_cast(hook: Any) -> Any:
+    """The cast of fully_shard's forward pre-hook (its inputs, to ``param_dtype`` where the
+    policy says cast_forward_inputs) or post-hook (its output, to ``output_dtype``), or None."""
+    policy = runtime.fully_shard_policy(hook.__self__)
+    if runtime.is_fully_shard_pre_hook(hook):
+        if not (policy.cast_forward_inputs and policy.param_dtype):
+            return None
+        return lambda module, args, kwargs: (compat.fully_shard_cast(policy.param_dtype, args), compat.fully_shard_cast(policy.param_dtype, kwargs))
+    if policy.output_dtype is None:
+        return None
+    return lambda module, args, output: compat.fully_shard_cast(policy.output_dtype, output)
+
+
 @functools.cache
 def _stand_in_ops() -> tuple[Any, Any, Any]:
-    """``(all_gather(shard, world_size, group_name), reduce_scatter(whole, world_size,
-    group_name), wait(tensor))`` for the trace: shapes right, values not communicated.
+    """``(all_gather(shard, world_size, group_name), reduce_scatter(whole, reduce_op,
+    world_size, group_name), wait(tensor))`` for the trace: shapes right, values not
+    communicated.
 
-    The all-gather's autograd formula is the reduce-scatter, divided by the world
-    size (fully_shard averages); ``use_collectives`` retargets them to
-    ``_c10d_functional.all_gather_into_tensor``, ``reduce_scatter_tensor(.., "sum",
-    ..)`` and ``wait_tensor``.  make_fx runs every op it records, and capture must not
-    run a collective: the other ranks do not join it.
+    ``use_collectives`` retargets them to ``_c10d_functional.all_gather_into_tensor``,
+    ``reduce_scatter_tensor`` and ``wait_tensor`` (same schemas).  make_fx runs every op
+    it records, and capture must not run a collective: the other ranks do not join it.
     """
     namespace = torch.ops.precompile_fsdp
     if not hasattr(namespace, "all_gather"):  # registered once per process (another copy of this module)
@@ -165,7 +239,7 @@ def _stand_in_ops() -> tuple[Any, Any, Any]:
             return shard.repeat(world_size, *[1] * (shard.dim() - 1))
 
         @torch.library.custom_op("precompile_fsdp::reduce_scatter", mutates_args=())
-        def reduce_scatter(whole: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
+        def reduce_scatter(whole: torch.Tensor, reduce_op: str, world_size: int, group_name: str) -> torch.Tensor:
             return whole[: whole.shape[0] // world_size].clone()
 
         @torch.library.custom_op("precompile_fsdp::wait", mutates_args=())
@@ -173,17 +247,10 @@ def _stand_in_ops() -> tuple[Any, Any, Any]:
             return tensor.clone()
 
         all_gather.register_fake(lambda shard, world_size, group_name: shard.new_empty((shard.shape[0] * world_size, *shard.shape[1:])))
-        reduce_scatter.register_fake(lambda whole, world_size, group_name: whole.new_empty((whole.shape[0] // world_size, *whole.shape[1:])))
+        reduce_scatter.register_fake(
+            lambda whole, reduce_op, world_size, group_name: whole.new_empty((whole.shape[0] // world_size, *whole.shape[1:]))
+        )
         wait.register_fake(lambda tensor: torch.empty_like(tensor))
-
-        def remember_group(ctx, inputs, output):
-            ctx.world_size, ctx.group_name = inputs[1], inputs[2]
-
-        def average_shards(ctx, grad):
-            return wait(reduce_scatter(grad.contiguous(), ctx.world_size, ctx.group_name)) / ctx.world_size, None, None
-
-        all_gather.register_autograd(average_shards, setup_context=remember_group)
-        wait.register_autograd(lambda ctx, grad: grad)
     return namespace.all_gather.default, namespace.reduce_scatter.default, namespace.wait.default
 
 
@@ -194,11 +261,10 @@ def use_collectives(graph: torch.fx.GraphModule) -> None:
     all_gather, reduce_scatter, wait = compat.fully_shard_collectives()
     launches, waits = [], []
     for node in graph.graph.nodes:
-        if node.target is stand_in_all_gather:
-            node.target = all_gather  # same arguments
+        if node.target is stand_in_all_gather:  # each with the same arguments
+            node.target = all_gather
         elif node.target is stand_in_reduce_scatter:
-            whole, world_size, group_name = node.args
-            node.target, node.args = reduce_scatter, (whole, "sum", world_size, group_name)
+            node.target = reduce_scatter
             launches.append(node)
         elif node.target is stand_in_wait:
             node.target = wait

@@ -262,6 +262,15 @@ def is_fully_shard_hook(hook: Any) -> bool:
     )
 
 
+def is_fully_shard_pre_hook(hook: Any) -> bool:
+    return is_fully_shard_hook(hook) and hook.__func__.__name__ == "_pre_forward"
+
+
+# A fully_shard module's MixedPrecisionPolicy (on its FSDPState; its forward hooks' __self__).
+def fully_shard_policy(state: Any) -> Any:
+    return state._mp_policy
+
+
 # The fully_shard state of a module it sharded (FSDPModule._get_fsdp_state), or None, and
 # its parameter groups (a list from 2.13, one group or None before).  Private in 2.11-2.14.
 def fully_shard_state(module: Any) -> Any:
@@ -1281,7 +1290,7 @@ class ModuleArguments:
         sharded_entries = []
         if self.sharded:
             sharded_entries = check_sharded_parameters(accessors, self.sharded, self.state_path)
-            sharded_entries += check_fully_shard(named_submodules(self.positions, modules))
+            sharded_entries += check_fully_shard(named_submodules(self.positions, modules), self.convention.fully_shard_policies)
             sharded_entries += parallel_style_settings(named_submodules(self.positions, modules))
         watched = (
             [(vars(sub), "training") for sub, flag in zip(submodules, flags) if flag is not None]
@@ -1450,8 +1459,10 @@ class ModuleArguments:
         for path, attribute, description in self.convention.parallel_hooks:
             checks.append(Check("sharded", f"{path}.{attribute}", f"tensor parallel's hook {description}"))
         if any(shard.gathered for _, shard in self.sharded):
-            checks.append(Check("sharded", "fully_shard settings", "no mixed precision or offload policy, gradient sync on, "
-                                "the default gradient reduction"))
+            checks.append(Check("sharded", "fully_shard settings", "no offload policy, gradient sync on, the default "
+                                "gradient reduction, mixed precision policies as listed (none elsewhere)"))
+        for path, policy in self.convention.fully_shard_policies:
+            checks.append(Check("sharded", path, f"fully_shard's mixed precision policy {policy}"))
         return checks
 
     @staticmethod
@@ -2142,17 +2153,17 @@ def _describe_hook_value(value: Any) -> str | None:
     return None
 
 
+def mixed_precision(state: Any) -> str | None:
+    """A fully_shard module's mixed precision policy as text, or None where it casts nothing."""
+    policy = fully_shard_policy(state)
+    return None if policy.param_dtype is None and policy.reduce_dtype is None and policy.output_dtype is None else repr(policy)
+
+
 def fully_shard_unsupported(group: Any) -> str | None:
     """What of a fully_shard parameter group's settings the graph does not reproduce, or None.
 
-    The graph all-gathers the parameters in their own dtype and reduce-scatters the
-    gradients to their average in it, as fully_shard with its defaults does."""
-    mp_policy = group.mp_policy
-    if mp_policy.param_dtype is not None or mp_policy.reduce_dtype is not None or mp_policy.output_dtype is not None:
-        return (
-            f"it has a mixed precision policy ({mp_policy}), which precompile does not support yet: "
-            "fully_shard it without mp_policy (and compute in a lower precision with torch.autocast inside fn)"
-        )
+    The graph all-gathers the parameters and reduce-scatters the gradients, averaged, in
+    the dtypes the group's mixed precision policy says, as fully_shard does."""
     if type(group.offload_policy).__name__ != "OffloadPolicy":  # the base class is "no offload"
         return (
             f"it offloads parameters to the CPU ({type(group.offload_policy).__name__}), which precompile does "
@@ -2173,18 +2184,29 @@ def fully_shard_unsupported(group: Any) -> str | None:
     return None
 
 
-def check_fully_shard(named_modules: list) -> list:
-    """Refuse a module fully_shard sharded with settings the graph does not reproduce;
-    return the (vars, name) entries of those settings, which the module cache watches."""
-    watched = []
+def check_fully_shard(named_modules: list, policies: Any) -> list:
+    """Refuse a module fully_shard sharded with settings the graph does not reproduce, or with
+    another mixed precision policy than ``policies`` (path, policy) records; return the (vars,
+    name) entries of those settings, which the module cache watches."""
+    watched, expected = [], dict(policies)
     for path, module in named_modules:
         state = fully_shard_state(module)
-        for group in fully_shard_param_groups(state) if state is not None else ():
+        if state is None:
+            continue
+        policy = mixed_precision(state)
+        if policy != expected.get(path):
+            raise PrecompileError(
+                f"{path} is sharded by fully_shard with {'mixed precision policy ' + policy if policy else 'no mixed precision policy'}, "
+                f"but {'with ' + expected[path] if path in expected else 'without one'} at capture (the graph casts as capture's "
+                "policy does): shard it with capture's mp_policy, or precompile again"
+            )
+        watched.append((vars(state), "_mp_policy"))  # fully_shard_policy's attribute
+        for group in fully_shard_param_groups(state):
             problem = fully_shard_unsupported(group)
             if problem is not None:
                 raise PrecompileError(f"{path} is sharded by fully_shard, and {problem}")
             values = vars(group)
-            watched += [(values, name) for name in ("reduce_grads", "mp_policy", "offload_policy")]
+            watched += [(values, name) for name in ("reduce_grads", "offload_policy")]
             watched += [(values, name) for name, _ in _FULLY_SHARD_DEFAULTS]
     return watched
 

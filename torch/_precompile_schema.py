@@ -509,6 +509,10 @@ class CallingConvention(Record):
     # the trace ran (Note invariant 17): the only hooks besides fully_shard's a call
     # accepts, each as runtime.parallel_hook_description describes it.
     parallel_hooks: tuple[tuple[str, str, str], ...] = ()
+    # (module path, repr of its MixedPrecisionPolicy) of each fully_shard module with a
+    # mixed precision policy (Note invariant 17): the graph casts as it does, so a call
+    # checks that every fully_shard module has capture's policy, or none where it had none.
+    fully_shard_policies: tuple[tuple[str, str], ...] = ()
 
     def to_literal(self) -> dict:
         return _to_literal(self)

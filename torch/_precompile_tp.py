@@ -30,6 +30,7 @@ graph would be this rank's: ``rank_unread``).
 import contextlib
 import functools
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
@@ -60,16 +61,6 @@ def parallel_hooks(named_modules: list) -> list[tuple[str, str, str]]:
                         "fully_shard. Run this model eagerly or with torch.compile"
                     )
     return found
-
-
-def is_parallelized(model: torch.nn.Module) -> bool:
-    """Whether a tensor parallel hook is on ``model`` or a submodule."""
-    return any(
-        runtime.parallel_hook_description(hook) is not None
-        for module in model.modules()
-        for attribute in runtime.MODULE_HOOK_DICTS
-        for hook in (getattr(module, attribute, None) or {}).values()
-    )
 
 
 def shard_spec(where: str, param: Any) -> ShardSpec:
@@ -260,13 +251,17 @@ def rank_unread(user_line: Callable[[], str]):
     that differs from rank to rank (the graph would bake this rank's offsets or chunk, and one
     artifact serves every rank).  ``get_coordinate`` gives a ``_Coordinate``; the reads that
     give the rank itself pass only where ``compat.rank_read_is_rank_independent`` says so.
-    ``user_line()``: " at file:line (code)" of fn's line that is running, for the message."""
+    ``user_line()``: " at file:line (code)" of fn's line that is running, for the message.
+    The wrappers are process-global for the trace; other threads' reads pass through."""
     mesh_class = sys.modules["torch.distributed.device_mesh"].DeviceMesh
     saved = {name: getattr(mesh_class, name) for name in compat.MESH_RANK_READS if hasattr(mesh_class, name)}
+    tracing_thread = threading.get_ident()
 
     def checked(name: str, read: Any) -> Any:
         @functools.wraps(read)
         def rank_read(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != tracing_thread:
+                return read(*args, **kwargs)
             if name == "get_coordinate":
                 coordinate = read(*args, **kwargs)
                 if coordinate is None:
