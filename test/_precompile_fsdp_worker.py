@@ -30,11 +30,12 @@ from _precompile_ddp_worker import refusal, start_rank
 
 STEPS = 3
 OPTIMIZERS = ("sgd", "adam", "adamw")
-# The runs whose model has a mixed precision policy: bfloat16 compute with float32 reduction
-# and output, and bfloat16 throughout with AdamW inside fn.
+# The runs whose model has a mixed precision policy: bfloat16 compute with float32 reduction,
+# and bfloat16 compute and reduction with AdamW inside fn; both output float32 (before 2.13,
+# eager's mse_loss refuses a bfloat16 input with a float32 target).
 MIXED_PRECISION = {
     "bf16_accumulate": dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32),
-    "bf16_adamw": dict(param_dtype=torch.bfloat16),
+    "bf16_adamw": dict(param_dtype=torch.bfloat16, output_dtype=torch.float32),
 }
 
 

@@ -204,7 +204,7 @@ def make_model_2d(mesh_2d: DeviceMesh, name: str = "accumulate") -> nn.Module:
     root); run "bf16_adamw"'s computes in bfloat16 (fully_shard's mixed precision policy)."""
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 
-    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)} if name == "bf16_adamw" else {}
+    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, output_dtype=torch.float32)} if name == "bf16_adamw" else {}
     model = make_model(mesh_2d["tp"])
     for layer in model:
         if isinstance(layer, nn.Linear):

@@ -364,7 +364,8 @@ class TestFullyShard(_ShardedChecks, _JobResults):
     def test_steps_equal_eager_fully_shard(self, backend):
         """Per rank, after each of 3 iterations and an eager step after them: the output, the local
         shards of the parameters and of their DTensor gradients, the gradients' placements and the
-        optimizer state (inside fn and outside it) equal eager FSDP2's."""
+        optimizer state (inside fn and outside it) equal eager FSDP2's; with mixed precision
+        policies too (bfloat16 compute, float32 or bfloat16 reduction)."""
         self.assert_runs_equal_eager(backend, self.RUNS)
         sharded = ("DTensor", "DTensor", ("Shard(dim=0)",))
         self.assertEqual(self.ranks[0]["artifact"][backend]["accumulate"][0]["types"], [sharded] * 6)
@@ -389,7 +390,7 @@ class TestFullyShard(_ShardedChecks, _JobResults):
                                 r"param_dtype=torch\.bfloat16.*\), but without one at capture \(the graph casts as capture's "
                                 r"policy does\): shard it with capture's mp_policy, or precompile again$"),
             ("other_policy", r"^args\[0\] is sharded by fully_shard with mixed precision policy MixedPrecisionPolicy\("
-                             r"param_dtype=torch\.bfloat16, reduce_dtype=None, output_dtype=None.*\), but with "
+                             r"param_dtype=torch\.bfloat16, reduce_dtype=None, output_dtype=torch\.float32.*\), but with "
                              r"MixedPrecisionPolicy\(param_dtype=torch\.bfloat16, reduce_dtype=torch\.float32, "
                              r"output_dtype=torch\.float32.*\) at capture"),
             ("unsharded", r"^args\[0\]\.0\.weight \(parameter\) is a Parameter, but was a DTensor sharded by fully_shard "

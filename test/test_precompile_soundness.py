@@ -330,8 +330,12 @@ class TestSoundness(TestCase):
         torch.manual_seed(0)
         model, x, y = nn.Linear(4, 2).bfloat16(), torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(3, 2)
         reference = copy.deepcopy(model)
+        try:
+            want = _train_step(reference, x, y)
+        except RuntimeError as error:  # "Found dtype Float but expected BFloat16" before 2.13
+            self.skipTest(f"eager torch {torch.__version__} refuses this mse_loss: {error}")
         f = _runnable("bfloat16_train", _train_step, copy.deepcopy(model), x, y, backend=backend)
-        torch.testing.assert_close(f(model, x, y), _train_step(reference, x, y))
+        torch.testing.assert_close(f(model, x, y), want)
         for got, want in zip(model.parameters(), reference.parameters()):
             self.assertEqual(got.grad.dtype, torch.bfloat16)
             torch.testing.assert_close(got.grad, want.grad)
