@@ -2854,8 +2854,8 @@ def _keep_traced_dtypes(graph: torch.fx.GraphModule) -> None:
     for node in list(graph.graph.nodes):
         decomposition = decompositions.get(node.target) if node.op == "call_function" else None
         traced = node.meta.get("val")
-        if decomposition is None or not isinstance(traced, torch.Tensor):
-            continue
+        if decomposition is None or not isinstance(traced, torch.Tensor) or node.target._schema.is_mutable:
+            continue  # (an in-place op's decomposition would write the trace's fake values)
         try:
             values = pytree.tree_map(lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a, (node.args, node.kwargs))
             fake_mode, (args, kwargs) = compat.in_one_fake_mode(values)
