@@ -347,6 +347,7 @@ def main(out_dir: str, backends: list) -> None:
             from torch_precompile._precompile_inspect import describe
 
             result["checks"] = describe(*shipped["adamw"])["checks"]
+            result["mixed_precision_checks"] = describe(*shipped["bf16_accumulate"])["checks"]
             if backend == "eager":  # the captured graph's ops, in order
                 result["graph_ops"] = graph_ops(shipped["accumulate"][0], r"= torch\.ops\.\w+\.(\w+)\.")
     result["eager"] = {name: run(name, fn, rank) for name, fn in steps().items()}

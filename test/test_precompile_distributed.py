@@ -440,6 +440,14 @@ class TestFullyShard(_ShardedChecks, _JobResults):
             r"mesh over process group '0' of 2 ranks$",
         )
 
+    def test_checks_list_the_mixed_precision_policies(self):
+        """One line per fully_shard module (the root, each Linear), with its policy."""
+        checks = [line for line in self.ranks[0]["mixed_precision_checks"] if "mixed precision policy" in line]
+        self.assertEqual([line.split()[1] for line in checks], ["args[0]:", "args[0].0:", "args[0].2:", "args[0].4:"])
+        for line in checks:
+            self.assertRegex(line, r"fully_shard's mixed precision policy MixedPrecisionPolicy\(param_dtype=torch\.bfloat16, "
+                                   r"reduce_dtype=torch\.float32, output_dtype=torch\.float32, cast_forward_inputs=True\)$")
+
 
 @needs_gloo
 @needs_compiler
