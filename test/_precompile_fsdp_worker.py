@@ -31,7 +31,7 @@ from _precompile_ddp_worker import refusal, start_rank
 STEPS = 3
 OPTIMIZERS = ("sgd", "adam", "adamw")
 # The runs whose model has a mixed precision policy: bfloat16 compute with float32 reduction,
-# and bfloat16 compute and reduction with AdamW inside fn; both output float32 (before 2.13,
+# and bfloat16 compute and reduction with AdamW inside fn; both output float32 (on torch 2.11,
 # eager's mse_loss refuses a bfloat16 input with a float32 target).
 MIXED_PRECISION = {
     "bf16_accumulate": dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32),

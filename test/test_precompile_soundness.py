@@ -332,7 +332,7 @@ class TestSoundness(TestCase):
         reference = copy.deepcopy(model)
         try:
             want = _train_step(reference, x, y)
-        except RuntimeError as error:  # "Found dtype Float but expected BFloat16" before 2.13
+        except RuntimeError as error:  # "Found dtype Float but expected BFloat16" on torch 2.11
             self.skipTest(f"eager torch {torch.__version__} refuses this mse_loss: {error}")
         f = _runnable("bfloat16_train", _train_step, copy.deepcopy(model), x, y, backend=backend)
         torch.testing.assert_close(f(model, x, y), want)
