@@ -341,7 +341,7 @@ def main(out_dir: str, backends: list) -> None:
         }
         result["refusals"][backend] = call_refusals(runnables["accumulate"])
         if rank == 0:
-            other_policy = (("other_policy", lambda: model_for("bf16_adamw")),)  # bfloat16 reduction and output
+            other_policy = (("other_policy", lambda: model_for("bf16_adamw")),)  # bfloat16 reduction
             result["refusals"][backend].update(refused_calls(runnables["bf16_accumulate"], *make_data(0)[0], other_policy))
             result["refusals"][backend].update(capture_refusals(backend, hsdp_mesh))
             from torch_precompile._precompile_inspect import describe

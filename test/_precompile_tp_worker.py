@@ -39,6 +39,7 @@ from _precompile_fsdp_worker import (
     graph_ops,
     iterate,
     make_data,
+    MIXED_PRECISION,
     optimizer_for,
     refused_calls,
     save_rank,
@@ -201,10 +202,11 @@ RUNS_2D = {"accumulate": step, "adamw": step_with_optimizer, "bf16_adamw": step_
 
 def make_model_2d(mesh_2d: DeviceMesh, name: str = "accumulate") -> nn.Module:
     """Tensor parallel over the mesh's "tp" dim, then fully_shard over "dp" (each Linear, the
-    root); run "bf16_adamw"'s computes in bfloat16 (fully_shard's mixed precision policy)."""
+    root); run "bf16_adamw"'s computes in bfloat16 (fully_shard's mixed precision policy, as
+    the FSDP2 worker's run of that name)."""
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 
-    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, output_dtype=torch.float32)} if name == "bf16_adamw" else {}
+    policy = {"mp_policy": MixedPrecisionPolicy(**MIXED_PRECISION[name])} if name in MIXED_PRECISION else {}
     model = make_model(mesh_2d["tp"])
     for layer in model:
         if isinstance(layer, nn.Linear):

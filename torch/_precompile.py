@@ -582,7 +582,8 @@ says who guarantees it and, where it is enforced, which tests (in
    on it, and it is not checked).  No rank is baked: one
    artifact serves every rank, and capture runs no collective (stand-in ops,
    retargeted afterwards).  Refused at capture, with a fix that keeps the
-   model's meaning: FSDP1, CPU offload policies, gradient sync turned off, a custom gradient divide factor, unused-parameter
+   model's meaning: FSDP1, CPU offload policies, gradient sync turned off, a
+   custom gradient divide factor, unused-parameter
    reduction or all-reduce hook, modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
    would differ per rank), and meshes other than 1-D (HSDP) except fully_shard

@@ -37,6 +37,7 @@ import contextlib
 import functools
 import os
 import re
+import sys
 import traceback
 import types
 from typing import Any, Callable
@@ -726,6 +727,13 @@ def fully_shard_cast(dtype: torch.dtype, value: Any) -> Any:
     from torch.distributed.utils import _apply_to_tensors
 
     return _apply_to_tensors(functools.partial(_cast_fp_tensor, dtype), value)
+
+
+def is_fully_shard_pre_hook(hook: Any) -> bool:
+    """Whether ``hook`` is fully_shard's forward pre-hook (the bound method
+    ``FSDPState._pre_forward``, private in 2.11-2.14), not its post-hook."""
+    state = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_state")
+    return state is not None and getattr(hook, "__func__", None) is state.FSDPState._pre_forward
 
 
 def fully_shard_divide_factors(group: Any, reduce_dtype: torch.dtype, device_type: str) -> tuple:

@@ -212,7 +212,7 @@ def _policy_cast(hook: Any) -> Any:
     """The cast of fully_shard's forward pre-hook (its inputs, to ``param_dtype`` where the
     policy says cast_forward_inputs) or post-hook (its output, to ``output_dtype``), or None."""
     policy = runtime.fully_shard_policy(hook.__self__)
-    if runtime.is_fully_shard_pre_hook(hook):
+    if compat.is_fully_shard_pre_hook(hook):
         if not (policy.cast_forward_inputs and policy.param_dtype):
             return None
         return lambda module, args, kwargs: (compat.fully_shard_cast(policy.param_dtype, args), compat.fully_shard_cast(policy.param_dtype, kwargs))

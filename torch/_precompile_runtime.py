@@ -262,10 +262,6 @@ def is_fully_shard_hook(hook: Any) -> bool:
     )
 
 
-def is_fully_shard_pre_hook(hook: Any) -> bool:
-    return is_fully_shard_hook(hook) and hook.__func__.__name__ == "_pre_forward"
-
-
 # A fully_shard module's MixedPrecisionPolicy (on its FSDPState; its forward hooks' __self__).
 def fully_shard_policy(state: Any) -> Any:
     return state._mp_policy
