@@ -235,6 +235,80 @@ class TestOptimizerSemantics(OptimizerTestCase):
         self.assertEqual(len(opt.state), 2)
         self.assert_same_training_state(model, opt, ref_model, ref_opt)
 
+    @staticmethod
+    def first_layer_step(zero_grad):
+        """model[2] gets no gradient; what AdamW does with it depends on whether its .grad is None."""
+
+        def step(model, opt, x):
+            if zero_grad == "kept":
+                opt.zero_grad(set_to_none=False)
+            model[0](x).sum().backward()
+            opt.step()
+            if zero_grad == "after_step":
+                opt.zero_grad()
+
+        return step
+
+    def assert_refused_unchanged(self, step, model, opt, x, message):
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        with self.assertRaisesRegex(PrecompileError, message):
+            step(model, opt, x)
+        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+
+    @parametrize("zero_grad", ("never", "after_step", "kept"))
+    def test_parameter_backward_skips_is_stepped_as_its_grad_says(self, zero_grad):
+        # Eager's AdamW decays every parameter it steps: one whose .grad is None it skips.
+        fn = self.first_layer_step(zero_grad)
+        model, ref_model = small_mlp(), small_mlp()
+        opt, ref_opt = OPTIMIZERS["adamw"](model), OPTIMIZERS["adamw"](ref_model)
+        x, _ = _data()[0]
+        step = precompile.load(*precompile(fn, model, opt, x, backend="eager"))
+        for _ in range(3):
+            step(model, opt, x)
+            fn(ref_model, ref_opt, x)
+        self.assertIsNone(model[2].weight.grad)
+        self.assertEqual(len(opt.state), 2)
+        self.assert_same_training_state(model, opt, ref_model, ref_opt)
+        self.assertIn("grad          args[0].2.weight.grad: None, as at capture", map(str, step.checks))
+        model[2].weight.grad = torch.zeros_like(model[2].weight)
+        self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture")
+
+    def test_parameter_backward_skips_keeps_its_captured_grad(self):
+        fn = self.first_layer_step("kept")
+        model, ref_model = small_mlp(), small_mlp()
+        for p in (*model.parameters(), *ref_model.parameters()):
+            p.grad = torch.zeros_like(p)
+        opt, ref_opt = OPTIMIZERS["adamw"](model), OPTIMIZERS["adamw"](ref_model)
+        x, _ = _data()[0]
+        step = precompile.load(*precompile(fn, model, opt, x, backend="eager"))
+        for _ in range(3):
+            step(model, opt, x)
+            fn(ref_model, ref_opt, x)
+        self.assertEqual(len(opt.state), 4)
+        self.assert_same_training_state(model, opt, ref_model, ref_opt)
+        model[2].bias.grad = None
+        self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.bias\.grad is None, which was a tensor at capture")
+
+    def test_frozen_parameter_keeps_no_grad(self):
+        # Eager's step uses a .grad left on a parameter that no longer requires grad.
+        fn = self.first_layer_step("never")
+        model = small_mlp()
+        model[2].requires_grad_(False)
+        opt = OPTIMIZERS["sgd"](model)
+        x, _ = _data()[0]
+        model[2].weight.grad = torch.ones_like(model[2].weight)
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.2\.weight does not require grad but has a \.grad"):
+            precompile(fn, model, opt, x, backend="eager")
+        model[2].weight.grad = None
+        ref_model = copy.deepcopy(model)
+        ref_opt = OPTIMIZERS["sgd"](ref_model)
+        step = precompile.load(*precompile(fn, model, opt, x, backend="eager"))
+        step(model, opt, x)
+        fn(ref_model, ref_opt, x)
+        self.assert_same_training_state(model, opt, ref_model, ref_opt, exact=True)
+        model[2].weight.grad = torch.ones_like(model[2].weight)
+        self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture")
+
 
 class TestOptimizerContract(TestCase):
     """Refused at capture, or at the call, with the argument, group and key named."""

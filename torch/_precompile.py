@@ -467,9 +467,19 @@ says who guarantees it and, where it is enforced, which tests (in
    it to None (test_precompile_capture_soundness.py
    test_gradient_accumulation_matches_eager,
    test_grad_bookkeeping_follows_what_fn_does_with_grad,
-   test_grad_that_requires_grad_accumulates_like_eager).  Caller's
-   responsibility: fn branching on ``p.grad is None`` (it is a tensor while
-   tracing).
+   test_grad_that_requires_grad_accumulates_like_eager).  None and zeros
+   agree wherever backward adds to ``.grad``; where the graph uses the
+   ``.grad`` of a parameter backward does not reach (a layer fn skips, with
+   no ``zero_grad()`` before backward), eager tells them apart: its
+   ``opt.step()`` skips a None ``.grad`` (AdamW would decay the parameter),
+   ``zero_grad(set_to_none=False)`` leaves it None.  Such a parameter keeps
+   what its ``.grad`` was at capture (traced as None when it was None), and
+   so does a parameter an optimizer inside fn holds that does not require
+   grad (None: one with a leftover ``.grad`` is refused at capture, eager's
+   step would use it); CHECKED at every call (test_precompile_optimizer.py
+   test_parameter_backward_skips_*, test_frozen_parameter_keeps_no_grad).
+   Caller's responsibility: fn's own code branching on ``p.grad is None``
+   (it is a tensor while tracing).
 14. Writes the graph does not see.  fn may only write tensors the trace
    tracks (its arguments' tensors and tensors it creates).  An optimizer's
    ``step()`` / ``zero_grad()`` inside fn (it holds the caller's tensors, not

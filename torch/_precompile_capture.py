@@ -980,9 +980,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     num_state, num_tensors = len(args.lifted), len(args.tensor_indices)
     caller_tensors = _caller_tensors(args)
     candidates = _grad_candidates(args)
-    num_optimizer_inputs = sum(
-        lifted.num_group_inputs + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers
-    )
+    num_optimizer_inputs = _num_optimizer_inputs(args)
     parallel = {  # tensor parallel parameters (invariant 17), by path
         i: f"args[{args.module_positions[args.lifted[i].names[0][0]]}].{args.lifted[i].names[0][1]}"
         for i in _parallel_entries(args.lifted)
@@ -1020,8 +1018,16 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 stack.enter_context(compat.reparametrized(module, mapping))
             if args.optimizers:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
+            # Invariant 13: a .grad None at capture that fn observes and backward does not
+            # reach is traced as None (_grads_observed_unreached); the others as a graph input.
+            traced_none = recorded.get("grads_none", ())
             for index, grad in zip(candidates, incoming_grads):
-                state[index].grad = grad
+                state[index].grad = None if index in traced_none else grad
+            watched = [i for i in candidates if whole[i] is state[i]]  # the leaves backward accumulates into
+            reached: set = set()
+            for index in watched:
+                hook = state[index].register_post_accumulate_grad_hook(lambda _, index=index: reached.add(index))
+                stack.callback(hook.remove)
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             stack.enter_context(fsdp.hooks_as_casts(args.modules))
             if distributed:
@@ -1041,6 +1047,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 _tensor_attributes_kept(args),
             ):
                 result = fn(*call_args)
+                recorded["grads_unreached"] = [i for i in watched if i not in reached]
                 guard.random_draws.finish()
             gradient_placements.refuse_mismatch()
             for i, where in parallel.items():
@@ -1070,7 +1077,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
-        recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None]
+        recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None and i not in traced_none]
         recorded["ordered_dicts"] = tuple(path for path, probe in probes.items() if probe.observed)
         outputs = _unique_tensors(out_leaves)  # one tensor returned twice is one graph output, as in eager
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
@@ -1501,6 +1508,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "Call precompile() outside them; to pack saved tensors at every call, enter the "
             "hooks inside fn"
         )
+    frozen = _frozen_in_optimizers(args)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
     num_inputs = len(args.lifted) + len(args.tensor_indices)
@@ -1512,13 +1520,22 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         _ModuleReads(args) as module_reads,
         _StateReads(),
     ):
-        if free_dims:
-            graph, example, sizes, constants = _trace_symbolic(flat_fn, args, free_dims, recorded, decompositions)
-        else:
-            graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions)
+
+        def trace() -> tuple:
+            if free_dims:
+                return _trace_symbolic(flat_fn, args, free_dims, recorded, decompositions)
+            return _trace_real(flat_fn, args, recorded, decompositions, same)
+
+        graph, example, sizes, constants = trace()
+        if not free_dims:
             same = _written_duplicates(args, _mutated_inputs(graph, num_inputs))
             if same:  # the same tensor passed twice and written: trace it as one tensor, as eager runs it
-                graph, example, sizes, constants = _trace_real(flat_fn, args, recorded, decompositions, same)
+                graph, example, sizes, constants = trace()
+        grads_none, grads_present = _grads_fn_tells_from_none(graph, args, recorded, len(sizes))
+        if grads_none:  # traced again with their .grad None, as eager's step skips them
+            recorded["grads_none"] = grads_none
+            graph, example, sizes, constants = trace()
+        grads_none = tuple(sorted((*grads_none, *frozen)))
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
     if _is_distributed(args.lifted):
@@ -1597,6 +1614,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
         grads_cleared=grads["grads_cleared"],
+        grads_none=grads_none,
+        grads_present=grads_present,
         grad_inputs_read_only=grads["grad_inputs_read_only"],
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
@@ -2331,6 +2350,59 @@ def _trailing_example_inputs(args: _Arguments) -> list:
 
 def _grad_candidates(args: _Arguments) -> list:
     return [i for i, e in enumerate(args.lifted) if e.kind == "parameter" and e.tensor.requires_grad]
+
+
+def _grads_fn_tells_from_none(graph: torch.fx.GraphModule, args: _Arguments, recorded: dict, num_sizes: int) -> tuple:
+    """The parameters whose ``.grad`` must stay None at every call, and those whose must stay a tensor (Note invariant 13).
+
+    fn is traced with each incoming ``.grad`` a tensor, which is what eager
+    computes with wherever backward adds to it (None + g is 0 + g).  Where
+    the graph uses the incoming ``.grad`` of a parameter backward never
+    reached, eager tells None from a tensor: ``opt.step()`` skips the
+    parameter, ``zero_grad(set_to_none=False)`` and ``clip_grad_norm_``
+    leave it None.  Those parameters keep what their ``.grad`` was at
+    capture (the None ones are traced again with ``.grad`` None).
+    """
+    position = len(args.lifted) + len(args.tensor_indices) + num_sizes + _num_optimizer_inputs(args)
+    incoming = list(graph.graph.find_nodes(op="placeholder"))[position:]
+    results = list(graph.graph.output_node().args[0])
+    grad_slots = dict(zip(recorded["grad_state"], range(len(results) - len(recorded["grad_state"]), len(results))))
+
+    def used(index: int, node: torch.fx.Node) -> bool:  # beyond being returned as its own, untouched .grad
+        untouched = index in grad_slots and results[grad_slots[index]] is node
+        return any(user.op != "output" for user in node.users) or results.count(node) > untouched
+
+    unreached = set(recorded["grads_unreached"])
+    observed = [i for i, node in zip(_grad_candidates(args), incoming) if i in unreached and used(i, node)]
+    none = tuple(i for i in observed if args.lifted[i].tensor.grad is None)
+    return none, tuple(i for i in observed if i not in none)
+
+
+def _frozen_in_optimizers(args: _Arguments) -> tuple:
+    """The parameters an optimizer inside fn holds that do not require grad: their ``.grad`` must stay None.
+
+    The trace never gives them a gradient, and eager's step would use a
+    leftover ``.grad`` (Note invariant 13): one at capture is refused.
+    """
+    held = {i for lifted in args.optimizers for group in lifted.groups for i in group}
+    frozen = tuple(sorted(held - set(_grad_candidates(args))))
+    named = _named_state(args.module_positions, args.lifted)
+    for i in frozen:
+        if _caller_parameter(args.lifted[i]).grad is not None:
+            raise PrecompileError(
+                f"{named[i][0]} does not require grad but has a .grad, which eager's step of the optimizer "
+                "inside fn would use: set that .grad to None before precompile and calls (or requires_grad_(True))"
+            )
+    return frozen
+
+
+def _caller_parameter(entry: Any) -> torch.Tensor:
+    """The parameter the caller's module holds for a lifted entry: a sharded one's DTensor, else the tensor."""
+    return entry.param if entry.sharded is not None else entry.tensor
+
+
+def _num_optimizer_inputs(args: _Arguments) -> int:
+    return sum(lifted.num_group_inputs + sum(len(entry) for entry in lifted.state) for lifted in args.optimizers)
 
 
 @contextlib.contextmanager

@@ -1765,6 +1765,7 @@ class PrecompiledFunction:
         self._copies_inputs = bool(self._constants or convention.output_views)
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
+        self._checks_grads = bool(convention.grads_none or convention.grads_present)
         self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
         self._state_path = self._module_arguments.state_path
         self._compiled = convention.backend == "inductor"
@@ -1772,7 +1773,12 @@ class PrecompiledFunction:
         # guard and the graph nothing to check, add or replace, after it nothing
         # to store, and one output to return.
         self._bare = self._single_output and not (
-            self._checks_inputs or self._has_trailing_inputs or self._copies_inputs or self._writes_state or self._sharded
+            self._checks_inputs
+            or self._checks_grads
+            or self._has_trailing_inputs
+            or self._copies_inputs
+            or self._writes_state
+            or self._sharded
         )
 
     # -- the call ------------------------------------------------------------
@@ -1820,6 +1826,8 @@ class PrecompiledFunction:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled, self._state_path)
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
+        if self._checks_grads:
+            self._check_grads_kept(grad_owners)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
         if self._has_trailing_inputs:
             created = []
@@ -1891,6 +1899,28 @@ class PrecompiledFunction:
 
     # -- incoming gradients ----------------------------------------------------
 
+    def _parameter(self, index: int) -> str:
+        """Names parameter ``index`` of the state as the caller reaches it: ``args[0].fc.weight``."""
+        module_index, name = self.convention.state[index].names[0]
+        return f"args[{self._module_positions[module_index]}].{name}"
+
+    def _check_grads_kept(self, params: list) -> None:
+        """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at capture."""
+        for index in self.convention.grads_none:
+            if params[index].grad is not None:
+                raise PrecompileError(
+                    f"{self._parameter(index)}.grad is a tensor, which was None at capture; backward does not "
+                    "reach it and fn's optimizer would step it with that .grad as eager does, while the graph "
+                    "skips it: set it to None (opt.zero_grad()), or precompile with a .grad there"
+                )
+        for index in self.convention.grads_present:
+            if params[index].grad is None:
+                raise PrecompileError(
+                    f"{self._parameter(index)}.grad is None, which was a tensor at capture; backward does not "
+                    "reach it and fn uses its .grad (eager's optimizer would skip it, the graph steps it): "
+                    "give it a .grad, or precompile with .grad None"
+                )
+
     def _prior_grads(self, grad_owners: list, tensors: list) -> list:
         """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g), with the
         layout of its graph input in ``tensors``.
@@ -1908,9 +1938,8 @@ class PrecompiledFunction:
                     if index in self._read_only_grads:
                         self._kept_zeros[index] = grad
             elif grad.shape != param.shape or grad.dtype != param.dtype or grad.stride() != param.stride():
-                module_index, name = self.convention.state[index].names[0]
                 raise PrecompileError(
-                    f"args[{self._module_positions[module_index]}].{name}.grad has shape {tuple(grad.shape)}, "
+                    f"{self._parameter(index)}.grad has shape {tuple(grad.shape)}, "
                     f"dtype {grad.dtype}, strides {grad.stride()}; fn accumulates onto it inside the graph, "
                     "which needs the parameter's shape, dtype and strides: set it to None (opt.zero_grad())"
                 )
@@ -1943,6 +1972,10 @@ class PrecompiledFunction:
         if c.grad_inputs:
             grads = f".grad of {len(c.grad_inputs)} parameters"
             checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
+        for index in c.grads_none:
+            checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
+        for index in c.grads_present:
+            checks.append(Check("grad", f"{self._parameter(index)}.grad", "a tensor, as at capture"))
         return tuple(checks)
 
     def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
@@ -1965,6 +1998,8 @@ class PrecompiledFunction:
         grad_owners = state
         if self._sharded:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled, self._state_path)
+        if self._checks_grads:
+            self._check_grads_kept(grad_owners)
         return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
 
     def run_graph(self, inputs: list) -> Any:

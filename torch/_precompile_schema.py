@@ -468,6 +468,10 @@ class CallingConvention(Record):
     grads_assigned: tuple[Count, ...] = ()
     # Parameters whose .grad fn sets to None (zero_grad() after its backward).
     grads_cleared: tuple[Count, ...] = ()
+    # Parameters whose .grad every call requires None / a tensor, as at capture:
+    # fn's optimizer tells them apart and backward does not reach them (Note invariant 13).
+    grads_none: tuple[Count, ...] = ()
+    grads_present: tuple[Count, ...] = ()
     # What each tensor output (by graph_output index) was at capture: shape
     # (None where it depends on free dims), dtype, device.  For readers (the
     # inspector); the driver does not check outputs.
@@ -985,6 +989,8 @@ def validate_convention(c: "CallingConvention") -> None:
     check_indices("grad_inputs_read_only", c.grad_inputs_read_only, c.grad_inputs)
     check_indices("grads_assigned", c.grads_assigned, c.grad_state)
     check_indices("grads_cleared", c.grads_cleared, set(parameters) - set(c.grad_state))
+    check_indices("grads_none", c.grads_none, set(parameters) - set(c.grad_inputs))
+    check_indices("grads_present", c.grads_present, c.grad_inputs)
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
     check_indices("mutated", c.mutated, range(num_tensors))
     check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
