@@ -1223,7 +1223,7 @@ class TestInductorCache(TestCase):
         cls.tmp.cleanup()
         super().tearDownClass()
 
-    def _child(self, out, extra_env=None, threads=None, cache_file=None):
+    def _child(self, out, extra_env=None, threads=None, cache_file=None, code_file=None):
         script = textwrap.dedent(
             f"""
             import sys, time, torch, torch.nn as nn, torch_precompile
@@ -1231,7 +1231,7 @@ class TestInductorCache(TestCase):
             data = torch.load({self.paths['data.pt']!r})
             m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
             m.load_state_dict(data["model"])
-            code = open({self.paths['a.py']!r}).read()
+            code = open({code_file or self.paths['a.py']!r}).read()
             cache = open({cache_file or self.paths['a.cache']!r}, "rb").read()
             f = torch_precompile.load(code, cache)
             loss = f(m, data["x"], data["y"])
@@ -1261,6 +1261,25 @@ class TestInductorCache(TestCase):
     def test_more_threads_than_build(self):
         out = os.path.join(self.tmp.name, "threads.pt")
         result = self._child(out, threads=8)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self._check(out)
+
+    def test_more_threads_than_a_one_thread_build(self):
+        # Lowered on one thread, Inductor once left a reduction's scalar epilogue to every
+        # thread of the loading process: the loss came out divided once per thread.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            code, cache = precompile(_train_step, copy.deepcopy(self.model), self.x, self.y, backend="inductor")
+        finally:
+            torch.set_num_threads(threads)
+        paths = [os.path.join(self.tmp.name, name) for name in ("one_thread.py", "one_thread.cache")]
+        with open(paths[0], "w") as f:
+            f.write(code)
+        with open(paths[1], "wb") as f:
+            f.write(cache)
+        out = os.path.join(self.tmp.name, "one_thread.pt")
+        result = self._child(out, threads=8, code_file=paths[0], cache_file=paths[1])
         self.assertEqual(result.returncode, 0, result.stderr)
         self._check(out)
 

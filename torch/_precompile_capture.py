@@ -2839,6 +2839,11 @@ _INDUCTOR_CONFIG = {
 
 def _inductor_config(capture: _Capture) -> dict:
     config = dict(_INDUCTOR_CONFIG)
+    # Codegen wraps serial work inside a parallel region in `omp single` only when it
+    # expects more than one thread, while dynamic threads run the kernel on the loading
+    # process's count: lowered on one thread (OMP_NUM_THREADS=1), a reduction's scalar
+    # epilogue ran once per thread at a load with eight (the loss divided eight times).
+    config["cpp.threads"] = max(2, torch.get_num_threads())
     config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(_compute_scalars_once)
     if capture.convention.sizes:
         # Free (unbacked) dims.  Layout optimization makes convolutions
