@@ -443,6 +443,61 @@ class TestSoundness(TestCase):
         f(model, x)
         self.assertRefused(r"args\[1\] is a Logged", lambda: f(model, x.as_subclass(Logged)), model)
 
+    @parametrize("backend", BACKENDS)
+    def test_strides_are_checked(self, backend):
+        # The trace bakes layout decisions on every backend, not only Inductor's
+        # kernels: .contiguous() of a contiguous example is an alias (a later
+        # in-place write would reach the caller's input), reshape / flatten a
+        # view (raising only after BatchNorm updated its running stats),
+        # is_contiguous() a branch.  Another layout is refused before anything runs.
+        def write_contiguous(x):
+            y = x.contiguous()
+            y.add_(1)
+            return y
+
+        f = precompile.load(*precompile(write_contiguous, torch.zeros(3, 3), backend=backend))
+        transposed = torch.zeros(3, 3).t()
+        self.assertRefused(
+            r"args\[0\]: expected strides \(3, 1\), got \(1, 3\);.*\.contiguous\(\)", lambda: f(transposed), transposed
+        )
+        self.assertEqual(transposed, torch.zeros(3, 3))
+        torch.testing.assert_close(f(transposed.contiguous()), torch.ones(3, 3))
+
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 2))
+        g = precompile.load(*precompile(_forward, model, torch.randn(4, 2, 2, 2), backend=backend))
+        channels_last = torch.randn(4, 2, 2, 2).to(memory_format=torch.channels_last)
+        self.assertRefused(
+            r"args\[1\]: expected strides \(8, 4, 2, 1\), got \(8, 1, 4, 2\)",
+            lambda: g(model, channels_last),
+            model,
+            channels_last,
+        )
+        self.assertEqual(model[0].num_batches_tracked.item(), 0)
+        self.assertEqual(model[0].running_mean, torch.zeros(2))
+        expected = copy.deepcopy(model)(channels_last)
+        torch.testing.assert_close(g(model, channels_last.contiguous()), expected)
+
+        h = precompile.load(*precompile(lambda x: x * 2 if x.is_contiguous() else x * 3, torch.ones(2, 2), backend=backend))
+        self.assertRefused(r"args\[0\]: expected strides \(2, 1\), got \(1, 2\)", lambda: h(torch.ones(2, 2).t()))
+        torch.testing.assert_close(h(torch.ones(2, 2)), torch.full((2, 2), 2.0))
+
+    def test_eager_traces_inputs_sharing_memory_as_passed(self):
+        # backend='eager' traces an expanded example with its stride 0, so
+        # .contiguous() copies as in eager; Inductor refuses it at capture
+        # (test_precompile_llm.py test_non_dense_inputs_keep_their_layout).
+        def write_contiguous(x):
+            y = x.contiguous()
+            y.add_(1)
+            return y
+
+        f = precompile.load(*precompile(write_contiguous, torch.zeros(3).expand(4, 3), backend="eager"))
+        expanded = torch.arange(3.0).expand(4, 3)
+        torch.testing.assert_close(f(expanded), write_contiguous(expanded))
+        self.assertEqual(expanded, torch.arange(3.0).expand(4, 3))
+        dense = torch.zeros(4, 3)
+        self.assertRefused(r"args\[0\]: expected strides \(0, 1\), got \(3, 1\)", lambda: f(dense), dense)
+
 
 instantiate_parametrized_tests(TestSoundness)
 

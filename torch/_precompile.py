@@ -42,10 +42,18 @@ says who guarantees it and, where it is enforced, which tests (in
    ``torch.compiler.is_compiling()`` and ``is_exporting()`` are true, as in
    torch.export's non-strict capture, so model libraries take their
    trace-friendly paths (a padding mask stays a runtime input instead of a
-   data-dependent shortcut) (test_precompile_real_models.py); Inductor also specializes on strides (except
-   size-1 dims and empty tensors); the driver checks them before every call,
-   so Inductor's own graph-input size/stride asserts, which would repeat that
-   check, are dropped from its module (its asserts on extern kernels' outputs stay).  Non-tensor input leaves are baked and a
+   data-dependent shortcut) (test_precompile_real_models.py).  Strides are
+   specialized too, on both backends (except size-1 dims and empty tensors):
+   the trace bakes layout-dependent decisions (``.contiguous()`` of a
+   contiguous example is an alias a later in-place write would send to the
+   caller's input, ``reshape`` / ``flatten`` become ``view``,
+   ``x.is_contiguous()`` branches), and Inductor compiles its kernels for
+   them; the driver checks them before every call
+   (test_precompile_soundness.py test_strides_are_checked), so
+   Inductor's own graph-input size/stride asserts, which would repeat that
+   check, are dropped from its module (its asserts on extern kernels' outputs
+   stay).  An eager artifact written before strides were recorded on both
+   backends has none in its convention and its calls check none.  Non-tensor input leaves are baked and a
    different value is refused.  The one exception: a user-input dim marked
    with ``mark_unbacked`` (inductor only) is an unbacked symint -- its bounds
    and the equalities the graph needs between marked dims are checked at
@@ -217,8 +225,8 @@ says who guarantees it and, where it is enforced, which tests (in
    global state between calls.
 
    Argument tensors
-   - values: LIFTED.  Shape, dtype, device: CHECKED (invariants 1, 3;
-     strides too on inductor).  Types: CHECKED (the tensor guard compares
+   - values: LIFTED.  Shape, dtype, device, strides: CHECKED (invariants 1,
+     3; on both backends).  Types: CHECKED (the tensor guard compares
      the Python type); a subclass with its own ``__torch_function__`` is
      REFUSED at capture and at a call, its Python logic would run only once
      (test_torch_function_subclasses_are_refused).
@@ -371,10 +379,12 @@ says who guarantees it and, where it is enforced, which tests (in
      without keys disagree is REFUSED naming its type.  An unregistered
      object is REFUSED saying how to register it
      (test_precompile_llm.py TestCacheObjects, TestInputTrees).
-   - Layout: on backend='inductor' each tensor is traced with exactly the
-     caller's strides (a slice ``ids[:, :1]`` included), which the driver
-     checks; one whose elements share memory (``x.expand(...)``) is REFUSED
-     (test_non_dense_inputs_keep_their_layout).
+   - Layout: each tensor is traced with exactly the caller's strides (a
+     slice ``ids[:, :1]`` included), which the driver checks on both backends
+     (test_strides_are_checked); one whose elements share memory
+     (``x.expand(...)``) is traced with the same sharing on backend='eager'
+     and REFUSED on backend='inductor' (test_non_dense_inputs_keep_their_layout,
+     test_eager_traces_inputs_sharing_memory_as_passed).
    Global state (test_precompile_global_guards.py)
    - Grad mode: an artifact that runs autograd is REFUSED under
      ``no_grad()`` and ``inference_mode()`` (test_global_state).  fn reading

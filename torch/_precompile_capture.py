@@ -360,19 +360,22 @@ def _repr_contexts(node: Any):
         yield from _repr_contexts(child)
 
 
-def _state_spec(entry: _LiftedTensor, backend: str) -> StateSpec:
+def _state_spec(entry: _LiftedTensor) -> StateSpec:
     """A fully_shard parameter's tensor spec is the DTensor's (what a call checks; its local
     shard, the graph input, follows from it and the ShardSpec)."""
-    tensor = _tensor_spec(entry.param if entry.sharded else entry.tensor, backend)
+    tensor = _tensor_spec(entry.param if entry.sharded else entry.tensor)
     return StateSpec(kind=entry.kind, names=tuple(entry.names), tensor=tensor, sharded=entry.sharded)
 
 
-def _tensor_spec(t: torch.Tensor, backend: str, free_dims: tuple = ()) -> TensorSpec:
+def _tensor_spec(t: torch.Tensor, free_dims: tuple = ()) -> TensorSpec:
     free = {dim for dim, *_ in free_dims}
     return TensorSpec(
         shape=tuple(None if d in free else size for d, size in enumerate(t.shape)),
-        # Free dims: strides vary with the size, so the layout is pinned as a memory format.
-        stride=tuple(t.stride()) if backend == "inductor" and not free else None,
+        # Strides on every backend: the trace bakes layout-dependent decisions
+        # (.contiguous() of a contiguous tensor is an alias, reshape a view,
+        # is_contiguous() branches), not only Inductor's kernels.  Free dims:
+        # strides vary with the size, so the layout is pinned as a memory format.
+        stride=None if free else tuple(t.stride()),
         dtype=str(t.dtype).removeprefix("torch."),
         device=str(t.device),
         free_dims=tuple(free_dims),
@@ -397,6 +400,12 @@ def _clone_leaf(t: torch.Tensor) -> torch.Tensor:
     the strides it traced with, and the driver checks the caller's.
     """
     source = t.detach()
+    if source.layout == torch.strided and not _is_non_overlapping(source) and type(source) is torch.Tensor:
+        # Elements sharing memory (``x.expand(...)``, backend='eager' only): the
+        # same sharing over a copy of the memory the tensor spans.
+        span = 1 + sum((size - 1) * stride for size, stride in zip(source.shape, source.stride()))
+        window = source.as_strided((span,), (1,), source.storage_offset()).clone()
+        return window.as_strided(source.shape, source.stride()).requires_grad_(t.requires_grad)
     if _is_non_overlapping(source) and not _is_dense(source) and source.layout == torch.strided:
         clone = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device=source.device)
         clone.copy_(source)
@@ -420,8 +429,8 @@ def _is_non_overlapping(t: torch.Tensor) -> bool:
 
 
 def _refuse_overlapping_inputs(args: "_Arguments", backend: str) -> None:
-    """Inductor compiles for its inputs' strides; one whose elements share memory
-    (``x.expand(...)``) would be traced on a contiguous copy, another layout than the call's."""
+    """Inductor compiles for its inputs' strides and cannot for one whose elements share
+    memory (``x.expand(...)``); backend='eager' traces it with the same sharing (_clone_leaf)."""
     if backend != "inductor":
         return
     named = _named_state(args.module_positions, args.lifted) + [
@@ -1541,7 +1550,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     if _is_distributed(args.lifted):
         tp.use_collectives(graph)
     first_trailing = len(args.lifted) + len(args.tensor_indices) + len(sizes)
-    optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, backend, first_trailing)
+    optimizers, grads = _finish_trailing_inputs(graph, example, args, recorded, first_trailing)
     # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
     named_state = _named_state(args.module_positions, args.lifted)
     _refuse_hooks((), (), [named_state[i] for i in grads["grad_state"]])
@@ -1589,10 +1598,10 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             )
             for index, (position, m) in enumerate(zip(args.module_positions, args.modules))
         ),
-        state=tuple(_state_spec(entry, backend) for entry in args.lifted),
+        state=tuple(_state_spec(entry) for entry in args.lifted),
         input_spec=args.input_spec,
         inputs=tuple(
-            LeafSpec(tensor=_tensor_spec(leaf, backend, tuple(free_by_leaf.get(i, ()))))
+            LeafSpec(tensor=_tensor_spec(leaf, tuple(free_by_leaf.get(i, ()))))
             if isinstance(leaf, torch.Tensor)
             else LeafSpec(value=schema.value_literal(leaf))
             for i, leaf in enumerate(args.input_leaves)
@@ -2485,7 +2494,7 @@ _PROFILER_OPS = ("profiler._record_function_enter_new", "profiler._record_functi
 
 
 def _finish_trailing_inputs(
-    graph: torch.fx.GraphModule, example: list, args: _Arguments, recorded: dict, backend: str, position: int
+    graph: torch.fx.GraphModule, example: list, args: _Arguments, recorded: dict, position: int
 ) -> tuple:
     """Settle the inputs after the sizes (optimizers', incoming grads): keep only what fn read.
 
@@ -2493,7 +2502,7 @@ def _finish_trailing_inputs(
     OptimizerSpecs and the grad bookkeeping of the convention.
     """
     placeholders = list(graph.graph.find_nodes(op="placeholder"))
-    optimizers, unused, position = _finish_optimizer_inputs(graph, placeholders, args, backend, position)
+    optimizers, unused, position = _finish_optimizer_inputs(graph, placeholders, args, position)
     grad_nodes = placeholders[position : position + len(_grad_candidates(args))]
     grads = _finish_grad_inputs(graph, grad_nodes, args, recorded)
     unused.update(position + i for i, node in enumerate(grad_nodes) if not node.users)
@@ -2504,7 +2513,7 @@ def _finish_trailing_inputs(
     return optimizers, grads
 
 
-def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, backend: str, position: int) -> tuple:
+def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, position: int) -> tuple:
     """Drop the step's profiler ranges; find the optimizer state inputs fn never read.
 
     State of a parameter that got no gradient (eager creates none) is an
@@ -2525,7 +2534,7 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
             nodes = placeholders[position : position + len(entry)]
             if any(node.users for node in nodes):
                 stepped.append(slot)
-                tensors += [_tensor_spec(t, backend) for t in entry.values()]
+                tensors += [_tensor_spec(t) for t in entry.values()]
             else:
                 unused.update(range(position, position + len(entry)))
             position += len(entry)

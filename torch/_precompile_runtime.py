@@ -417,10 +417,13 @@ def conform_dict_order(value: Any, spec: pytree.TreeSpec, path: str, ordered: fr
 
 
 def _checked_strides(spec: TensorSpec) -> list[int | None]:
-    """Strides the graph relies on, with Inductor's exemptions.
+    """Strides the graph relies on, on every backend (the trace bakes layout-dependent
+    decisions: ``.contiguous()`` of a contiguous tensor is an alias, ``reshape`` a view).
 
-    Size-1 dims and empty tensors may have any stride; so may every dim when
-    the backend does not specialize on layout (``stride is None``).
+    Size-1 dims and empty tensors may have any stride; so may every dim of a
+    spec without strides (``stride is None``: an input with free dims, whose
+    layout is pinned as a memory format, or an eager artifact written before
+    strides were recorded on every backend).
     """
     if spec.stride is None or any(s == 0 for s in spec.shape):
         return [None] * len(spec.shape)
@@ -520,9 +523,10 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
     if any(w is not None and w != g for w, g in zip(want, got)):
         expected = tuple("*" if w is None else w for w in want)
         raise PrecompileError(
-            f"{what}: expected strides {expected}, got {tuple(got)}; backend "
-            f"{backend!r} specializes on memory layout: pass a tensor with the captured "
-            "layout (e.g. .contiguous()), or precompile with backend='eager'"
+            f"{what}: expected strides {expected}, got {tuple(got)}; the graph is specialized "
+            "to the captured memory layout (its trace decided .contiguous(), reshape and "
+            "is_contiguous() for it): pass a tensor with that layout (e.g. .contiguous()), or "
+            "precompile with an example in this layout"
         )
 
 
@@ -1768,7 +1772,6 @@ class PrecompiledFunction:
         self._checks_grads = bool(convention.grads_none or convention.grads_present)
         self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
         self._state_path = self._module_arguments.state_path
-        self._compiled = convention.backend == "inductor"
         # One flag for the per-call path (an inference forward): between the
         # guard and the graph nothing to check, add or replace, after it nothing
         # to store, and one output to return.
@@ -1823,7 +1826,7 @@ class PrecompiledFunction:
             return outputs[0]
         state = grad_owners = tensors[: self._num_state]
         if self._sharded:  # fully_shard's parameters: the graph takes their local shards
-            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled, self._state_path)
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
         if self._checks_grads:
@@ -1997,7 +2000,7 @@ class PrecompiledFunction:
         self._inputs.check(user_args, leaves, tensors)
         grad_owners = state
         if self._sharded:
-            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._compiled, self._state_path)
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
         if self._checks_grads:
             self._check_grads_kept(grad_owners)
         return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
@@ -2344,21 +2347,21 @@ class ShardedGradient:
         )
 
 
-def sharded_inputs(tensors: list, sharded: list, num_state: int, contiguous: bool, state_path: Callable) -> tuple[list, list]:
+def sharded_inputs(tensors: list, sharded: list, num_state: int, state_path: Callable) -> tuple[list, list]:
     """(gradient owners, graph inputs) for the checked ``tensors``, whose sharded
     parameters are DTensors: each one's gradient owner is a ShardedGradient (what reads
     and writes ``.grad``); the graph takes its local shard (contiguous, as fully_shard
-    and tensor parallel keep it, where the compiled graph assumes it).  Refuses, before
+    and tensor parallel keep it, where the graph assumes it).  Refuses, before
     anything runs, a ``.grad`` the writer could not accumulate into."""
     owners, tensors = list(tensors[:num_state]), list(tensors)
     for index, spec in sharded:
         param = tensors[index]
         local = tensors[index] = getattr(param, DTENSOR_LOCAL)
         placements = gradient_placements(param, spec)
-        if contiguous and not local.is_contiguous():
+        if not local.is_contiguous():
             raise PrecompileError(
                 f"{state_path(index)}: its local shard has strides {local.stride()}, not contiguous as at capture "
-                "and as the compiled graph assumes: shard the model as at capture (after an explicit "
+                "and as the graph assumes: shard the model as at capture (after an explicit "
                 "model.unshard(), call model.reshard())"
             )
         grad = param.grad

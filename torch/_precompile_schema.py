@@ -171,7 +171,7 @@ class TensorSpec(Record):
     """What the graph was specialized to for one tensor."""
 
     shape: tuple[Count | None, ...]  # None marks a free (unbacked) dim
-    stride: tuple[int, ...] | None  # None: layout is not specialized (eager)
+    stride: tuple[int, ...] | None  # None: free dims (memory_format), or an eager artifact older than stride checks
     dtype: DType  # e.g. "float32"
     device: Device  # e.g. "cpu"
     # Free dims as ((dim, shape group, min, max), ...) in dim order; max None =
