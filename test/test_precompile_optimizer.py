@@ -376,6 +376,23 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
 
+    def test_group_entries_beyond_the_defaults_are_checked(self):
+        # fn may read any entry of a param group (here a loss scale kept there): all are baked.
+        def scaled_step(model, opt, x, y):
+            opt.zero_grad()
+            (F.cross_entropy(model(x), y) * opt.param_groups[0]["loss_scale"]).backward()
+            opt.step()
+
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = torch.optim.SGD([{"params": model.parameters(), "loss_scale": 1.0}], lr=0.1)
+        step = precompile.load(*precompile(scaled_step, model, opt, x, y, backend="eager"))
+        opt.param_groups[0]["loss_scale"] = 4.0
+        before = [p.clone() for p in model.parameters()]
+        with self.assertRaisesRegex(PrecompileError, r"param_groups\[0\]\['loss_scale'\]: expected 1.0 \(baked at capture\), got 4.0"):
+            step(model, opt, x, y)
+        self.assertEqual(list(model.parameters()), before, atol=0, rtol=0)
+
     def test_refused_call_creates_no_optimizer_state(self):
         # Two models, two optimizers (a GAN's step): the second optimizer is refused after the
         # first one's missing state was made; neither optimizer, parameter nor .grad changes.

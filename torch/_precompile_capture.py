@@ -2281,7 +2281,7 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
             indices.append(index)
             state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), lifted[index].tensor))
         groups.append(indices)
-        hyper.append(_baked_hyperparameters(optimizer.defaults, group, cycled))
+        hyper.append(_baked_hyperparameters(group, cycled))
     return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled)
 
 
@@ -2297,10 +2297,13 @@ def _cycled_hyperparameters(cls: str, group: dict) -> tuple:
     return ("betas[0]",)
 
 
-def _baked_hyperparameters(defaults: dict, group: dict, lifted: tuple) -> list:
-    """(key, value) of the group's options the artifact bakes: all but lr and the lifted ones."""
+def _baked_hyperparameters(group: dict, lifted: tuple) -> list:
+    """(key, value) of the group's entries the artifact bakes: all but params, lr and the lifted ones.
+
+    Keys beyond the optimizer's defaults too: fn may read one (a loss scale kept in the group).
+    """
     baked = []
-    for key in sorted(defaults):
+    for key in sorted(k for k in group if k != "params"):
         if key == "lr" or key in lifted:
             continue
         if f"{key}[0]" in lifted:  # betas: the rest of the tuple stays baked
