@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch_precompile import _precompile_compat as compat, _precompile_runtime as runtime
 from torch.testing._internal.common_utils import run_tests, TestCase
 
@@ -56,6 +58,8 @@ PRIVATE_NAMES = {
     "_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_post_accumulate_grad_hooks",
     "_set_grad_enabled", "_is_any_autocast_enabled", "_disabled_torch_function_impl",
     "_top_saved_tensors_default_hooks",
+    "_is_torch_function_mode_enabled", "_len_torch_function_stack", "_get_function_stack_at",
+    "_len_torch_dispatch_stack", "_get_dispatch_stack_at",
     "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "_torchinductor_pyobject_tensor_data_ptr",
     "CppPythonBindingsCodeCache",
     # DistributedDataParallel arguments
@@ -131,6 +135,7 @@ class TestQuarantine(TestCase):
         self.assertGreater(len(section), 10)
         source = DRIVER.read_text()
         for name in ("_TensorGuards", "_is_alias_of", "_set_grad_enabled", "_is_any_autocast_enabled",
+                     "_is_torch_function_mode_enabled", "_len_torch_dispatch_stack",
                      "_KERNEL_DATA_PTR_ENV", "_owner_dict", "_MODULE_HOOKS", "_TENSOR_HOOKS",
                      "accumulate_grad_hooks"):
             (definition,) = [i for i, line in enumerate(source.splitlines(), 1)
@@ -190,6 +195,43 @@ class TestDriverInternals(TestCase):
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             self.assertEqual(runtime._saved_tensors_hooks(), (pack, unpack))
             self.assertTrue(compat.saved_tensors_hooks_active())
+
+    def test_mode_stack_readers(self):
+        # Every call tests the first two; the PrecompileError names the innermost mode with the others.
+        class Function(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        class Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        self.assertFalse(runtime._is_torch_function_mode_enabled())
+        self.assertEqual(runtime._len_torch_dispatch_stack(), 0)
+        with Function() as mode:
+            self.assertTrue(runtime._is_torch_function_mode_enabled())
+            self.assertIs(runtime._get_function_stack_at(runtime._len_torch_function_stack() - 1), mode)
+            with torch._C.DisableTorchFunction():  # eager runs no mode there either
+                self.assertFalse(runtime._is_torch_function_mode_enabled())
+        for default_device in (lambda: torch.device("meta"), lambda: contextlib.nullcontext(torch.set_default_device("meta"))):
+            try:
+                with default_device():  # a DeviceContext, the class and module the driver names
+                    self.assertTrue(runtime._is_torch_function_mode_enabled())
+                    context = runtime._get_function_stack_at(runtime._len_torch_function_stack() - 1)
+                    self.assertEqual((type(context).__module__, type(context).__name__, context.device),
+                                     ("torch.utils._device", "DeviceContext", torch.device("meta")))
+            finally:
+                torch.set_default_device(None)
+        self.assertFalse(runtime._is_torch_function_mode_enabled())
+        with Dispatch() as mode:
+            self.assertEqual(runtime._len_torch_dispatch_stack(), 1)
+            self.assertIs(runtime._get_dispatch_stack_at(0), mode)
+            self.assertFalse(runtime._is_torch_function_mode_enabled())
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            self.assertEqual(runtime._len_torch_dispatch_stack(), 1)  # infra modes count
+        self.assertEqual(runtime._len_torch_dispatch_stack(), 0)
 
     def test_disabled_torch_function_impl_is_parameters(self):
         self.assertIs(nn.Parameter.__torch_function__, runtime._disabled_torch_function_impl)

@@ -23,12 +23,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as checkpoint
 from torch._dynamo.decorators import mark_unbacked
+from torch.overrides import TorchFunctionMode
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
     TestCase,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_precompile
 from torch_precompile import _precompile_compat as compat, PrecompileError
@@ -79,6 +81,31 @@ def _step(model, x):
     loss = model(x).pow(2).sum()
     loss.backward()
     return loss
+
+
+# Torch function and dispatch modes around a call
+
+
+def _mul_by_three(x):
+    return x.mul(3)
+
+
+class _Double(TorchFunctionMode):
+    """Doubles what Tensor.mul returns: eager fn's result changes under it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.Tensor.mul else out
+
+
+class _Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _bn_linear():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
 
 
 # Row 2: grad / inference mode queried by fn
@@ -528,6 +555,53 @@ class TestGlobalGuards(TestCase):
         for rows in (3, 6):
             other = torch.randn(rows, 4)
             torch.testing.assert_close(f(model, other), _scales_by_first_sum(model, other))
+
+
+    def test_modes_active_at_a_call_are_refused(self):
+        """Torch function and dispatch modes around a call (a default device too): eager fn runs
+        every op through them, the graph would not; refused whatever the backend, before any
+        state changes, naming the kind of mode and the fix."""
+        f = _runnable(_mul_by_three, lambda: (torch.ones(2),), "eager")
+        x = torch.ones(2)
+        with _Double():
+            torch.testing.assert_close(_mul_by_three(x), torch.full((2,), 6.0))  # what eager computes under it
+            self.assertRefused(
+                r"^called while a torch function mode is active \(_Double, a TorchFunctionMode\): eager fn would "
+                r"run every torch call through it, the artifact's graph would bypass it\. Call the artifact "
+                r"outside the mode, or call fn eagerly under it",
+                lambda: f(x), x,
+            )
+        device_refused = (
+            r"^called with a default device \(meta: inside `with torch\.device\('meta'\):` or after "
+            r"torch\.set_default_device\('meta'\)\), a torch function mode .* the artifact's graph would bypass "
+            r"it .* Call the artifact outside that context / with torch\.set_default_device\(None\), or call fn "
+            r"eagerly there"
+        )
+        with torch.device("meta"):
+            self.assertRefused(device_refused, lambda: f(x), x)
+        torch.set_default_device("meta")
+        try:
+            self.assertRefused(device_refused, lambda: f(x), x)
+        finally:
+            torch.set_default_device(None)
+        with _Passthrough():
+            self.assertRefused(
+                r"^called while a torch dispatch mode is active \(_Passthrough, a TorchDispatchMode\): eager fn "
+                r"would run every operator through it, the artifact's graph would bypass it .*Call the artifact "
+                r"outside the mode, or call fn eagerly under it",
+                lambda: f(x), x,
+            )
+        torch.testing.assert_close(f(x), torch.full((2,), 3.0))  # outside them: runs
+        # A training step with running stats: nothing written before the refusal.
+        g = _runnable(_step, lambda: (_bn_linear(), _x()), "eager")
+        model, inputs = _bn_linear(), _x()
+        for mode in (_Double, _Passthrough, lambda: torch.device("cpu")):
+            with mode():
+                self.assertRefused(r"^called (while a torch (function|dispatch) mode is active|with a default device)",
+                                   lambda: g(model, inputs), model, inputs)
+        g(model, inputs)
+        self.assertIn("global        torch function and dispatch modes: none active, default device included "
+                      "(the graph would bypass them)", list(map(str, g.checks)))
 
 
 instantiate_parametrized_tests(TestGlobalGuards)

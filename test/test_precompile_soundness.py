@@ -100,6 +100,24 @@ def _linear():
     return nn.Linear(4, 2)
 
 
+def _bn_linear():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+
+
+def _bn_step(model, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def _bn_clipped_step(model, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    return loss.detach()
+
+
 def _layers():
     torch.manual_seed(0)
     return _Layers()
@@ -497,6 +515,43 @@ class TestSoundness(TestCase):
         self.assertEqual(expanded, torch.arange(3.0).expand(4, 3))
         dense = torch.zeros(4, 3)
         self.assertRefused(r"args\[0\]: expected strides \(0, 1\), got \(3, 1\)", lambda: f(dense), dense)
+
+    def test_sparse_grad_accumulates_like_eager(self):
+        """Eager's AccumulateGrad adds a dense gradient onto a sparse .grad out of place
+        (new + old, a dense tensor): so does the runnable (Note invariant 13)."""
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        f = _runnable("bn step", _bn_step, _bn_linear(), x, y, backend="eager")
+        model, ref = _bn_linear(), _bn_linear()
+        for m in (model, ref):
+            m[0].weight.grad = torch.eye(4).to_sparse()
+        torch.testing.assert_close(f(model, x, y), _bn_step(ref, x, y))
+        self.assertEqual(model[0].weight.grad.layout, torch.strided)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for (name, b), c in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(b, c, msg=name)
+        torch.testing.assert_close(f(model, x, y), _bn_step(ref, x, y))  # and onto the dense .grad it left
+        torch.testing.assert_close(model[0].weight.grad, ref[0].weight.grad)
+
+    def test_sparse_grad_read_inside_the_graph_is_refused(self):
+        """A .grad the graph takes as an input (fn reads it: clip_grad_norm_) must be dense:
+        a sparse one is refused before anything is written."""
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        f = _runnable("bn clipped step", _bn_clipped_step, _bn_linear(), x, y, backend="eager")
+        self.assertTrue(f.convention.grad_inputs)
+        model = _bn_linear()
+        sparse = model[0].weight.grad = torch.eye(4).to_sparse()
+        before = {name: t.clone() for name, t in model.state_dict().items()}
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\]\.0\.weight\.grad is a sparse tensor; fn reads or accumulates onto it inside the graph, "
+            r"which needs a dense \(strided\) \.grad",
+        ):
+            f(model, x, y)
+        for name, t in model.state_dict().items():
+            self.assertTrue(t.equal(before[name]), f"a refused call changed {name}")
+        self.assertIs(model[0].weight.grad, sparse)
+        self.assertTrue(all(p.grad is None for name, p in model.named_parameters() if name != "0.weight"))
 
 
 instantiate_parametrized_tests(TestSoundness)

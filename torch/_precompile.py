@@ -386,6 +386,13 @@ says who guarantees it and, where it is enforced, which tests (in
      and REFUSED on backend='inductor' (test_non_dense_inputs_keep_their_layout,
      test_eager_traces_inputs_sharing_memory_as_passed).
    Global state (test_precompile_global_guards.py)
+   - Torch function and dispatch modes (a ``TorchFunctionMode``, the
+     ``DeviceContext`` that ``with torch.device(...)`` and
+     ``torch.set_default_device`` push, a ``TorchDispatchMode``, an infra
+     mode such as ``FakeTensorMode``): eager fn runs every call or operator
+     through them, the graph (captured without them) would bypass them or
+     run other operators through them: REFUSED at every call, whatever the
+     backend, naming the innermost mode (test_modes_active_at_a_call_are_refused).
    - Grad mode: an artifact that runs autograd is REFUSED under
      ``no_grad()`` and ``inference_mode()`` (test_global_state).  fn reading
      it (``torch.is_grad_enabled()``, ``torch.is_inference_mode_enabled()``,
@@ -470,11 +477,16 @@ says who guarantees it and, where it is enforced, which tests (in
    what fn does with it is in the graph, and each parameter's ``.grad`` is
    written the way eager's would be: backward's plain accumulation is left
    to the runnable (assign when None, else add in place, with grad mode off
-   like the autograd engine: the common step passes no extra input); when
+   like the autograd engine: the common step passes no extra input; onto a
+   sparse ``.grad``, ``new + old``, a dense tensor, as eager's AccumulateGrad
+   does: test_precompile_soundness.py test_sparse_grad_accumulates_like_eager); when
    fn clears ``.grad`` before backward (``model.zero_grad()``) or reads it
    (``clip_grad_norm_`` with gradient accumulation, logging ``p.grad``) the
-   graph's gradient is assigned; when fn clears it last, the runnable sets
-   it to None (test_precompile_capture_soundness.py
+   graph's gradient is assigned (an incoming ``.grad`` the graph takes must
+   be dense, of the parameter's shape, dtype and strides: another, a sparse
+   one included, is refused before anything runs:
+   test_sparse_grad_read_inside_the_graph_is_refused); when fn clears it last,
+   the runnable sets it to None (test_precompile_capture_soundness.py
    test_gradient_accumulation_matches_eager,
    test_grad_bookkeeping_follows_what_fn_does_with_grad,
    test_grad_that_requires_grad_accumulates_like_eager).  None and zeros

@@ -82,6 +82,17 @@ _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 # None; its argument says whether to ignore Dynamo's compiled autograd (a flag
 # since 2.5).  Read per call of an artifact that runs autograd; private in 2.13.
 _saved_tensors_hooks = functools.partial(torch._C._autograd._top_saved_tensors_default_hooks, False)
+# Whether any TorchFunctionMode is active (``with torch.device(...)`` and
+# torch.set_default_device push one, torch.utils._device.DeviceContext; False
+# inside DisableTorchFunction, where eager runs none either) and how many
+# TorchDispatchModes are (user modes and infra modes such as FakeTensorMode):
+# read at every call, the graph bypasses them (Note invariant 11).  The stacks'
+# entries name the innermost one in the PrecompileError.  Private in 2.11-2.14.
+_is_torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
+_len_torch_function_stack = torch._C._len_torch_function_stack
+_get_function_stack_at = torch._C._get_function_stack_at
+_get_dispatch_stack_at = torch._C._get_dispatch_stack_at
 # __torch_function__ of Parameter & co. (traced through dispatch); private in 2.13.
 _disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 
@@ -952,15 +963,19 @@ class ResultWriter:
         return outputs
 
     def _write_grads(self, state: list, outputs: Any) -> None:
-        # Like eager backward(): assign when None, else accumulate in place;
+        # Like eager backward() (AccumulateGrad): assign when None, else accumulate in place,
+        # but onto a sparse .grad out of place, `new + old` (a dense tensor), as eager does;
         # grads_assigned: the graph's gradient is already the final .grad.
         assigned = self._grads_assigned
         for index, grad in zip(self.convention.grad_state, outputs[self._num_outputs :]):
             param = state[index]
-            if index in assigned or param.grad is None:
+            old = param.grad
+            if index in assigned or old is None:
                 param.grad = grad
+            elif old.is_sparse:  # the graph's gradients are dense: add(sparse, dense) would raise
+                param.grad = grad + old
             else:
-                param.grad.add_(grad)
+                old.add_(grad)
         for index in self.convention.grads_cleared:
             state[index].grad = None
 
@@ -1093,10 +1108,12 @@ class Binding:
 
 
 class GlobalState:
-    """The process-global state a call must share with capture (Note invariant 11): grad
-    mode where the graph runs autograd or fn read it, inference mode where fn read it, no
-    anomaly detection or saved-tensor hooks around a compiled backward, autocast, and the
-    default dtype.  ``moved`` is the fast test, ``check`` raises the PrecompileError."""
+    """The process-global state a call must share with capture (Note invariant 11): no
+    torch function or dispatch mode, grad mode where the graph runs autograd or fn read it,
+    inference mode where fn read it, no anomaly detection or saved-tensor hooks around a
+    compiled backward, autocast, and the default dtype.  ``moved`` is the fast test of what
+    only some artifacts compare (the call tests modes, autocast and the default dtype
+    itself), ``check`` raises the PrecompileError."""
 
     def __init__(self, convention: CallingConvention):
         self.convention = convention
@@ -1120,7 +1137,9 @@ class GlobalState:
         )
 
     def check(self, grad_enabled: bool) -> None:
-        """Grad mode (and the modes fn read), saved-tensor hooks, autocast and default dtype as captured, or a PrecompileError."""
+        """No torch function / dispatch mode, grad mode (and the modes fn read), saved-tensor hooks,
+        autocast and default dtype as captured, or a PrecompileError."""
+        self._check_no_modes()
         where = "torch.inference_mode()" if _is_inference_mode_enabled() else "torch.no_grad()"
         if self._needs_grad and not grad_enabled:
             raise PrecompileError(
@@ -1174,10 +1193,39 @@ class GlobalState:
                 f"torch.set_default_dtype({self.default_dtype}) first, or precompile again"
             )
 
+    @staticmethod
+    def _check_no_modes() -> None:
+        """Eager fn runs every op through the active modes; the graph, captured without them, would not."""
+        if _is_torch_function_mode_enabled():
+            mode = _get_function_stack_at(_len_torch_function_stack() - 1)
+            device = getattr(mode, "device", None)
+            if type(mode).__name__ == "DeviceContext" and type(mode).__module__ == "torch.utils._device":
+                raise PrecompileError(
+                    f"called with a default device ({device}: inside `with torch.device({str(device)!r}):` or after "
+                    f"torch.set_default_device({str(device)!r})), a torch function mode that makes the tensors "
+                    "fn creates land there in eager; the artifact's graph would bypass it (it creates them "
+                    "where it did at capture). Call the artifact outside that context / with "
+                    "torch.set_default_device(None), or call fn eagerly there"
+                )
+            raise PrecompileError(
+                f"called while a torch function mode is active ({type(mode).__qualname__}, a "
+                "TorchFunctionMode): eager fn would run every torch call through it, the artifact's graph "
+                "would bypass it. Call the artifact outside the mode, or call fn eagerly under it"
+            )
+        if _len_torch_dispatch_stack():
+            mode = _get_dispatch_stack_at(_len_torch_dispatch_stack() - 1)
+            raise PrecompileError(
+                f"called while a torch dispatch mode is active ({type(mode).__qualname__}, a "
+                "TorchDispatchMode): eager fn would run every operator through it, the artifact's graph "
+                "would bypass it (or run other operators through it). Call the artifact outside the "
+                "mode, or call fn eagerly under it"
+            )
+
     def checks(self) -> list[Check]:
         """A ``Check`` per global state ``check`` compares."""
         c = self.convention
-        checks = []
+        # `with torch.device(...)` and torch.set_default_device push a torch function mode.
+        checks = [Check("global", "torch function and dispatch modes", "none active, default device included (the graph would bypass them)")]
         if c.needs_grad:
             checks.append(Check("global", "torch.is_grad_enabled()", "True (the graph runs autograd)"))
             checks.append(Check("global", "autograd anomaly detection and saved_tensors_hooks", "off"))
@@ -1793,6 +1841,8 @@ class PrecompiledFunction:
         if (
             _is_any_autocast_enabled()
             or _get_default_dtype() is not self._default_dtype
+            or _is_torch_function_mode_enabled()
+            or _len_torch_dispatch_stack()
             or (self._reads_global_state and self._global_state.moved(grad_enabled))
         ):
             self._global_state.check(grad_enabled)
@@ -1940,6 +1990,14 @@ class PrecompiledFunction:
                     grad = torch.zeros_like(param, memory_format=torch.preserve_format)
                     if index in self._read_only_grads:
                         self._kept_zeros[index] = grad
+            elif grad.is_sparse:  # no strides: checked first
+                module_index, name = self.convention.state[index].names[0]
+                raise PrecompileError(
+                    f"args[{self._module_positions[module_index]}].{name}.grad is a sparse tensor; fn reads or "
+                    "accumulates onto it inside the graph, which needs a dense (strided) .grad of the "
+                    "parameter's shape, dtype and strides: set it to None (opt.zero_grad()) or to "
+                    "its .to_dense(), or call fn eagerly"
+                )
             elif grad.shape != param.shape or grad.dtype != param.dtype or grad.stride() != param.stride():
                 raise PrecompileError(
                     f"{self._parameter(index)}.grad has shape {tuple(grad.shape)}, "
