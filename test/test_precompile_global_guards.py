@@ -603,6 +603,14 @@ class TestGlobalGuards(TestCase):
         self.assertIn("global        torch function and dispatch modes: none active, default device included "
                       "(the graph would bypass them)", list(map(str, g.checks)))
 
+    def test_capture_inside_a_mode_is_refused(self):
+        """The trace would bake what a mode around precompile() does (a default device too)."""
+        for mode in (_Double, _Passthrough, lambda: torch.device("cpu")):
+            with mode(), self.assertRaisesRegex(
+                PrecompileError, r"^precompile\(\) is called inside a torch function or dispatch mode"
+            ):
+                precompile(_mul_by_three, torch.ones(2), backend="eager")
+
 
 instantiate_parametrized_tests(TestGlobalGuards)
 

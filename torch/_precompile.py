@@ -392,7 +392,9 @@ says who guarantees it and, where it is enforced, which tests (in
      mode such as ``FakeTensorMode``): eager fn runs every call or operator
      through them, the graph (captured without them) would bypass them or
      run other operators through them: REFUSED at every call, whatever the
-     backend, naming the innermost mode (test_modes_active_at_a_call_are_refused).
+     backend, naming the innermost mode (test_modes_active_at_a_call_are_refused),
+     and around precompile(), whose trace would bake them
+     (test_capture_inside_a_mode_is_refused).
    - Grad mode: an artifact that runs autograd is REFUSED under
      ``no_grad()`` and ``inference_mode()`` (test_global_state).  fn reading
      it (``torch.is_grad_enabled()``, ``torch.is_inference_mode_enabled()``,

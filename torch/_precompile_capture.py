@@ -1510,6 +1510,12 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "an optimizer argument together with mark_unbacked dims is not supported yet: "
             "remove the marks (sizes are then specialized) or keep opt.step() outside fn"
         )
+    if compat.torch_modes_active():
+        raise PrecompileError(
+            "precompile() is called inside a torch function or dispatch mode (a default device from "
+            "`with torch.device(...)` or torch.set_default_device is one): the trace would bake what the "
+            "mode does into the graph, and every call refuses such a mode. Call precompile() outside it"
+        )
     if compat.saved_tensors_hooks_active():
         raise PrecompileError(
             "precompile() is called inside torch.autograd.graph.saved_tensors_hooks: the trace "

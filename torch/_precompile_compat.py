@@ -97,6 +97,13 @@ def saved_tensors_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
 
 
+def torch_modes_active() -> bool:
+    """Whether a TorchFunctionMode (a default device's DeviceContext included) or a
+    TorchDispatchMode is active on this thread."""
+    # torch 2.11-2.14 have no public reader of either mode stack.
+    return torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
+
+
 # The mode queries fn can branch on.  torch re-exports the torch._C builtins
 # and code looks them up on either module when it calls them, so capture wraps
 # both attributes while fn is traced (2.11-2.14: no hook says who asked).
