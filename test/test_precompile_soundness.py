@@ -516,6 +516,22 @@ class TestSoundness(TestCase):
         dense = torch.zeros(4, 3)
         self.assertRefused(r"args\[0\]: expected strides \(0, 1\), got \(3, 1\)", lambda: f(dense), dense)
 
+    def test_written_input_that_requires_grad_is_refused(self):
+        # Eager refuses an in-place write to a leaf that requires grad (and records one to a
+        # non-leaf in autograd); the graph runs without autograd and would just write it.
+        def double_in_place(x):
+            x.mul_(2)
+            return x.sum()
+
+        f = precompile.load(*precompile(double_in_place, torch.ones(3), backend="eager"))
+        x = torch.ones(3, requires_grad=True)
+        self.assertRefused(r"^args\[0\] requires grad and fn writes it in place", lambda: f(x), x)
+        self.assertEqual(x, torch.ones(3))
+        self.assertIn("requires_grad=False", next(str(c) for c in f.checks if c.subject == "args[0]"))
+        plain = torch.ones(3)
+        torch.testing.assert_close(f(plain), torch.tensor(6.0))
+        self.assertEqual(plain, torch.full((3,), 2.0))
+
     def test_sparse_grad_accumulates_like_eager(self):
         """Eager's AccumulateGrad adds a dense gradient onto a sparse .grad out of place
         (new + old, a dense tensor): so does the runnable (Note invariant 13)."""

@@ -237,7 +237,10 @@ says who guarantees it and, where it is enforced, which tests (in
      refused (test_frozen_parameter_is_refused,
      test_input_requiring_grad_is_refused_by_a_training_step).  A forward
      computes the same values either way: honoured, outputs carry no history
-     (invariant 4; test_forward_with_an_input_that_requires_grad_runs_under_no_grad).
+     (invariant 4; test_forward_with_an_input_that_requires_grad_runs_under_no_grad),
+     except an input it writes in place, which eager refuses or records in
+     autograd: REFUSED when it requires grad
+     (test_written_input_that_requires_grad_is_refused).
    - Aliasing: capture traces every tensor on its own clone, so the graph
      assumes distinct memory.  Where the graph writes a tensor input in
      place, example tensors sharing memory with it are REFUSED at capture,

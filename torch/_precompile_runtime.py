@@ -1554,6 +1554,8 @@ class UserInputs:
         self.flat = self._input_spec.type is tuple and all(c.is_leaf() for c in self._input_spec.children())
         inputs = convention.inputs
         self.tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
+        mutated, num_state = frozenset(convention.mutated), len(convention.state)
+        self._written = frozenset(i for k, i in enumerate(self.tensor_inputs) if num_state + k in mutated)
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self.free_inputs = [
@@ -1685,6 +1687,12 @@ class UserInputs:
             check_tensor(self.tensor_path(index), value, spec.tensor, backend, grads)
         for index in self.tensor_inputs:
             check_tensor(self.input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, grads)
+            if index in self._written and not grads and leaves[index].requires_grad:
+                raise PrecompileError(
+                    f"{self.input_path(index)} requires grad and fn writes it in place: eager refuses that for "
+                    "a leaf under grad mode and records the write in autograd otherwise, and this artifact's "
+                    "graph runs without autograd: pass a tensor that does not require grad (x.detach())"
+                )
 
     def tensor_path(self, index: int) -> str:
         """Names tensor graph input ``index``: a parameter/buffer, then the user tensors."""
@@ -1718,7 +1726,8 @@ class UserInputs:
         for index, spec in enumerate(c.state):
             checks.append(Check("tensor", self._state_path(index), _describe_tensor(spec.tensor, c.needs_grad)))
         for index in self.tensor_inputs:
-            checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, c.needs_grad)))
+            requires_grad_checked = c.needs_grad or index in self._written
+            checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, requires_grad_checked)))
         for index, want in self._value_inputs:
             checks.append(Check("value", self.input_path(index), f"{describe_literal(want)} (baked)"))
         return checks
