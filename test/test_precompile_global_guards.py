@@ -603,6 +603,29 @@ class TestGlobalGuards(TestCase):
         self.assertIn("global        torch function and dispatch modes: none active, default device included "
                       "(the graph would bypass them)", list(map(str, g.checks)))
 
+    def test_fn_leaving_torch_settings_changed_is_refused(self):
+        """Eager's call would leave them changed for its caller; no call of the artifact would."""
+        changes = {
+            r"grad mode changed \(True -> False; restored\)": lambda: torch.set_grad_enabled(False),
+            r"the default dtype changed \(torch.float32 -> torch.float64; restored\)": (
+                lambda: torch.set_default_dtype(torch.float64)
+            ),
+            r"deterministic algorithms changed \(\(False, False\) -> \(True, False\); restored\)": (
+                lambda: torch.use_deterministic_algorithms(True)
+            ),
+        }
+        for needle, change in changes.items():
+
+            def fn(x, change=change):
+                change()
+                return x * 2
+
+            with self.subTest(needle), self.assertRaisesRegex(PrecompileError, r"^fn leaves " + needle):
+                precompile(fn, torch.ones(2), backend="eager")
+            self.assertTrue(torch.is_grad_enabled())
+            self.assertIs(torch.get_default_dtype(), torch.float32)
+            self.assertFalse(torch.are_deterministic_algorithms_enabled())
+
     def test_capture_inside_a_mode_is_refused(self):
         """The trace would bake what a mode around precompile() does (a default device too)."""
         for mode in (_Double, _Passthrough, lambda: torch.device("cpu")):

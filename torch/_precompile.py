@@ -432,11 +432,24 @@ says who guarantees it and, where it is enforced, which tests (in
    Gradients and writes
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
+   - Torch settings fn changes: fn leaving grad mode, the default dtype or
+     deterministic algorithms changed for its caller is REFUSED at capture
+     (and the setting restored) (test_fn_leaving_torch_settings_changed_is_refused).
    Caller's responsibility (not recorded, stated here so nothing is baked
    silently): fn's Python side effects (appending to a list, counting calls,
-   printing, setting a plain module attribute fn does not read) happen
-   once, at capture, as under any tracer; functions, methods and modules
-   that modules hold are code, like fn itself; values fn reads around
+   printing, setting a plain module attribute fn does not read, stepping an
+   LR scheduler) happen once, at capture, as under any tracer; functions,
+   methods and modules that modules hold are code, like fn itself, and so
+   is what code reads outside the arguments: fn's closure cells and
+   globals, the model code's module globals, class attributes read through
+   ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
+   arguments, and torch's other process settings (anomaly mode, thread
+   count, matmul precision): a Python value there is baked (pass it as an
+   argument to have it checked); a user input that is the ``.grad`` of a
+   parameter backward accumulates into (the runnable adds to ``.grad``
+   after the graph); ``nn.TransformerEncoder``'s nested-tensor fast path
+   is not taken (``is_compiling()`` is true while tracing, as under
+   torch.compile), so its padded positions hold the regular path's values; values fn reads around
    attribute access (``vars(m)["training"]``, ``object.__getattribute__``,
    a property or ``__getattr__`` of a module computing from state other
    than the attributes it reads) or branching on ``type(m) is ...``

@@ -1054,6 +1054,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 guard,
                 _StateReads.of_fn(recorded.setdefault("reads", {})),
                 _tensor_attributes_kept(args),
+                _torch_settings_kept(),
             ):
                 result = fn(*call_args)
                 recorded["grads_unreached"] = [i for i in watched if i not in reached]
@@ -2152,6 +2153,35 @@ def _value_literal_or_missing(value: Any) -> Any:
 
 def _has_literal(value: Any) -> bool:
     return _value_literal_or_missing(value) is not schema.MISSING
+
+
+# Process-wide torch settings a call of fn could leave changed for its caller.
+_TORCH_SETTINGS = {
+    "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "the default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    "deterministic algorithms": (
+        lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1]),
+    ),
+}
+
+
+@contextlib.contextmanager
+def _torch_settings_kept():
+    """fn leaving a torch setting changed is refused (and the setting restored): eager's
+    call would leave it so for the caller, every call of the artifact would not."""
+    before = {name: read() for name, (read, _) in _TORCH_SETTINGS.items()}
+    yield
+    changed = {name: read() for name, (read, _) in _TORCH_SETTINGS.items() if read() != before[name]}
+    for name in changed:
+        _TORCH_SETTINGS[name][1](before[name])
+    if changed:
+        name, after = next(iter(changed.items()))
+        raise PrecompileError(
+            f"fn leaves {name} changed ({before[name]} -> {after}; restored): eager's call would leave it so "
+            "for its caller, which no call of the artifact repeats. Restore it inside fn (a `with` block: "
+            "torch.no_grad(), ...) or change it outside fn"
+        )
 
 
 @contextlib.contextmanager
