@@ -376,6 +376,28 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
 
+    def test_shared_state_tensors_are_refused(self):
+        # Eager's step updates two state entries sharing one tensor one after the other
+        # (a state_dict loaded with shared tensors); the graph updates each as its own.
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["adam"](model)
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
+        step(model, opt, x, y)
+        entries = list(opt.state.values())
+        for entry in entries[1:]:
+            entry["step"] = entries[0]["step"]
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"state of param_groups\[0\]\['params'\]\[1\]\['step'\] shares memory with .*\['params'\]\[0\]\['step'\]",
+        ):
+            step(model, opt, x, y)
+        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+        for entry in entries[1:]:
+            entry["step"] = entry["step"].clone()
+        step(model, opt, x, y)
+
     def test_group_entries_beyond_the_defaults_are_checked(self):
         # fn may read any entry of a param group (here a loss scale kept there): all are baked.
         def scaled_step(model, opt, x, y):

@@ -545,8 +545,8 @@ says who guarantees it and, where it is enforced, which tests (in
    buffer, is refused; baked when it was 0 or nesterov, whose ``alpha=``
    needs a number) and Adam's / AdamW's ``betas[0]`` (traced with the
    single-tensor step, as foreach reads a tensor beta1 as a number);
-   every other group key in ``opt.defaults`` (``betas[1]``, eps,
-   weight_decay, foreach, maximize, ...) is baked and a different runtime
+   every other group entry (``betas[1]``, eps, weight_decay, foreach,
+   maximize, ..., keys of the user's own) is baked and a different runtime
    value is refused, naming the group and key
    (test_precompile_structures.py TestOneCycleLR).  State missing at a call (a
    fresh optimizer) is created as eager's first step would (zeros, ``step``
@@ -559,8 +559,11 @@ says who guarantees it and, where it is enforced, which tests (in
    other optimizer classes, fused / capturable / differentiable, SGD
    dampening, tensor hyperparameters, step hooks, per-group state layouts that
    differ, and free dims.  Checked at every call: class, number of groups,
-   the parameters (identity against the runtime modules'), baked values,
-   state keys, shapes, dtypes and layout (test_precompile_optimizer.py).
+   the parameters (identity against the runtime modules'), baked values
+   (every group entry but ``params``, ``lr`` and the lifted ones: fn may
+   read its own, a loss scale kept there), state keys, shapes, dtypes and
+   layout, and that no two state tensors share memory
+   (test_precompile_optimizer.py).
 16. Data parallel.  A ``torch.nn.parallel.DistributedDataParallel`` argument
    is a module argument (its state lifted as ``module.<name>``) whose
    ``DataParallelSpec`` is recorded and checked at every call

@@ -2506,6 +2506,7 @@ class OptimizerArgument:
         self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
         self.scalars = {}  # (group, key) -> (value, its 0-dim float64 tensor), lr and the lifted keys
         self.guard = None  # tensor_guard() over the state tensors, armed after a full check
+        self._unshared: list = []  # the state tensors last found not to share memory
 
     def inputs(self, optimizer: Any, state: list, created: list) -> list:
         """Check ``optimizer``; its graph inputs.  State it lacks is made and appended to ``created``."""
@@ -2544,6 +2545,9 @@ class OptimizerArgument:
         if self.guard is None or not guard_passes(self.guard, tensors):
             self._check_state(tensors)
             self.guard = tensor_guard(tensors, spec.tensors)
+        if len(tensors) != len(self._unshared) or any(map(operator.is_not, tensors, self._unshared)):
+            self._refuse_shared_state(tensors)
+            self._unshared = tensors
         created.append((optimizer, entries))
         return lrs + tensors
 
@@ -2592,12 +2596,27 @@ class OptimizerArgument:
             self.scalars[index, key] = (number, tensor)
         return tensor
 
-    def _check_state(self, tensors: list) -> None:
+    def _state_name(self, index: int) -> str:
         keys = self.spec.keys
+        group_index, param_index = self.spec.stepped[index // len(keys)]
+        return f"{self.where} state of param_groups[{group_index}]['params'][{param_index}][{keys[index % len(keys)]!r}]"
+
+    def _check_state(self, tensors: list) -> None:
         for index, (tensor, spec) in enumerate(zip(tensors, self.spec.tensors)):
-            group_index, param_index = self.spec.stepped[index // len(keys)]
-            what = f"{self.where} state of param_groups[{group_index}]['params'][{param_index}][{keys[index % len(keys)]!r}]"
-            check_tensor(what, tensor, spec, self.backend)
+            check_tensor(self._state_name(index), tensor, spec, self.backend)
+
+    def _refuse_shared_state(self, tensors: list) -> None:
+        """The graph updates each state tensor in place as its own; eager's step would update
+        two that share memory (a state_dict loaded with shared tensors) one after the other."""
+        if _distinct_storages(tensors):
+            return
+        for j, tensor in enumerate(tensors):
+            for i in range(j):
+                if _is_alias_of(tensor, tensors[i]):
+                    raise PrecompileError(
+                        f"{self._state_name(j)} shares memory with {self._state_name(i)}; the artifact updates "
+                        "each state tensor as its own: give each its own tensor (clone them) before the call"
+                    )
 
 
 # ~~~~ driver part: input_objects ~~~~
