@@ -255,37 +255,36 @@ class TestOptimizerSemantics(OptimizerTestCase):
             step(model, opt, x)
         self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
 
-    @parametrize("zero_grad", ("never", "after_step", "kept"))
-    def test_parameter_backward_skips_is_stepped_as_its_grad_says(self, zero_grad):
-        # Eager's AdamW decays every parameter it steps: one whose .grad is None it skips.
+    def three_steps_beside_eager(self, zero_grad, grads=False):
+        """The first-layer step captured and run 3 times beside eager's (``grads``: every
+        .grad a zeros tensor, not None, from the start); the artifact side's step, model, opt, x."""
         fn = self.first_layer_step(zero_grad)
         model, ref_model = small_mlp(), small_mlp()
+        if grads:
+            for p in (*model.parameters(), *ref_model.parameters()):
+                p.grad = torch.zeros_like(p)
         opt, ref_opt = OPTIMIZERS["adamw"](model), OPTIMIZERS["adamw"](ref_model)
         x, _ = _data()[0]
         step = precompile.load(*precompile(fn, model, opt, x, backend="eager"))
         for _ in range(3):
             step(model, opt, x)
             fn(ref_model, ref_opt, x)
+        self.assert_same_training_state(model, opt, ref_model, ref_opt)
+        return step, model, opt, x
+
+    @parametrize("zero_grad", ("never", "after_step", "kept"))
+    def test_parameter_backward_skips_is_stepped_as_its_grad_says(self, zero_grad):
+        # Eager's AdamW decays every parameter it steps: one whose .grad is None it skips.
+        step, model, opt, x = self.three_steps_beside_eager(zero_grad)
         self.assertIsNone(model[2].weight.grad)
         self.assertEqual(len(opt.state), 2)
-        self.assert_same_training_state(model, opt, ref_model, ref_opt)
         self.assertIn("grad          args[0].2.weight.grad: None, as at capture", map(str, step.checks))
         model[2].weight.grad = torch.zeros_like(model[2].weight)
         self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture")
 
     def test_parameter_backward_skips_keeps_its_captured_grad(self):
-        fn = self.first_layer_step("kept")
-        model, ref_model = small_mlp(), small_mlp()
-        for p in (*model.parameters(), *ref_model.parameters()):
-            p.grad = torch.zeros_like(p)
-        opt, ref_opt = OPTIMIZERS["adamw"](model), OPTIMIZERS["adamw"](ref_model)
-        x, _ = _data()[0]
-        step = precompile.load(*precompile(fn, model, opt, x, backend="eager"))
-        for _ in range(3):
-            step(model, opt, x)
-            fn(ref_model, ref_opt, x)
+        step, model, opt, x = self.three_steps_beside_eager("kept", grads=True)
         self.assertEqual(len(opt.state), 4)
-        self.assert_same_training_state(model, opt, ref_model, ref_opt)
         model[2].bias.grad = None
         self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.bias\.grad is None, which was a tensor at capture")
 
