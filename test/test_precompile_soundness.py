@@ -516,6 +516,38 @@ class TestSoundness(TestCase):
         dense = torch.zeros(4, 3)
         self.assertRefused(r"args\[0\]: expected strides \(0, 1\), got \(3, 1\)", lambda: f(dense), dense)
 
+    def test_requires_grad_reads_are_checked(self):
+        # A forward computes the same values whatever requires_grad is, unless fn or a
+        # module reads it: then the argument's is checked at every call.
+        def by_requires_grad(x):
+            return x * 2 if x.requires_grad else x * 3
+
+        f = precompile.load(*precompile(by_requires_grad, torch.ones(2), backend="eager"))
+        torch.testing.assert_close(f(torch.ones(2)), torch.full((2,), 3.0))
+        x = torch.ones(2, requires_grad=True)
+        self.assertRefused(r"^args\[0\]: requires_grad was False at capture, got True", lambda: f(x), x)
+
+        class ScalesWhileTrainable(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(2, 2)
+
+            def forward(self, x):
+                return self.fc(x) * (2 if self.fc.weight.requires_grad else 1)
+
+        model, x = ScalesWhileTrainable(), torch.ones(1, 2)
+        g = precompile.load(*precompile(_forward, model, x, backend="eager"))
+        with torch.no_grad():
+            torch.testing.assert_close(g(model, x), model(x))
+        model.fc.weight.requires_grad_(False)
+        self.assertRefused(r"^args\[0\]\.fc\.weight \(parameter\): requires_grad was True at capture", lambda: g(model, x), model)
+
+        # An intermediate's answer follows grad mode (and every argument's requires_grad).
+        h = precompile.load(*precompile(lambda x: x * 2 if (x * 1).requires_grad else x * 3, x.requires_grad_(), backend="eager"))
+        self.assertIn("requires_grad", h.convention.grad_mode_read)
+        with torch.no_grad():
+            self.assertRefused(r"torch\.no_grad\(\)", lambda: h(x), x)
+
     def test_written_input_that_requires_grad_is_refused(self):
         # Eager refuses an in-place write to a leaf that requires grad (and records one to a
         # non-leaf in autograd); the graph runs without autograd and would just write it.

@@ -238,6 +238,10 @@ says who guarantees it and, where it is enforced, which tests (in
      test_input_requiring_grad_is_refused_by_a_training_step).  A forward
      computes the same values either way: honoured, outputs carry no history
      (invariant 4; test_forward_with_an_input_that_requires_grad_runs_under_no_grad),
+     unless fn or a module's code reads ``.requires_grad``: an argument
+     tensor's is then CHECKED, and an intermediate's, which follows grad mode
+     and the arguments', counts as a grad mode read with every argument's
+     requires_grad CHECKED (test_requires_grad_reads_are_checked); and
      except an input it writes in place, which eager refuses or records in
      autograd: REFUSED when it requires grad
      (test_written_input_that_requires_grad_is_refused).

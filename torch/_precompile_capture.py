@@ -1058,6 +1058,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             ):
                 result = fn(*call_args)
                 recorded["grads_unreached"] = [i for i in watched if i not in reached]
+                recorded["requires_grad_read"] = _requires_grad_read(recorded["reads"], (*state, *tensors), whole)
                 guard.random_draws.finish()
             gradient_placements.refuse_mismatch()
             for i, where in parallel.items():
@@ -1632,6 +1633,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grads_cleared=grads["grads_cleared"],
         grads_none=grads_none,
         grads_present=grads_present,
+        requires_grad_read=recorded["requires_grad_read"],
         grad_inputs_read_only=grads["grad_inputs_read_only"],
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
@@ -1794,6 +1796,10 @@ def _input_name(args: _Arguments, index: int) -> str:
         module_index, fqn = args.lifted[index].names[0]
         return f"args[{args.module_positions[module_index]}].{fqn} ({args.lifted[index].kind})"
     return args.input_paths[args.tensor_indices[index - len(args.lifted)]]
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_TORCH_NN_DIR = os.path.join(_TORCH_DIR, "nn", "")
+
+
 class _StateReads:
     """What fn reads through Python, beyond its modules, while it is traced.
 
@@ -1808,6 +1814,9 @@ class _StateReads:
       ``.item()``, ``int()``, ``bool()`` & co. go through
       ``aten._local_scalar_dense``, which make_fx refuses (or, in a symbolic
       trace, makes an unbacked value).
+    - ``requires_grad`` of a tensor, read by fn or a module's code: an
+      argument's is checked at every call; an intermediate's follows grad
+      mode and the arguments', which are then all required as traced.
     - Calls of torch's RNG setters (``manual_seed``, ``seed``,
       ``set_rng_state``, which ``fork_rng`` uses), only for the line a refusal
       of ``_RandomDraws`` names.
@@ -1835,6 +1844,8 @@ class _StateReads:
 
     def __enter__(self) -> "_StateReads":
         self._stack.enter_context(compat.wrapped_mode_queries(self._noting))
+        requires_grad = self._noting_requires_grad(compat.requires_grad_descriptor())
+        self._stack.enter_context(_patched(torch.Tensor, "requires_grad", requires_grad))
         for name in self._VALUE_READS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
@@ -1869,6 +1880,22 @@ class _StateReads:
             return answer
 
         return noted_query
+
+    @classmethod
+    def _noting_requires_grad(cls, descriptor: Any) -> property:
+        """``Tensor.requires_grad`` noting, by tensor id, the reads by fn's or its modules' code
+        (torch.nn's included; torch's other Python, the tracer's and autograd's, does not count)."""
+
+        def noted_get(tensor: torch.Tensor) -> bool:
+            reads = getattr(cls._tracing, "reads", None)
+            if reads is not None:
+                caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
+                noted = reads.setdefault("requires_grad", {})
+                if id(tensor) not in noted and (not caller.startswith(_TORCH_DIR) or caller.startswith(_TORCH_NN_DIR)):
+                    noted[id(tensor)] = _user_line(traceback.extract_stack())
+            return descriptor.__get__(tensor)
+
+        return property(noted_get, descriptor.__set__)
 
     @classmethod
     def _noting_setter(cls, name: str, setter: Callable) -> Callable:
@@ -2442,6 +2469,22 @@ def _frozen_in_optimizers(args: _Arguments) -> tuple:
                 "inside fn would use: set that .grad to None before precompile and calls (or requires_grad_(True))"
             )
     return frozen
+
+
+def _requires_grad_read(reads: dict, tensors: tuple, whole: dict) -> tuple:
+    """The tensor graph inputs (state, then fn's tensors) whose ``requires_grad`` fn read.
+
+    An intermediate's answer follows grad mode and the arguments': a read of
+    one notes grad mode as read and gives every tensor graph input.
+    """
+    read = reads.pop("requires_grad", {})
+    index_of = {id(t): k for k, t in enumerate(tensors)}
+    index_of.update((id(held), k) for k, held in whole.items())  # what fn's modules hold for a lifted tensor
+    if all(key in index_of for key in read):
+        return tuple(sorted({index_of[key] for key in read}))
+    line = next(where for key, where in read.items() if key not in index_of)
+    reads.setdefault("is_grad_enabled", line or " (in torch)")
+    return tuple(range(len(tensors)))
 
 
 def _caller_parameter(entry: Any) -> torch.Tensor:

@@ -97,6 +97,12 @@ def saved_tensors_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
 
 
+def requires_grad_descriptor() -> Any:
+    """The C getter/setter behind ``Tensor.requires_grad``, which capture wraps to note reads."""
+    # torch 2.11-2.14 define it on the private torch._C.TensorBase (torch.Tensor inherits it).
+    return vars(torch._C.TensorBase)["requires_grad"]
+
+
 def torch_modes_active() -> bool:
     """Whether a TorchFunctionMode (a default device's DeviceContext included) or a
     TorchDispatchMode is active on this thread."""

@@ -517,8 +517,8 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
     if check_requires_grad and value.requires_grad != spec.requires_grad:
         raise PrecompileError(
             f"{what}: requires_grad was {spec.requires_grad} at capture, got {value.requires_grad}; "
-            "this artifact runs autograd and which tensors get gradients was fixed at capture, so "
-            f"eager would compute different gradients: set requires_grad_({spec.requires_grad}), or "
+            "the graph was traced with it (which tensors get gradients, or fn's read of .requires_grad), "
+            f"so eager would compute otherwise: set requires_grad_({spec.requires_grad}), or "
             "precompile again with the tensors as they are now"
         )
     if spec.memory_format is not None and not value.is_contiguous(memory_format=MEMORY_FORMATS[spec.memory_format]):
@@ -1556,6 +1556,9 @@ class UserInputs:
         self.tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
         mutated, num_state = frozenset(convention.mutated), len(convention.state)
         self._written = frozenset(i for k, i in enumerate(self.tensor_inputs) if num_state + k in mutated)
+        # requires_grad is checked where the graph runs autograd, else where fn read it.
+        read = frozenset(convention.requires_grad_read)
+        self._requires_grad_checked = [convention.needs_grad or k in read for k in range(num_state + len(self.tensor_inputs))]
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self.free_inputs = [
@@ -1682,11 +1685,11 @@ class UserInputs:
         """Full check with precise errors; returns when the call is valid."""
         if self.flat:
             self.flatten(user_args)  # the fast path skipped the structure check
-        backend, grads = self.convention.backend, self.convention.needs_grad
+        backend, grads, checked = self.convention.backend, self.convention.needs_grad, self._requires_grad_checked
         for index, (spec, value) in enumerate(zip(self.convention.state, state)):
-            check_tensor(self.tensor_path(index), value, spec.tensor, backend, grads)
-        for index in self.tensor_inputs:
-            check_tensor(self.input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, grads)
+            check_tensor(self.tensor_path(index), value, spec.tensor, backend, checked[index])
+        for k, index in enumerate(self.tensor_inputs, len(state)):
+            check_tensor(self.input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, checked[k])
             if index in self._written and not grads and leaves[index].requires_grad:
                 raise PrecompileError(
                     f"{self.input_path(index)} requires grad and fn writes it in place: eager refuses that for "
@@ -1723,10 +1726,11 @@ class UserInputs:
             for position, spec in zip(self._user_positions, self._input_spec.children()):
                 expected = f"pytree of {spec.num_leaves} leaves, as captured: {spec}"
                 checks.append(Check("structure", f"args[{position}]", expected))
+        checked = self._requires_grad_checked
         for index, spec in enumerate(c.state):
-            checks.append(Check("tensor", self._state_path(index), _describe_tensor(spec.tensor, c.needs_grad)))
-        for index in self.tensor_inputs:
-            requires_grad_checked = c.needs_grad or index in self._written
+            checks.append(Check("tensor", self._state_path(index), _describe_tensor(spec.tensor, checked[index])))
+        for k, index in enumerate(self.tensor_inputs, len(c.state)):
+            requires_grad_checked = checked[k] or index in self._written
             checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, requires_grad_checked)))
         for index, want in self._value_inputs:
             checks.append(Check("value", self.input_path(index), f"{describe_literal(want)} (baked)"))

@@ -472,6 +472,9 @@ class CallingConvention(Record):
     # fn's optimizer tells them apart and backward does not reach them (Note invariant 13).
     grads_none: tuple[Count, ...] = ()
     grads_present: tuple[Count, ...] = ()
+    # Tensor graph inputs (state, then user tensors) whose requires_grad fn read: checked
+    # at every call, as every tensor's is where needs_grad is set.
+    requires_grad_read: tuple[Count, ...] = ()
     # What each tensor output (by graph_output index) was at capture: shape
     # (None where it depends on free dims), dtype, device.  For readers (the
     # inspector); the driver does not check outputs.
@@ -993,6 +996,7 @@ def validate_convention(c: "CallingConvention") -> None:
     check_indices("grads_present", c.grads_present, c.grad_inputs)
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
     check_indices("mutated", c.mutated, range(num_tensors))
+    check_indices("requires_grad_read", c.requires_grad_read, range(num_tensors))
     check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
     user_positions = c.user_positions
     check_indices("rebound_inputs", c.rebound_inputs, user_positions)
