@@ -375,6 +375,17 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
 
+    def test_returned_lr_is_refused(self):
+        # A Python float in eager; in the trace, the graph input lr is read from.
+        def step_returning_lr(model, opt, x, y):
+            train_step(model, opt, x, y)
+            return opt.param_groups[0]["lr"]
+
+        model = small_mlp()
+        x, y = _data()[0]
+        with self.assertRaisesRegex(PrecompileError, r"^fn returns args\[1\]\.param_groups\[0\]\['lr'\], a Python float in eager"):
+            precompile(step_returning_lr, model, OPTIMIZERS["sgd"](model), x, y, backend="eager")
+
     def test_shared_state_tensors_are_refused(self):
         # Eager's step updates two state entries sharing one tensor one after the other
         # (a state_dict loaded with shared tensors); the graph updates each as its own.

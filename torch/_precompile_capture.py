@@ -1081,6 +1081,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         if rebound:  # their state after fn is part of what the call gives back (invariant 5)
             result = (result, tuple(call_args[position] for position in rebound))
         out_leaves, out_spec = pytree.tree_flatten(result)  # an input dict returned: order observed
+        _refuse_returned_hyperparameters(args, optimizer_inputs, out_leaves)
         out_spec = _without_probes(out_spec)
         _check_recordable_structure("fn's output", out_spec, rebuilt=True)
         recorded["ran_autograd"] = guard.ran_autograd
@@ -2490,6 +2491,24 @@ def _requires_grad_read(reads: dict, tensors: tuple, whole: dict) -> tuple:
 def _caller_parameter(entry: Any) -> torch.Tensor:
     """The parameter the caller's module holds for a lifted entry: a sharded one's DTensor, else the tensor."""
     return entry.param if entry.sharded is not None else entry.tensor
+
+
+def _refuse_returned_hyperparameters(args: _Arguments, optimizer_inputs: tuple, out_leaves: list) -> None:
+    """fn returning a group's ``lr`` (or a hyperparameter lifted with it, invariant 15): a
+    Python float in eager, the graph input that stands for it here."""
+    scalars, position = {}, 0
+    for lifted in args.optimizers:
+        per_group = 1 + len(lifted.lifted)
+        for k in range(lifted.num_group_inputs):
+            key = ("lr", *lifted.lifted)[k % per_group]
+            scalars[id(optimizer_inputs[position + k])] = f"args[{lifted.position}].param_groups[{k // per_group}][{key!r}]"
+        position += lifted.num_group_inputs + sum(len(entry) for entry in lifted.state)
+    returned = next((scalars[id(leaf)] for leaf in out_leaves if id(leaf) in scalars), None)
+    if returned is not None:
+        raise PrecompileError(
+            f"fn returns {returned}, a Python float in eager, which the artifact reads as a graph input: "
+            "read it from the optimizer outside fn"
+        )
 
 
 def _num_optimizer_inputs(args: _Arguments) -> int:
