@@ -375,6 +375,20 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
 
+    def test_scheduler_stepped_inside_fn_is_refused(self):
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["sgd"](model)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+        def step_and_schedule(model, opt, x, y):
+            train_step(model, opt, x, y)
+            scheduler.step()
+
+        with self.assertRaisesRegex(PrecompileError, r"^fn steps an LR scheduler at .*scheduler\.step\(\).*outside fn"):
+            precompile(step_and_schedule, model, opt, x, y, backend="eager")
+        self.assertEqual(opt.param_groups[0]["lr"], 0.1)
+
     def test_returned_lr_is_refused(self):
         # A Python float in eager; in the trace, the graph input lr is read from.
         def step_returning_lr(model, opt, x, y):

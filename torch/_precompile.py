@@ -562,8 +562,10 @@ says who guarantees it and, where it is enforced, which tests (in
    input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
    dampening, tensor hyperparameters, step hooks, per-group state layouts that
-   differ, free dims, and fn returning ``lr`` or a lifted hyperparameter
-   itself (a Python float in eager; test_returned_lr_is_refused).  Checked at every call: class, number of groups,
+   differ, free dims, an LR scheduler stepped inside fn
+   (test_scheduler_stepped_inside_fn_is_refused), and fn returning ``lr``
+   or a lifted hyperparameter itself (a Python float in eager;
+   test_returned_lr_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
    (every group entry but ``params``, ``lr`` and the lifted ones: fn may
    read its own, a loss scale kept there), state keys, shapes, dtypes and

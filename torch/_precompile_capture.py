@@ -1226,6 +1226,9 @@ def _returned_inputs(result: Any, call_args: list, user_positions: list, first: 
     )
 
 
+_LR_SCHEDULER_FILE = os.path.abspath(torch.optim.lr_scheduler.__file__)
+
+
 def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositions, same: list = ()) -> tuple:
     """Real-mode make_fx on clones: every size is static (Note invariant 3, 8).
 
@@ -1244,10 +1247,16 @@ def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositi
     except PrecompileError:
         raise
     except RuntimeError as error:
+        frames = traceback.extract_tb(error.__traceback__)
+        if any(frame.filename == _LR_SCHEDULER_FILE for frame in frames):
+            raise PrecompileError(
+                f"fn steps an LR scheduler{_user_line(frames)}: the artifact reads each group's lr at every "
+                "call, so step the scheduler outside fn (its step ran once here, as fn's Python does at capture)"
+            ) from error
         # make_fx's "value out of a tracing tensor with aten._local_scalar_dense"
         if "_local_scalar_dense" not in str(error):
             raise
-        raise _data_dependent_error(traceback.extract_tb(error.__traceback__)) from None
+        raise _data_dependent_error(frames) from None
     _drop_unused_copies(graph, recorded["random_copies"])
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
