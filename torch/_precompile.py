@@ -449,9 +449,11 @@ says who guarantees it and, where it is enforced, which tests (in
    ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
    arguments, and torch's other process settings (anomaly mode, thread
    count, matmul precision): a Python value there is baked (pass it as an
-   argument to have it checked); a user input that is the ``.grad`` of a
-   parameter backward accumulates into (the runnable adds to ``.grad``
-   after the graph); ``nn.TransformerEncoder``'s nested-tensor fast path
+   argument to have it checked); a user input's own ``.grad`` (the trace
+   sees None) and a user input that is the ``.grad`` of a parameter
+   backward accumulates into (the runnable adds to ``.grad`` after the
+   graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
+   computes each parametrization anew); ``nn.TransformerEncoder``'s nested-tensor fast path
    is not taken (``is_compiling()`` is true while tracing, as under
    torch.compile), so its padded positions hold the regular path's values; values fn reads around
    attribute access (``vars(m)["training"]``, ``object.__getattribute__``,
