@@ -328,6 +328,32 @@ class TestReadGuards(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.config\.sliding_window is unreachable"):
             f(model, x)
 
+    def test_name_a_class_getattr_computes_is_read_absent(self):
+        """A module whose own ``__getattr__`` computes ``factor``: an instance attribute set later shadows it."""
+
+        class Computed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(3, 3)
+                self.mult = 2.0
+
+            def __getattr__(self, name):
+                return self.mult if name == "factor" else super().__getattr__(name)
+
+            def forward(self, x):
+                return self.lin(x) * self.factor
+
+        model, x = Computed(), torch.randn(2, 3)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))
+        model.factor = 7.0
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.factor is 7\.0, but was missing at capture"):
+            f(model, x)
+        del model.factor
+        model.mult = 3.0
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.mult is 3\.0, but was 2\.0"):
+            f(model, x)
+
     def test_enum_or_numpy_output_leaf_is_refused_not_a_syntax_error(self):
         """An output leaf is returned as recorded: only plain int, float, bool, str or None."""
         for leaf, kind in ((_Mode.SUM, "_Mode"), (np.float64(1.0), "float64")):

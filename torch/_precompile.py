@@ -308,7 +308,8 @@ says who guarantees it and, where it is enforced, which tests (in
      Size, device, Enum (class and member name) and numpy scalars (dtype and
      value), and tuples, lists and dicts of them, as typed literals; an
      attribute found absent (``getattr(config, "sliding_window", None)``)
-     as absent; a name a config's own ``__getattribute__`` resolves
+     as absent, and so is a name a module's own ``__getattr__`` computes
+     (an instance attribute would shadow it; test_name_a_class_getattr_computes_is_read_absent); a name a config's own ``__getattribute__`` resolves
      (transformers' ``attribute_map``) through it -- and CHECKED at every
      call: a changed value (an instance override of a class attribute, a
      class attribute changed on the class, an element written into a list or

@@ -2154,13 +2154,20 @@ class _ModuleReads:
                 namespace["training"] = property(get_training, set_training)
                 get_missing = original.__getattr__  # nn.Module's: parameters, buffers, submodules
 
+                # A class's own __getattr__ computing a name: an instance attribute set
+                # later would shadow it, so the name is read as absent from vars() too.
+                computes_names = original.__getattr__ is not torch.nn.Module.__getattr__
+
                 def getattr_(module, name):
                     try:
-                        return get_missing(module, name)
+                        value = get_missing(module, name)
                     except AttributeError:
                         if name[:2] != "__" and name not in internals:
                             cls._note_read(module, name, schema.MISSING)
                         raise
+                    if computes_names and name[:2] != "__" and name not in internals and not _held_by_module(module, name):
+                        cls._note_read(module, name, schema.MISSING)
+                    return value
 
                 namespace["__getattr__"] = getattr_
             else:
@@ -2169,6 +2176,12 @@ class _ModuleReads:
             probe.__module__, probe.__qualname__ = original.__module__, original.__qualname__
             cls._probes[(original, module)] = probe
         return probe
+
+
+def _held_by_module(module: torch.nn.Module, name: str) -> bool:
+    """Whether nn.Module's own tables (parameters, buffers, submodules) hold ``name``."""
+    tables = vars(module)
+    return any(name in tables.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
 def _is_code(value: Any) -> bool:
