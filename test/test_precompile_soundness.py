@@ -500,6 +500,26 @@ class TestSoundness(TestCase):
         self.assertRefused(r"args\[0\]: expected strides \(2, 1\), got \(1, 2\)", lambda: h(torch.ones(2, 2).t()))
         torch.testing.assert_close(h(torch.ones(2, 2)), torch.full((2, 2), 2.0))
 
+    def test_module_tensors_strides_are_checked_on_size_one_dims(self):
+        # A 1x1 convolution's weight moved to channels_last differs from the captured one only
+        # on its size-1 dims, and torch picks the output's memory format from them.
+        class PointwiseConv(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(2, 2, 1)
+
+            def forward(self, x):
+                y = self.conv(x)
+                return y * 2 if y.is_contiguous() else y * 3
+
+        torch.manual_seed(0)
+        model, x = PointwiseConv(), torch.randn(1, 2, 3, 3)
+        f = precompile.load(*precompile(_forward, model, x, backend="eager"))
+        model.to(memory_format=torch.channels_last)
+        self.assertRefused(r"^args\[0\]\.conv\.weight \(parameter\): expected strides \(2, 1, 1, 1\), got \(2, 1, 2, 2\)",
+                           lambda: f(model, x), model)
+        torch.testing.assert_close(f(model.to(memory_format=torch.contiguous_format), x), model(x))
+
     def test_eager_traces_inputs_sharing_memory_as_passed(self):
         # backend='eager' traces an expanded example with its stride 0, so
         # .contiguous() copies as in eager; Inductor refuses it at capture

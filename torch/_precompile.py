@@ -43,7 +43,10 @@ says who guarantees it and, where it is enforced, which tests (in
    torch.export's non-strict capture, so model libraries take their
    trace-friendly paths (a padding mask stays a runtime input instead of a
    data-dependent shortcut) (test_precompile_real_models.py).  Strides are
-   specialized too, on both backends (except size-1 dims and empty tensors):
+   specialized too, on both backends (except empty tensors, and an
+   input's size-1 dims; a module's tensors' size-1 dims are compared, torch
+   picks memory formats from them:
+   test_module_tensors_strides_are_checked_on_size_one_dims):
    the trace bakes layout-dependent decisions (``.contiguous()`` of a
    contiguous example is an alias a later in-place write would send to the
    caller's input, ``reshape`` / ``flatten`` become ``view``,

@@ -427,25 +427,28 @@ def conform_dict_order(value: Any, spec: pytree.TreeSpec, path: str, ordered: fr
 # ---------------------------------------------------------------------------
 
 
-def _checked_strides(spec: TensorSpec) -> list[int | None]:
+def _checked_strides(spec: TensorSpec, exact: bool = False) -> list[int | None]:
     """Strides the graph relies on, on every backend (the trace bakes layout-dependent
     decisions: ``.contiguous()`` of a contiguous tensor is an alias, ``reshape`` a view).
 
-    Size-1 dims and empty tensors may have any stride; so may every dim of a
-    spec without strides (``stride is None``: an input with free dims, whose
-    layout is pinned as a memory format, or an eager artifact written before
-    strides were recorded on every backend).
+    Empty tensors may have any stride, and so may every dim of a spec without
+    strides (``stride is None``: an input with free dims, whose layout is
+    pinned as a memory format, or an eager artifact written before strides
+    were recorded on every backend).  Size-1 dims may too, unless ``exact``:
+    a module's own tensors, whose size-1 strides torch reads to pick a memory
+    format (a 1x1 convolution's weight moved to channels_last differs from
+    the captured one there alone), while an input's vary with how it was sliced.
     """
     if spec.stride is None or any(s == 0 for s in spec.shape):
         return [None] * len(spec.shape)
     return [
-        None if size == 1 else stride for size, stride in zip(spec.shape, spec.stride)
+        None if size == 1 and not exact else stride for size, stride in zip(spec.shape, spec.stride)
     ]
 
 
-def _describe_tensor(spec: TensorSpec, requires_grad_checked: bool) -> str:
+def _describe_tensor(spec: TensorSpec, requires_grad_checked: bool, exact: bool = False) -> str:
     """A tensor check as ``PrecompiledFunction.checks`` lists it."""
-    strides = _checked_strides(spec)
+    strides = _checked_strides(spec, exact)
     layout = ""
     if spec.memory_format:
         layout = f", {spec.memory_format}"
@@ -471,7 +474,9 @@ def check_plain_torch_function(what: str, value: torch.Tensor) -> None:
         )
 
 
-def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_requires_grad: bool = False) -> None:
+def check_tensor(
+    what: str, value: Any, spec: TensorSpec, backend: str, check_requires_grad: bool = False, exact: bool = False
+) -> None:
     """Raise a PrecompileError naming ``what`` if ``value`` does not fit ``spec``."""
     if not isinstance(value, torch.Tensor):
         raise PrecompileError(
@@ -530,7 +535,7 @@ def check_tensor(what: str, value: Any, spec: TensorSpec, backend: str, check_re
     got = value.stride()
     if got == spec.stride:  # the common case: exactly the captured strides
         return
-    want = _checked_strides(spec)
+    want = _checked_strides(spec, exact)
     if any(w is not None and w != g for w, g in zip(want, got)):
         expected = tuple("*" if w is None else w for w in want)
         raise PrecompileError(
@@ -784,16 +789,18 @@ def _leaf_path(i: int, key_path: tuple) -> str:
     return f"args[{i}]" + pytree.keystr(key_path)
 
 
-def tensor_guard(tensors: list, specs: list):
+def tensor_guard(tensors: list, specs: list, num_exact: int = 0):
     """One C++ check of ``tensors`` against the layout they were fully checked with.
 
-    Sizes and strides the specs leave free (``None``) are not compared;
+    Sizes and strides the specs leave free (``None``) are not compared (the
+    first ``num_exact`` specs' size-1 dims are: ``_checked_strides``);
     type, requires_grad, dtype, device and dispatch keys always are.  The
     guard has ``check(*tensors)`` and ``gather(tables, names, inputs)``
     (``_TensorGuardsGather``): a ``LayoutGuard`` where the extension is
     built and every tensor is a plain strided one, else ``TensorGuards``.
     """
-    sizes, strides = [list(s.shape) for s in specs], [_checked_strides(s) for s in specs]
+    sizes = [list(s.shape) for s in specs]
+    strides = [_checked_strides(s, k < num_exact) for k, s in enumerate(specs)]
     if _LayoutGuard is not None:
         try:
             return _LayoutGuard(list(tensors), sizes, strides)
@@ -1687,7 +1694,7 @@ class UserInputs:
             self.flatten(user_args)  # the fast path skipped the structure check
         backend, grads, checked = self.convention.backend, self.convention.needs_grad, self._requires_grad_checked
         for index, (spec, value) in enumerate(zip(self.convention.state, state)):
-            check_tensor(self.tensor_path(index), value, spec.tensor, backend, checked[index])
+            check_tensor(self.tensor_path(index), value, spec.tensor, backend, checked[index], exact=True)
         for k, index in enumerate(self.tensor_inputs, len(state)):
             check_tensor(self.input_path(index), leaves[index], self.convention.inputs[index].tensor, backend, checked[k])
             if index in self._written and not grads and leaves[index].requires_grad:
@@ -1716,7 +1723,7 @@ class UserInputs:
         specs = [s.tensor for s in self.convention.state] + [
             self.convention.inputs[i].tensor for i in self.tensor_inputs
         ]
-        return tensor_guard(tensors, specs)
+        return tensor_guard(tensors, specs, num_exact=len(self.convention.state))
 
     def checks(self) -> list[Check]:
         """A ``Check`` per fact of the inputs a call compares, tensors of modules (``state_path``) included."""
@@ -1728,7 +1735,7 @@ class UserInputs:
                 checks.append(Check("structure", f"args[{position}]", expected))
         checked = self._requires_grad_checked
         for index, spec in enumerate(c.state):
-            checks.append(Check("tensor", self._state_path(index), _describe_tensor(spec.tensor, checked[index])))
+            checks.append(Check("tensor", self._state_path(index), _describe_tensor(spec.tensor, checked[index], exact=True)))
         for k, index in enumerate(self.tensor_inputs, len(c.state)):
             requires_grad_checked = checked[k] or index in self._written
             checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, requires_grad_checked)))
