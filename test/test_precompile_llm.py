@@ -692,16 +692,36 @@ class TestGenerate(TestCase):
 
     @needs_mark_bounds
     def test_a_prompt_outside_the_size_facts_is_refused(self):
+        # A one-token prompt with the prefill's arguments (generate() itself drops an all-ones
+        # mask there, which the artifact refuses by its keys).
         model, runnables = _served("dynamic")
-        ids, mask = _prompt(2, 1)
-        with generation.serving(model, runnables):
-            with self.assertRaisesRegex(
-                PrecompileError,
-                r"the captured graph requires \(args\[1\]\['(input_ids|attention_mask)'\] dim 1\) - 1 > 0, decided by the "
-                r"example inputs at .*sdpa_attention.py:\d+ .*q_length > 1",
-            ):
-                model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
-        self.assertNotIn("forward", vars(model))
+        ids, mask = _prompt(2, 6)
+        kwargs = generation.record_forward_calls(model, ids, attention_mask=mask, max_new_tokens=2, do_sample=False)["prefill"]
+        cache = kwargs.pop("past_key_values")
+        for name in ("input_ids", "attention_mask", "position_ids"):
+            kwargs[name] = kwargs[name][:, -1:].contiguous()
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"the captured graph requires \(args\[1\]\['(input_ids|attention_mask|position_ids)'\] dim 1\) - 1 > 0, "
+            r"decided by the example inputs at .*sdpa_attention.py:\d+ .*q_length > 1",
+        ):
+            runnables["prefill"](model, kwargs, cache)
+
+    @needs_mark_bounds
+    def test_left_padding_with_absolute_positions(self):
+        # generate() passes position_ids made from the mask only to a forward whose signature
+        # takes them; GPT-2 adds learned absolute position embeddings, so the left-padded row's
+        # tokens differed where the recorded and served forward hid the model's signature.
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(
+            vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2,
+            pad_token_id=0, initializer_range=0.5,
+        )
+        model = transformers.GPT2LMHeadModel(config).eval()
+        ids, mask = _prompt()
+        pairs = generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        runnables = {phase: torch_precompile.load(*pair) for phase, pair in pairs.items()}
+        self._assert_same_tokens(model, runnables, ids, mask, do_sample=False)
 
     def test_static_cache(self):
         model, runnables = _served("static")

@@ -39,6 +39,7 @@ The cache classes are registered as pytree nodes with transformers' own
 
 import contextlib
 import copy
+import inspect
 import os
 from typing import Any, Callable
 
@@ -209,12 +210,15 @@ def serving(model: torch.nn.Module, runnables: dict):
 
 @contextlib.contextmanager
 def _forward_replaced(model: torch.nn.Module, forward: Callable):
-    """``model.forward`` is ``forward`` inside (an instance attribute; the class is untouched)."""
+    """``model.forward`` is ``forward`` inside (an instance attribute; the class is untouched),
+    with the model's signature: generate() inspects it to decide what to pass (``position_ids``,
+    a mask made from pad tokens, ``logits_to_keep``), and must pass what it passes eagerly."""
     if "forward" in vars(model):
         raise PrecompileError(
             f"{type(model).__name__}.forward is already replaced on this instance (a serving() or "
             "recording that did not end, or a patch of your own): remove it first"
         )
+    forward.__signature__ = inspect.signature(model.forward)
     model.forward = forward
     try:
         yield
