@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import warnings
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,8 +52,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_job(script_and_args: list, world_size: int = WORLD_SIZE) -> None:
-    """torch.distributed.run with ``world_size`` processes on loopback; raises with the output when it fails."""
+# On a loaded host gloo's teardown now and then aborts a rank that has finished, after
+# destroy_process_group (a C++ thread torn down at exit: std::terminate, SIGABRT), in
+# scripts of ours and plain eager ones alike.  Everything a test checks was saved or
+# printed before it, so a job whose every rank ``finished`` is accepted with a warning.
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _run_job(script_and_args: list, world_size: int = WORLD_SIZE, finished: Any = None) -> None:
+    """torch.distributed.run with ``world_size`` processes on loopback; raises with the output when
+    it fails (unless only the teardown aborted and ``finished(job)`` says every rank had finished)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [
         sys.executable, "-m", "torch.distributed.run",
@@ -61,7 +71,9 @@ def _run_job(script_and_args: list, world_size: int = WORLD_SIZE) -> None:
         *script_and_args,
     ]  # fmt: skip
     job = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
-    if job.returncode != 0:
+    if job.returncode != 0 and _TEARDOWN_ABORT in job.stderr and finished is not None and finished(job):
+        warnings.warn(f"{script_and_args[0]}: every rank finished, then one aborted in gloo's teardown")
+    elif job.returncode != 0:
         raise AssertionError(
             f"distributed job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}"
         )
@@ -87,7 +99,8 @@ class _JobResults(TestCase):
         cls._tmp = tempfile.TemporaryDirectory()
         out = os.path.join(cls._tmp.name, "out")
         try:
-            _run_job(cls.job(out), cls.world_size)
+            saved = lambda job: all(os.path.exists(os.path.join(out, f"rank{r}.pt")) for r in range(cls.world_size))  # noqa: E731
+            _run_job(cls.job(out), cls.world_size, finished=saved)
             cls.ranks = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(cls.world_size)]
         except BaseException:
             cls._tmp.cleanup()
@@ -419,7 +432,8 @@ class TestFullyShard(_ShardedChecks, _JobResults):
 
     def test_example_trains_as_eager_fully_shard(self):
         """examples/fsdp2_train.py asserts each rank's losses and final shards against eager FSDP2."""
-        _run_job([FSDP_EXAMPLE, "--steps", "2", "--backend", "eager"])
+        checked = lambda job: all(f"rank {r}: parameter shards equal" in job.stdout for r in range(WORLD_SIZE))  # noqa: E731
+        _run_job([FSDP_EXAMPLE, "--steps", "2", "--backend", "eager"], finished=checked)
 
     def test_communication_overlaps_compute(self):
         """Both all-gathers are launched before the first layer computes, the second waited for
