@@ -457,7 +457,11 @@ says who guarantees it and, where it is enforced, which tests (in
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the
    graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
-   computes each parametrization anew); ``nn.TransformerEncoder``'s nested-tensor fast path
+   computes each parametrization anew); a pytree node's context is compared
+   with ``==`` (``TreeSpec`` equality), so a context value of ``1`` /
+   ``1.0`` / ``True``, or ``0.0`` / ``-0.0``, is not told apart; one input
+   object passed at two places where fn rebinds its tensors (a cache layer
+   shared by two layers), where the capture had two; ``nn.TransformerEncoder``'s nested-tensor fast path
    is not taken (``is_compiling()`` is true while tracing, as under
    torch.compile), so its padded positions hold the regular path's values; values fn reads around
    attribute access (``vars(m)["training"]``, ``object.__getattribute__``,
