@@ -473,7 +473,12 @@ says who guarantees it and, where it is enforced, which tests (in
    input (a probe dict subclass, invariant 3); ``param.data = ...`` and
    ``m.__class__ = ...`` (a ``_parameters`` / ``_buffers`` entry is
    looked up by name at every call, and rebinding either dict is seen:
-   test_module_edits_bypassing_hooks_are_seen); and, on
+   test_module_edits_bypassing_hooks_are_seen), and, once a model was
+   called, writes into those private dicts that bypass nn.Module's API
+   and its registration hooks (``m._parameters["w"] = other`` tying two
+   names or sharing memory, a ``_forward_hooks`` dict replaced by a filled
+   one): the entry's tensor is checked, ties and hooks are re-checked on
+   the API's edits; and, on
    backend='inductor', indices out of range (``nn.Embedding``), which
    Inductor's CPU kernels check with an abort instead of an IndexError, as
    under torch.compile: validate indices outside fn or use backend='eager'.
