@@ -315,6 +315,9 @@ class TestNamedStructures(_RefusalAssertions):
         # A leaf's error is named by position where the node has no keys.
         with self.assertRaisesRegex(PrecompileError, r"^args\[1\]\[0\]: expected shape \(3, 4\)"):
             f(model, Scaled(z[:2], 3), Tagged(x, "ab"))
+        # TreeSpec's == takes 3.0 for 3 (and True for 1); fn computes with the context's type too.
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\]: a \S*Scaled node's context is 3\.0, but was 3 at capture"):
+            f(model, Scaled(z, 3.0), Tagged(x, "ab"))
 
     def test_what_load_cannot_import_or_compare_is_refused_at_capture(self):
         x = torch.randn(3, 4)

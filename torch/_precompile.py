@@ -82,7 +82,9 @@ says who guarantees it and, where it is enforced, which tests (in
    ``module:qualname``, imported at load; a context that is a literal as
    itself; an input's other context by its repr (an output's must be
    rebuilt: refused).  The call compares the caller's structure with it,
-   contexts included.  Refused at capture, by argument: a class load could
+   contexts included, and a context holding numbers as baked values are
+   (``1`` is not ``1.0`` nor ``True``, ``-0.0`` is not ``0.0``, which
+   TreeSpec's ``==`` takes as equal; test_nodes_without_keys_or_a_json_context).  Refused at capture, by argument: a class load could
    not import (defined inside a function), a repr with an address.  A plain
    dict input with the same keys in another order is mapped by key, unless
    fn observed the order (iterated over it, ``model(**batch)`` included: a
@@ -457,9 +459,7 @@ says who guarantees it and, where it is enforced, which tests (in
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the
    graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
-   computes each parametrization anew); a pytree node's context is compared
-   with ``==`` (``TreeSpec`` equality), so a context value of ``1`` /
-   ``1.0`` / ``True``, or ``0.0`` / ``-0.0``, is not told apart; one input
+   computes each parametrization anew); one input
    object passed at two places where fn rebinds its tensors (a cache layer
    shared by two layers), where the capture had two; ``nn.TransformerEncoder``'s nested-tensor fast path
    is not taken (``is_compiling()`` is true while tracing, as under

@@ -339,6 +339,7 @@ if __name__.endswith("._precompile_runtime"):
         OptimizerSpec,
         PrecompileError,
         Record,
+        same_value,
         ShardSpec,
         TensorSpec,
     )
@@ -385,6 +386,52 @@ def _walk_leaf_paths(spec: pytree.TreeSpec, path: tuple, paths: list) -> None:
         else:
             key = pytree.SequenceKey(index)
         _walk_leaf_paths(child, (*path, key), paths)
+
+
+def typed_contexts(spec: pytree.TreeSpec) -> list:
+    """(pre-order node index, context) of each node of ``spec`` whose context holds numbers:
+    TreeSpec's ``==`` does not tell ``1`` from ``1.0`` and ``True``, or ``0.0`` from ``-0.0``,
+    while fn may compute with the context (a flatten that keeps attributes there)."""
+    return [(index, node.context) for index, node in enumerate(_preorder(spec)) if _holds_numbers(node.context)]
+
+
+def _preorder(spec: pytree.TreeSpec) -> list:
+    nodes = [spec]
+    for child in spec.children():
+        nodes += _preorder(child)
+    return nodes
+
+
+def _holds_numbers(value: Any) -> bool:
+    if type(value) in (bool, int, float):
+        return True
+    if type(value) in (tuple, list):
+        return any(map(_holds_numbers, value))
+    return type(value) is dict and any(map(_holds_numbers, value.values()))
+
+
+def same_context(got: Any, want: Any) -> bool:
+    """A context as captured, by ``same_value``'s rules (``True`` is not ``1``, ``-0.0`` not ``0.0``) throughout."""
+    if type(got) is not type(want):
+        return False
+    if type(want) in (tuple, list):
+        return len(got) == len(want) and all(map(same_context, got, want))
+    if type(want) is dict:
+        return got.keys() == want.keys() and all(same_context(got[key], value) for key, value in want.items())
+    return same_value(got, want)
+
+
+def check_contexts(where: str, spec: pytree.TreeSpec, typed: list) -> None:
+    """``spec`` (equal to the captured one by ``==``) has the captured ``typed`` contexts (``typed_contexts``)."""
+    nodes = _preorder(spec)
+    for index, want in typed:
+        got = nodes[index].context
+        if not same_context(got, want):
+            raise PrecompileError(
+                f"{where}: a {class_name(nodes[index].type)} node's context is {got!r}, but was {want!r} at capture "
+                "(fn may compute with it, and 1 is not 1.0 nor True, -0.0 is not 0.0): pass the captured values, "
+                "or precompile again"
+            )
 
 
 def conform_dict_order(value: Any, spec: pytree.TreeSpec, path: str, ordered: frozenset) -> Any:
@@ -1552,6 +1599,9 @@ class UserInputs:
         self._user_positions = convention.user_positions
         self._input_spec = convention.input_spec
         self.argument_specs = dict(zip(self._user_positions, self._input_spec.children()))  # by position
+        self._typed_contexts = {  # by position, where a context holds numbers
+            position: typed for position, spec in self.argument_specs.items() if (typed := typed_contexts(spec))
+        }
         self._ordered_dicts = frozenset(convention.ordered_dicts)
         # By position: arguments as the last call left them, written by ResultWriter after the graph.
         self.written: dict[int, LeftAsWritten] = {}
@@ -1589,6 +1639,10 @@ class UserInputs:
             leaves, spec = pytree.tree_flatten(self._conform_dict_order(user_args))
             if self._input_spec != spec:
                 self._raise_structure_mismatch(user_args)
+        if self._typed_contexts:
+            arguments = dict(zip(self._user_positions, spec.children()))
+            for position, typed in self._typed_contexts.items():
+                check_contexts(f"args[{position}]", arguments[position], typed)
         return leaves
 
     def _flatten_unless_written(self, user_args: tuple) -> list | None:
@@ -1604,6 +1658,8 @@ class UserInputs:
             argument_leaves, spec = pytree.tree_flatten(argument)
             if specs[position] != spec:
                 return None
+            if position in self._typed_contexts:
+                check_contexts(f"args[{position}]", spec, self._typed_contexts[position])
             leaves += argument_leaves
         return leaves
 
