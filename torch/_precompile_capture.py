@@ -1808,6 +1808,12 @@ def _input_name(args: _Arguments, index: int) -> str:
     return args.input_paths[args.tensor_indices[index - len(args.lifted)]]
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_NN_DIR = os.path.join(_TORCH_DIR, "nn", "")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # torch's own, in-tree
+
+
+def _is_model_code(filename: str) -> bool:
+    """fn's or its modules' code (torch.nn's included), not torch's other Python or this package's."""
+    return filename.startswith(_TORCH_NN_DIR) or not filename.startswith((_TORCH_DIR, _PACKAGE_DIR))
 
 
 class _StateReads:
@@ -1901,7 +1907,7 @@ class _StateReads:
             if reads is not None:
                 caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
                 noted = reads.setdefault("requires_grad", {})
-                if id(tensor) not in noted and (not caller.startswith(_TORCH_DIR) or caller.startswith(_TORCH_NN_DIR)):
+                if id(tensor) not in noted and _is_model_code(caller):
                     noted[id(tensor)] = _user_line(traceback.extract_stack())
             return descriptor.__get__(tensor)
 
@@ -2165,7 +2171,7 @@ class _ModuleReads:
                         if name[:2] != "__" and name not in internals:
                             cls._note_read(module, name, schema.MISSING)
                         raise
-                    if computes_names and name[:2] != "__" and name not in internals and not _held_by_module(module, name):
+                    if computes_names and name[:2] != "__" and name not in internals and not compat.held_by_module(module, name):
                         cls._note_read(module, name, schema.MISSING)
                     return value
 
@@ -2176,12 +2182,6 @@ class _ModuleReads:
             probe.__module__, probe.__qualname__ = original.__module__, original.__qualname__
             cls._probes[(original, module)] = probe
         return probe
-
-
-def _held_by_module(module: torch.nn.Module, name: str) -> bool:
-    """Whether nn.Module's own tables (parameters, buffers, submodules) hold ``name``."""
-    tables = vars(module)
-    return any(name in tables.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
 def _is_code(value: Any) -> bool:

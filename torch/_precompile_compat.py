@@ -97,6 +97,13 @@ def saved_tensors_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
 
 
+def held_by_module(module: torch.nn.Module, name: str) -> bool:
+    """Whether nn.Module's own tables (parameters, buffers, submodules) hold ``name``."""
+    # torch 2.11-2.14 keep them in the private dicts nn.Module.__getattr__ reads; no public query by name.
+    tables = vars(module)
+    return any(name in tables.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
+
+
 def requires_grad_descriptor() -> Any:
     """The C getter/setter behind ``Tensor.requires_grad``, which capture wraps to note reads."""
     # torch 2.11-2.14 define it on the private torch._C.TensorBase (torch.Tensor inherits it).
