@@ -67,11 +67,14 @@ except ImportError:
     _C = None
 # The extension's ABIs this driver was written against (its ABI_VERSION moves with any change
 # of a signature or meaning): 1 (LayoutGuard, entries_unchanged), 2 (tuple lengths,
-# dict_version).  Any other, a build newer than the driver an artifact carries, is not used.
-DRIVER_ABIS = (1, 2)
+# dict_version), 3 (gather() None under a torch function or dispatch mode).  Any other, a
+# build newer than the driver an artifact carries, is not used.
+DRIVER_ABIS = (1, 2, 3)
 if getattr(_C, "ABI_VERSION", 1) not in DRIVER_ABIS:
     _C = None
 _LayoutGuard = _C.LayoutGuard if _C is not None else None
+# Where LayoutGuard.gather() does not see the modes, every call tests them in Python.
+_MODES_UNSEEN_BY_GATHER = getattr(_C, "ABI_VERSION", 1) < 3
 # Whether two tensors share a storage (overlapping or not); no public API as of 2.13.
 _is_alias_of = torch._C._is_alias_of
 # Read or set at every call: the C functions behind torch.set_grad_enabled (a
@@ -865,7 +868,10 @@ class _TensorGuardsGather:
         self.check = guard.check
 
     def gather(self, tables: list, names: list, inputs: "tuple | list") -> list | None:
-        """``[tables[i][names[i]]..., *inputs]`` if they pass ``check``, else None (a missing name too)."""
+        """``[tables[i][names[i]]..., *inputs]`` if they pass ``check``, else None (a missing name too,
+        or a torch function or dispatch mode active, as LayoutGuard's)."""
+        if _is_torch_function_mode_enabled() or _len_torch_dispatch_stack():
+            return None
         try:
             tensors = [*map(dict.__getitem__, tables, names), *inputs]
             return tensors if self.check(*tensors) else None
@@ -1917,8 +1923,7 @@ class PrecompiledFunction:
         if (
             _is_any_autocast_enabled()
             or _get_default_dtype() is not self._default_dtype
-            or _is_torch_function_mode_enabled()
-            or _len_torch_dispatch_stack()
+            or (_MODES_UNSEEN_BY_GATHER and (_is_torch_function_mode_enabled() or _len_torch_dispatch_stack()))
             or (self._reads_global_state and self._global_state.moved(grad_enabled))
         ):
             self._global_state.check(grad_enabled)
@@ -1932,6 +1937,8 @@ class PrecompiledFunction:
         # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
         tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
         if tensors is None:
+            if _is_torch_function_mode_enabled() or _len_torch_dispatch_stack():  # gather() saw them (ABI 3)
+                self._global_state.check(grad_enabled)
             cached, state = self._module_arguments.state_tensors(args, cached)
             self._inputs.check_slowly(user_args, leaves, state)
             tensors = [*state, *inputs]
