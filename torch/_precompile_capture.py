@@ -1028,7 +1028,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
             if args.optimizers:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             # Invariant 13: a .grad None at capture that fn observes and backward does not
-            # reach is traced as None (_grads_observed_unreached); the others as a graph input.
+            # reach is traced as None (_grads_fn_tells_from_none); the others as a graph input.
             traced_none = recorded.get("grads_none", ())
             for index, grad in zip(candidates, incoming_grads):
                 state[index].grad = None if index in traced_none else grad
@@ -1806,9 +1806,11 @@ def _input_name(args: _Arguments, index: int) -> str:
         module_index, fqn = args.lifted[index].names[0]
         return f"args[{args.module_positions[module_index]}].{fqn} ({args.lifted[index].kind})"
     return args.input_paths[args.tensor_indices[index - len(args.lifted)]]
+
+
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_NN_DIR = os.path.join(_TORCH_DIR, "nn", "")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # torch's own, in-tree
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # this package's (in-tree: torch's own)
 
 
 def _is_model_code(filename: str) -> bool:

@@ -54,7 +54,10 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # rebound_inputs and returned_inputs (input objects fn changes or returns, as a
 # cache); an older convention reads as one without them.  11: StateSpec.sharded
 # (parameters fully_shard sharded, invariant 17); an older convention reads as one
-# without it.
+# without it.  Fields added since, with defaults (an older convention reads as one
+# without them; a driver that lacks one refuses a convention that sets it):
+# fully_shard_policies, grads_none / grads_present, requires_grad_read, and eager
+# artifacts' TensorSpec.stride (None before: not checked).
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save

@@ -2074,9 +2074,8 @@ class PrecompiledFunction:
                     if index in self._read_only_grads:
                         self._kept_zeros[index] = grad
             elif grad.is_sparse:  # no strides: checked first
-                module_index, name = self.convention.state[index].names[0]
                 raise PrecompileError(
-                    f"args[{self._module_positions[module_index]}].{name}.grad is a sparse tensor; fn reads or "
+                    f"{self._parameter(index)}.grad is a sparse tensor; fn reads or "
                     "accumulates onto it inside the graph, which needs a dense (strided) .grad of the "
                     "parameter's shape, dtype and strides: set it to None (opt.zero_grad()) or to "
                     "its .to_dense(), or call fn eagerly"
