@@ -1907,9 +1907,8 @@ class _StateReads:
         def noted_get(tensor: torch.Tensor) -> bool:
             reads = getattr(cls._tracing, "reads", None)
             if reads is not None:
-                caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
                 noted = reads.setdefault("requires_grad", {})
-                if id(tensor) not in noted and _is_model_code(caller):
+                if id(tensor) not in noted and _is_model_code(os.path.abspath(sys._getframe(1).f_code.co_filename)):
                     noted[id(tensor)] = _user_line(traceback.extract_stack())
             return descriptor.__get__(tensor)
 

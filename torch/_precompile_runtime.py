@@ -96,6 +96,13 @@ _len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
 _len_torch_function_stack = torch._C._len_torch_function_stack
 _get_function_stack_at = torch._C._get_function_stack_at
 _get_dispatch_stack_at = torch._C._get_dispatch_stack_at
+
+
+def _modes_active() -> bool:
+    """Whether a torch function or dispatch mode is active (the per-call chain inlines this test)."""
+    return bool(_is_torch_function_mode_enabled() or _len_torch_dispatch_stack())
+
+
 # __torch_function__ of Parameter & co. (traced through dispatch); private in 2.13.
 _disabled_torch_function_impl = torch._C._disabled_torch_function_impl
 
@@ -870,7 +877,7 @@ class _TensorGuardsGather:
     def gather(self, tables: list, names: list, inputs: "tuple | list") -> list | None:
         """``[tables[i][names[i]]..., *inputs]`` if they pass ``check``, else None (a missing name too,
         or a torch function or dispatch mode active, as LayoutGuard's)."""
-        if _is_torch_function_mode_enabled() or _len_torch_dispatch_stack():
+        if _modes_active():
             return None
         try:
             tensors = [*map(dict.__getitem__, tables, names), *inputs]
@@ -1937,7 +1944,7 @@ class PrecompiledFunction:
         # The lifted tensors looked up and every tensor checked in one C++ call (tensor_guard).
         tensors = guard.gather(cached.tables, cached.names, inputs) if guard is not None else None
         if tensors is None:
-            if _is_torch_function_mode_enabled() or _len_torch_dispatch_stack():  # gather() saw them (ABI 3)
+            if _modes_active():  # gather() saw them (ABI 3)
                 self._global_state.check(grad_enabled)
             cached, state = self._module_arguments.state_tensors(args, cached)
             self._inputs.check_slowly(user_args, leaves, state)
