@@ -23,7 +23,7 @@ import torch.nn as nn
 
 CHILD = r"""
 import io, sys, time, zipfile
-import torch_precompile._precompile as P
+import torch_precompile._precompile_artifact as P
 import torch_precompile._precompile_format as F
 work = sys.argv[1]
 code, cache = open(work + "/a.py").read(), open(work + "/a.cache", "rb").read()

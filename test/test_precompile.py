@@ -42,6 +42,7 @@ from torch.testing._internal.common_utils import (
 
 import torch_precompile
 import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_artifact as artifact_module
 import torch_precompile._precompile_capture as capture_module
 import torch_precompile._precompile_format as format_module
 import torch_precompile._precompile_runtime as runtime
@@ -464,7 +465,7 @@ class TestArtifact(TestCase):
         self.assertEqual(convention["inputs"][0]["tensor"]["shape"], [3, 8])
         self.assertEqual(convention["grad_state"], [])
         compile(code, "artifact", "exec")  # valid Python on its own
-        sections = precompile_module._split_sections(code)
+        sections = artifact_module._split_sections(code)
         self.assertEqual(list(sections), ["graph", "driver", "forward"])
         # The driver's core, and of its optional parts those this convention uses.
         self.assertEqual(sections["driver"][1], format_module._driver_source(("inductor",) if backend == "inductor" else ()))
@@ -486,7 +487,7 @@ class TestArtifact(TestCase):
                 return self.fc2(torch.relu(self.fc1(x)))  # the line the graph cites
 
         code, _ = precompile(_train_step, TwoLayers(), torch.randn(3, 8), torch.randn(3, 4), backend="eager")
-        graph = precompile_module._split_sections(code)["graph"][1]
+        graph = artifact_module._split_sections(code)["graph"][1]
         # Placeholders named after what they hold, each value with its dtype[shape].
         for name, shape in (("p_fc1_weight", "16, 8"), ("p_fc1_bias", "16"), ("args_1", "3, 8"), ("args_2", "3, 4")):
             self.assertIn(f'    {name}: "f32[{shape}]",\n', graph)
@@ -504,7 +505,7 @@ class TestArtifact(TestCase):
 
         m = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))
         code, _ = precompile(fn, m, torch.randn(3, 8), backend="eager")
-        graph = precompile_module._split_sections(code)["graph"][1]
+        graph = artifact_module._split_sections(code)["graph"][1]
         self.assertNotIn("aten.mul", graph)
         self.assertIn("aten.add_.Tensor", graph)  # num_batches_tracked += 1, used by nothing
 
@@ -527,7 +528,7 @@ class TestArtifact(TestCase):
             trace = traceback.extract_tb(error.__traceback__)
         else:
             self.fail("an out-of-range index was accepted")
-        filename = precompile_module._artifact_filename(format_module._text_hashes(code)[0])
+        filename = artifact_module._artifact_filename(format_module._text_hashes(code)[0])
         self.assertRegex(filename, r"^<precompile artifact [0-9a-f]{12}>\.py$")
         frames = [f for f in trace if f.filename == filename]
         self.assertEqual([f.name for f in frames], ["eager_graph"])
@@ -540,7 +541,7 @@ class TestArtifact(TestCase):
         # python_code's text at the line its code object names.
         m, x = small_mlp(), torch.randn(3, 8)
         code, _ = _artifact("mlp_forward", _forward, m, x, backend=backend)
-        namespace = precompile_module._exec_artifact(code, format_module._read_constants(code), {})
+        namespace = artifact_module._exec_artifact(code, format_module._read_constants(code), {})
         graph = namespace["eager_graph"] if backend == "eager" else namespace["call"]
         source = inspect.getsource(graph)
         self.assertIn(source, code)
@@ -595,7 +596,7 @@ class TestArtifact(TestCase):
         def refuse(*args):
             raise AssertionError("load() compiled a section the cache holds")
 
-        with mock.patch.object(precompile_module, "_compile_section", refuse):
+        with mock.patch.object(artifact_module, "_compile_section", refuse):
             f = load((code, cache))
         torch.testing.assert_close(f(m, x), m(x))
 
@@ -610,7 +611,7 @@ class TestArtifact(TestCase):
             ({**other["artifact"]["bytecode"], "magic": "0d0d0a0a"}, False),  # another Python's: unused
         ):
             envelope["artifact"]["bytecode"] = bytecode
-            precompile_module._warn_once.cache_clear()
+            artifact_module._warn_once.cache_clear()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 f = load((code, format_module._pack_envelope(envelope)))
@@ -646,7 +647,7 @@ class TestArtifact(TestCase):
         envelope["code_hash"] = format_module._text_hashes(edited)[1]
         rebound = format_module._pack_envelope(envelope)
         self.assertEqual(format_module.read_artifact(edited, rebound, header_from_cache=True).compiled, {})
-        precompile_module._warn_once.cache_clear()
+        artifact_module._warn_once.cache_clear()
         with self.assertWarnsRegex(UserWarning, "python_code was edited after its compiled Python was recorded"):
             f = load((edited, rebound))
         torch.testing.assert_close(f(m, x), m(x) * (2 if section == "forward" else 1))
@@ -750,7 +751,7 @@ class TestArtifact(TestCase):
             with self.subTest(name, backend=backend):
                 code, _ = _artifact(f"parts_{name}", fn, *arguments(copy.deepcopy(m)), backend=backend)
                 self.assertEqual(format_module.driver_parts(format_module._read_convention(code)), parts)
-                self.assertEqual(precompile_module._split_sections(code)["driver"][1], format_module._driver_source(parts))
+                self.assertEqual(artifact_module._split_sections(code)["driver"][1], format_module._driver_source(parts))
                 namespace = {}
                 exec(code, namespace)  # alone: the embedded driver, not the installed one
                 self.assertIsNot(namespace["PrecompiledFunction"], runtime.PrecompiledFunction)
@@ -771,19 +772,19 @@ class TestArtifact(TestCase):
         marker = format_module._marker("forward")
         other = code.replace(marker, "\n# another driver version" + marker, 1)
         pin = format_module._pin_line(format_module._read_constants(code)["BYTECODE_SHA256"])
-        other, bytecode = precompile_module._record_bytecode(other.replace(pin, format_module._NO_BYTECODE, 1))
+        other, bytecode = artifact_module._record_bytecode(other.replace(pin, format_module._NO_BYTECODE, 1))
         kernels = format_module._read_envelope(cache)["artifact"]["kernels"]
-        compile_section = precompile_module._compile_section
+        compile_section = artifact_module._compile_section
         compiled = []
 
         def recording(filename, line_offset, text):
             compiled.append(text)
             return compile_section(filename, line_offset, text)
 
-        with mock.patch.object(precompile_module, "_compile_section", recording):
-            embedded = precompile.load(other, precompile_module._package(other, backend, kernels, bytecode))
+        with mock.patch.object(artifact_module, "_compile_section", recording):
+            embedded = precompile.load(other, artifact_module._package(other, backend, kernels, bytecode))
         # The cache holds no driver: only that section is compiled, the others come from the cache.
-        self.assertEqual(compiled, [precompile_module._split_sections(other)["driver"][1]])
+        self.assertEqual(compiled, [artifact_module._split_sections(other)["driver"][1]])
         self.assertIsNot(type(embedded), runtime.PrecompiledFunction)
         self.assertEqual(type(embedded).__module__, "torch_precompile_driver")
         torch.testing.assert_close(embedded(m, x), m(x))
@@ -858,7 +859,7 @@ class TestLoad(TestCase):
             "pickle": buffer.getvalue(),
         }[damage]
         # A flipped byte may land in the compiled Python, which is then compiled again (the kernels still load).
-        precompile_module._warn_once.cache_clear()
+        artifact_module._warn_once.cache_clear()
         with self.assertWarnsRegex(UserWarning, "ignoring the cache: cache is damaged|compiled Python does not match"):
             f = precompile.load(code, damaged)
         self.assertEqual(f(self.model, self.x), self.model(self.x))
@@ -1526,7 +1527,7 @@ class TestLogging(TestCase):
         result = _run_python(script, env={"TORCH_LOGS": setting})
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertRegex(result.stderr, r"precompile: capture\+enforce [\d.]+ ms, lower [\d.]+ ms.*cache=\d+B")
-        self.assertRegex(result.stderr, r"load: verify [\d.]+ ms, prime [\d.]+ ms, exec [\d.]+ ms")
+        self.assertRegex(result.stderr, r"load: import [\d.]+ ms, verify [\d.]+ ms, prime [\d.]+ ms, exec [\d.]+ ms")
         quiet = _run_python(script)
         self.assertNotIn("capture+enforce", quiet.stderr)
 
@@ -1541,7 +1542,7 @@ class TestLogging(TestCase):
         result = _run_python(script, env={"TORCH_LOGS": "precompile_checks"})
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("tensor        args[0]: Tensor(2,) float32 cpu", result.stderr)
-        self.assertNotIn("load: verify", result.stderr)  # its own artifact, not the stage timings
+        self.assertNotIn("load: import", result.stderr)  # its own artifact, not the stage timings
 
 
 def _sibling_imports(path: str) -> set[str]:
@@ -1590,8 +1591,9 @@ class TestImportGraph(TestCase):
         self.assertLessEqual(graph["_precompile_format"], {"_precompile_schema", "_precompile_runtime", "_precompile_compat"})
         # The driver runs alone in an artifact, after the schema's text (its one import is skipped there).
         self.assertEqual(graph["_precompile_runtime"], {"_precompile_schema"})
-        self.assertEqual(graph["_precompile_schema"], set())
-        for reader in ("_precompile", "_precompile_capture", "_precompile_inspect"):
+        self.assertEqual(graph["_precompile_schema"], {"_precompile_error"})
+        self.assertEqual(graph["_precompile_error"], set())
+        for reader in ("_precompile_artifact", "_precompile_capture", "_precompile_inspect"):
             self.assertIn("_precompile_format", graph[reader])
 
 

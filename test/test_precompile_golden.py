@@ -8,7 +8,6 @@ the minimums ``load`` claims to read (``MIN_CONVENTION_VERSION``,
 ``MIN_CACHE_VERSION``): a constant moved without a golden pair fails here.
 """
 
-import copy
 import gzip
 import os
 import re
@@ -21,7 +20,7 @@ from torch.testing._internal.common_utils import instantiate_parametrized_tests,
 
 import _precompile_golden as golden
 import torch_precompile
-import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_artifact as artifact_module
 import torch_precompile._precompile_format as format_module
 
 
@@ -76,7 +75,7 @@ class TestGoldenArtifacts(TestCase):
         ours, theirs = arguments(model), arguments(reference)
         warm = _made_here(python_code, cache)
         compiled_sections = []
-        compile_section = precompile_module._compile_section
+        compile_section = artifact_module._compile_section
 
         def recording(filename, line_offset, text):
             compiled_sections.append(text)
@@ -85,7 +84,7 @@ class TestGoldenArtifacts(TestCase):
         with warnings.catch_warnings():
             # On another torch or Python the cache's kernels or bytecode are unusable: load warns and compiles.
             warnings.simplefilter("ignore")
-            with mock.patch.object(precompile_module, "_compile_section", recording), mock.patch.object(
+            with mock.patch.object(artifact_module, "_compile_section", recording), mock.patch.object(
                 CppPythonBindingsCodeCache, "load_pybinding", _refuse_compiling if warm else CppPythonBindingsCodeCache.load_pybinding
             ):
                 try:
@@ -108,7 +107,7 @@ class TestGoldenArtifacts(TestCase):
             torch.testing.assert_close(ours[1].state_dict(), theirs[1].state_dict())
         if warm:
             # The cache's sections run as they are; a driver other than the installed one is compiled.
-            driver = precompile_module._split_sections(python_code)["driver"][1]
+            driver = artifact_module._split_sections(python_code)["driver"][1]
             installed = format_module._is_installed_driver(driver)
             self.assertEqual(compiled_sections, [] if installed or VERSIONS[directory][1] < 11 else [driver])
 

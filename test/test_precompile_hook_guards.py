@@ -22,7 +22,7 @@ from torch.testing._internal.common_utils import (
 
 import torch_precompile
 from torch_precompile import PrecompileError
-from torch_precompile._precompile import runtime
+from torch_precompile import _precompile_runtime as runtime
 
 from _precompile_testing import Artifacts, load, needs_mark_bounds
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 import torch_precompile
-import torch_precompile._precompile as precompile_module
+import torch_precompile._precompile_artifact as artifact_module
 import torch_precompile._precompile_format as format_module
 import torch_precompile._precompile_kernel_store as kernel_store
 from torch_precompile import PrecompileError
@@ -87,12 +87,12 @@ class _StoreTestCase(TestCase):
         patcher = mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": self.root})
         patcher.start()
         self.addCleanup(patcher.stop)
-        precompile_module._warn_once.cache_clear()
-        self.addCleanup(precompile_module._warn_once.cache_clear)
+        artifact_module._warn_once.cache_clear()
+        self.addCleanup(artifact_module._warn_once.cache_clear)
 
     def kernels(self, cache=None):
         """key -> (sha256, bytes) as load() would place them."""
-        return precompile_module._usable_cache(format_module.read_artifact(self.code, cache or self.cache))[0]
+        return artifact_module._usable_cache(format_module.read_artifact(self.code, cache or self.cache))[0]
 
     def some_kernel(self):
         digest, blob = next(iter(self.kernels().values()))
@@ -119,7 +119,7 @@ class _StoreTestCase(TestCase):
         """The store is not used: one warning says why, a private directory serves instead."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            files = precompile_module._prime_kernels(self.kernels())
+            files = artifact_module._prime_kernels(self.kernels())
         self.assertEqual(len(caught), 1, [str(w.message) for w in caught])
         self.assertRegex(
             str(caught[0].message),
@@ -178,7 +178,7 @@ class TestPlantedFiles(_StoreTestCase):
         os.makedirs(self.store, mode=0o700)
         with open(path, "wb") as f:
             f.write(b"\x7fELF" + b"\0" * (len(blob) - 4))
-        self.assert_store_holds_exactly_the_kernels(precompile_module._prime_kernels(self.kernels()))
+        self.assert_store_holds_exactly_the_kernels(artifact_module._prime_kernels(self.kernels()))
         self.assert_loads_correctly()
 
     def test_symlink_is_replaced_not_followed(self):
@@ -189,12 +189,12 @@ class TestPlantedFiles(_StoreTestCase):
         with open(target, "wb") as f:
             f.write(blob)
         os.symlink(target, path)
-        self.assert_store_holds_exactly_the_kernels(precompile_module._prime_kernels(self.kernels()))
+        self.assert_store_holds_exactly_the_kernels(artifact_module._prime_kernels(self.kernels()))
         with open(target, "rb") as f:
             self.assertEqual(f.read(), blob)
 
     def test_created_directories_are_private(self):
-        precompile_module._prime_kernels(self.kernels())
+        artifact_module._prime_kernels(self.kernels())
         for directory in (self.root, self.store):
             self.assertEqual(stat.S_IMODE(os.stat(directory).st_mode), 0o700, directory)
 
@@ -223,7 +223,7 @@ class TestUntrustedStore(_StoreTestCase):
             os.chmod(directory, 0o775)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            files = precompile_module._prime_kernels(self.kernels())
+            files = artifact_module._prime_kernels(self.kernels())
         self.assert_store_holds_exactly_the_kernels(files)
 
     def test_store_that_is_a_symlink_not_used(self):
@@ -352,7 +352,7 @@ class TestStaleTemporaries(_StoreTestCase):
             with open(os.path.join(self.store, name), "wb") as f:
                 f.write(b"partial")
         os.utime(os.path.join(self.store, "tmpabcd_xyz.tmp"), (0, 0))
-        precompile_module._prime_kernels(self.kernels())
+        artifact_module._prime_kernels(self.kernels())
         left = set(os.listdir(self.store))
         for name, kept in names.items():
             self.assertEqual(name in left, kept, name)

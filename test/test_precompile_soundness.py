@@ -25,7 +25,7 @@ from torch.testing._internal.common_utils import (
 
 import torch_precompile
 
-from torch_precompile._precompile import runtime
+from torch_precompile import _precompile_runtime as runtime
 from torch_precompile import _precompile_schema as schema
 from torch_precompile import PrecompileError
 

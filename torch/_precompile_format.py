@@ -4,8 +4,8 @@
 cache's zip envelope, and ``read_artifact``, which reads and checks a pair
 without executing either (Note [precompile programming model], invariants 6
 and 7, in ``torch/_precompile.py``).  It sits at the bottom of precompile's
-modules: ``_precompile`` (load), ``_precompile_capture`` and
-``_precompile_inspect`` import it, and it imports only the schema
+modules: ``_precompile_artifact`` (writing and running a pair),
+``_precompile_capture`` and ``_precompile_inspect`` import it, and it imports only the schema
 (``_precompile_schema``: the calling convention's records and their codec),
 the driver (``_precompile_runtime``), torch and the standard library, so no
 module imports its importer (test_precompile.py TestImportGraph).

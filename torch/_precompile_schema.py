@@ -1,6 +1,6 @@
 """The schema of a ``torch.compiler.precompile`` artifact's calling convention.
 
-``PrecompileError``; ``Record``, a cheap ``typing.NamedTuple``; the records of
+``PrecompileError`` (``_precompile_error``'s class); ``Record``, a cheap ``typing.NamedTuple``; the records of
 the ``CallingConvention`` (each field's annotation is its schema) with their
 codec to and from the literals python_code's header holds, and
 ``validate_convention``, which checks what the annotations cannot; pytree
@@ -25,16 +25,20 @@ import torch
 import torch.utils._pytree as pytree
 
 
-_PrecompileError = None
-if not __name__.endswith("._precompile_schema"):
-    # A copy embedded in an artifact (not the module installed as
-    # torch_precompile._precompile_schema, or torch._precompile_schema in a
-    # PyTorch checkout): share the installed package's class if there is one
-    # (a package older than this file has it in its driver).  Not
-    # torch.compiler.PrecompileError: torch 2.14+ has its own, and the
-    # installed shim's lazy attribute would import the whole package into an
-    # artifact run alone.
+if __name__.endswith("._precompile_schema"):
+    # The installed module (torch_precompile._precompile_schema, or
+    # torch._precompile_schema in a PyTorch checkout).
+    from ._precompile_error import PrecompileError
+else:
+    # A copy embedded in an artifact: share the installed package's class if there
+    # is one (a package older than _precompile_error has it in its schema, older
+    # still in its driver).  Not torch.compiler.PrecompileError: torch 2.14+ has
+    # its own, and the installed shim's lazy attribute would import the whole
+    # package into an artifact run alone.
+    _PrecompileError = None
     for _installed in (
+        "torch_precompile._precompile_error",
+        "torch._precompile_error",
         "torch_precompile._precompile_schema",
         "torch._precompile_schema",
         "torch_precompile._precompile_runtime",
@@ -45,14 +49,14 @@ if not __name__.endswith("._precompile_schema"):
             break
         except (ImportError, AttributeError):  # not installed, or another torch's module
             pass
-if _PrecompileError is None:
-    # Running without the patch installed (a bare artifact in a plain torch
-    # environment): define the class the installed patch would provide.
-    class PrecompileError(RuntimeError):
-        """A call, capture or load violated the precompile contract."""
+    if _PrecompileError is None:
+        # Running without the patch installed (a bare artifact in a plain torch
+        # environment): define the class the installed patch would provide.
+        class PrecompileError(RuntimeError):
+            """A call, capture or load violated the precompile contract."""
 
-else:
-    PrecompileError = _PrecompileError
+    else:
+        PrecompileError = _PrecompileError
 
 
 # ---------------------------------------------------------------------------
