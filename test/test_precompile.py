@@ -444,9 +444,33 @@ class TestCaptureContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: unsupported leaf of type slice"):
             precompile(lambda x, d: x + 1, torch.randn(2), slice(1), backend="eager")
 
-    def test_metadata_mutation_refused_by_inductor(self):
-        with self.assertRaisesRegex(PrecompileError, "cannot reproduce this graph faithfully.*x.t_"):
-            precompile(lambda x: x.t_(), torch.randn(2, 3), backend="inductor")
+    @parametrize(
+        "name",
+        ["t_", "resize_", "squeeze_", "as_strided_", "out_resized"],
+    )
+    def test_input_layout_changes(self, name):
+        # Inductor's kernels would keep writing the input's old memory (a resize
+        # through out= wrote past a 0-element buffer); eager runs the ops.
+        def out_resized(x, out):
+            torch.add(x, 1, out=out)
+            return out
+
+        fn, shape, change = {
+            "t_": (lambda x: x.t_(), (2, 3), "(2, 3) -> (3, 2)"),
+            "resize_": (lambda x: x.resize_(2, 2), (3, 4), "(3, 4) -> (2, 2)"),
+            "squeeze_": (lambda x: x.squeeze_(), (1, 4), "(1, 4) -> (4,)"),
+            "as_strided_": (lambda x: x.as_strided_((2, 2), (1, 2)), (3, 4), "(3, 4) -> (2, 2)"),
+            "out_resized": (out_resized, (3, 4), "(0,) -> (3, 4)"),
+        }[name]
+        example = [torch.randn(shape)] + ([torch.empty(0)] if name == "out_resized" else [])
+        where = "args[1]" if name == "out_resized" else "args[0]"
+        with self.assertRaisesRegex(PrecompileError, rf"fn changes the layout of {re.escape(where)} in place \(aten\.\w+\.\w+: {re.escape(change)}\)"):
+            precompile(fn, *example, backend="inductor")
+        f = precompile.load(*precompile(fn, *[t.clone() for t in example], backend="eager"))
+        ours, theirs = [t.clone() for t in example], [t.clone() for t in example]
+        torch.testing.assert_close(f(*ours), fn(*theirs))
+        for got, want in zip(ours, theirs):
+            self.assertEqual((got.shape, got.stride(), got.storage_offset()), (want.shape, want.stride(), want.storage_offset()))
 
 
 class TestArtifact(TestCase):
@@ -1599,6 +1623,7 @@ class TestImportGraph(TestCase):
 
 instantiate_parametrized_tests(TestAPI)
 instantiate_parametrized_tests(TestCapture)
+instantiate_parametrized_tests(TestCaptureContract)
 instantiate_parametrized_tests(TestTraining)
 instantiate_parametrized_tests(TestArtifact)
 instantiate_parametrized_tests(TestLoad)

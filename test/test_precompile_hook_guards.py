@@ -273,6 +273,25 @@ class TestHookGuards(TestCase):
         bits.zero_()
         self.assertEqual(x.tolist(), [[0.0] * 3] * 2)
 
+    @parametrize("backend", BACKENDS)
+    @parametrize("view", ["conj", "conj_slice", "neg"])
+    def test_lazily_conjugated_views(self, backend, view):
+        """A conjugate or negative view: inductor's output would carry the input's plain values."""
+        fn = {"conj": lambda x: x.conj(), "conj_slice": lambda x: x.mH[1:], "neg": lambda x: torch._neg_view(x)}[view]
+        x = torch.complex(torch.randn(2, 2), torch.randn(2, 2))
+        if backend == "inductor":
+            with self.assertRaisesRegex(
+                PrecompileError, r"fn returns a view of args\[0\] with a lazy conjugate or negation \(\.conj\(\), \.mH\): "
+            ):
+                torch_precompile.precompile(fn, x, backend=backend)
+            return
+        f = load(torch_precompile.precompile(fn, x, backend=backend))
+        ours, theirs = f(x), fn(x)
+        self.assertEqual((ours.is_conj(), ours.is_neg()), (theirs.is_conj(), theirs.is_neg()))
+        torch.testing.assert_close(ours.resolve_conj().resolve_neg(), theirs.resolve_conj().resolve_neg())
+        ours.zero_()  # a view of x, as in eager
+        self.assertEqual(x.abs().sum().item(), 0.0 if view != "conj_slice" else x[:, 0].abs().sum().item())
+
     @parametrize("backend", ("inductor",))  # free dims are inductor's
     def test_marks_sharing_a_shape_id_are_one_unbounded_size(self, backend):
         """Raw error: a shared shape_id baked the example size as an upper bound (``u0 <= 8``)."""

@@ -157,6 +157,23 @@ class TestSoundness(TestCase):
                 self.assertTrue(old.equal(new) and old.stride() == new.stride(), f"a refused call changed {name}")
 
     @parametrize("backend", BACKENDS)
+    def test_written_tensors_version_counters_move(self, backend):
+        """Inductor's kernels write through raw pointers: a backward that saved an input or a
+        buffer the artifact then wrote is refused, as eager refuses it."""
+        x, b = torch.randn(3, 4), torch.randn(3, 4)
+        f = _runnable("scale_first", _scale_first, x.clone(), b, backend=backend)
+        g = _runnable("bn", _forward, _bn_net(), x, backend=backend)
+        model = _bn_net()
+        for call, written in ((lambda: f(x, b), lambda: x), (lambda: g(model, x), lambda: model[1].num_batches_tracked)):
+            w = torch.ones((), requires_grad=True)
+            saved = (w * written()).sum()  # autograd saves the tensor the call writes
+            before = written()._version
+            call()
+            self.assertGreater(written()._version, before)
+            with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                saved.backward()
+
+    @parametrize("backend", BACKENDS)
     def test_module_mode_is_checked(self, backend):
         """Row 1: the train/eval mode of every submodule fn reads is part of the contract."""
         x = torch.randn(3, 4)

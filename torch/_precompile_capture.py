@@ -1586,7 +1586,10 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
 
     mutated = _mutated_inputs(graph, num_inputs)
     _refuse_aliased_examples(args, mutated, same)
-    output_views = _output_views(graph, example, output_leaves, args) if backend == "inductor" else ()
+    output_views = ()
+    if backend == "inductor":
+        _refuse_input_layout_changes(graph, args)
+        output_views = _output_views(graph, example, output_leaves, args)
     data_parallel = {argument.module_index: argument.spec for argument in args.data_parallel}
     free_by_leaf: dict[int, list] = {}
     for leaf, dim, group, low, high in sizes:
@@ -1776,10 +1779,15 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
             continue  # an out= op, which the graph's aliasing over-approximates
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
-        if out.dtype != base.dtype or not all(type(size) is int for size in layout):
+        lazy_bits = (out.is_conj(), out.is_neg()) != (base.is_conj(), base.is_neg())  # x.conj(), x.mH
+        if out.dtype != base.dtype or lazy_bits or not all(type(size) is int for size in layout):
+            differs = (
+                "another dtype"
+                if out.dtype != base.dtype
+                else "a lazy conjugate or negation (.conj(), .mH)" if lazy_bits else "sizes that depend on a marked dim"
+            )
             raise PrecompileError(
-                f"fn returns a view of {_input_name(args, index)} with "
-                f"{'another dtype' if out.dtype != base.dtype else 'sizes that depend on a marked dim'}: "
+                f"fn returns a view of {_input_name(args, index)} with {differs}: "
                 "backend='inductor' returns new tensors and cannot rebuild that view, so writes "
                 "through it would not reach the input as in eager. Return a .clone() (or the "
                 "input itself), or use backend='eager'"
@@ -3172,6 +3180,46 @@ def _refuse_tensor_subclasses(capture: _Capture) -> None:
                 "subclasses (DTensor, as from fully_shard or tensor parallelism) yet; use "
                 "backend='eager', or pass plain tensors (e.g. DTensor.to_local())"
             )
+
+
+def _refuse_input_layout_changes(graph: torch.fx.GraphModule, args: _Arguments) -> None:
+    """Refuse an in-place op that leaves a graph input with another shape, stride or offset.
+
+    ``resize_``, ``squeeze_``, ``as_strided_``, ``set_`` and an ``out=`` that
+    resizes its output change the input itself; AOTAutograd replays such
+    changes in a wrapper around Inductor's graph, which an artifact does not
+    carry, so the kernels would write the old, smaller buffer (Note invariant
+    11).  The eager backend runs the ops themselves.
+    """
+    placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    num_inputs = len(args.lifted) + len(args.tensor_indices)
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        base = _through_in_place_ops(node)
+        if base is node or base.op != "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        before, after = base.meta["val"], node.meta["val"]  # each the trace's snapshot at that node
+        if not _same_layout(before, after):
+            index = placeholders.index(base)
+            name = _input_name(args, index) if index < num_inputs else "a .grad or optimizer state tensor"
+            raise PrecompileError(
+                f"fn changes the layout of {name} in place ({node.target}: "
+                f"{tuple(before.shape)} -> {tuple(after.shape)}){_source_of(node)}; backend='inductor' "
+                "would keep writing its old memory. Write into a new tensor instead (x = x.reshape(...), "
+                "torch.add(a, b) without out=), or use backend='eager'"
+            )
+
+
+def _same_layout(before: torch.Tensor, after: torch.Tensor) -> bool:
+    try:
+        return (tuple(before.shape), tuple(before.stride()), before.storage_offset()) == (
+            tuple(after.shape),
+            tuple(after.stride()),
+            after.storage_offset(),
+        )
+    except Exception:  # a comparison of marked sizes the shape environment cannot decide
+        return False
 
 
 def _refuse_float_round_trips(graph: torch.fx.GraphModule) -> None:

@@ -643,6 +643,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _is_anomaly_enabled = torch.is_anomaly_enabled
 _is_inference_mode_enabled = torch.is_inference_mode_enabled
 _get_default_dtype = torch.get_default_dtype
+_increment_version = torch.autograd.graph.increment_version
 
 
 class _ModuleCache(Record):
@@ -964,6 +965,25 @@ def _distinct_storages(tensors: list) -> bool:
     except (AttributeError, RuntimeError, NotImplementedError, TypeError):  # no storage of its own (DTensor)
         return False
     return 0 not in pointers and len(set(pointers)) == len(pointers)
+
+
+def versions_bumped(run_graph: Callable[[list], Any], mutated: tuple[int, ...]) -> Callable[[list], Any]:
+    """``run_graph``, moving the version counters of the inputs it writes as eager's in-place ops do.
+
+    Inductor's kernels write through raw pointers; without this, autograd would
+    run a backward through a value the graph overwrote, which eager refuses
+    ("modified by an inplace operation").
+    """
+    if not mutated:
+        return run_graph
+
+    def run(inputs: list) -> Any:
+        written = [inputs[i] for i in mutated]  # Inductor's call() empties the list
+        outputs = run_graph(inputs)
+        _increment_version(written)
+        return outputs
+
+    return run
 
 
 def raise_if_aliased(tensors: list, pairs: list, name: Callable[[int], str], mutated: Any) -> None:
@@ -1855,7 +1875,7 @@ class PrecompiledFunction:
         constants: list[torch.Tensor],
     ):
         self.convention = convention
-        self._run_graph = run_graph
+        self._run_graph = versions_bumped(run_graph, convention.mutated) if convention.backend == "inductor" else run_graph
         self._constants = constants
         self._arity = convention.arity
         self._binding = Binding(convention)
