@@ -292,6 +292,34 @@ class TestHookGuards(TestCase):
         ours.zero_()  # a view of x, as in eager
         self.assertEqual(x.abs().sum().item(), 0.0 if view != "conj_slice" else x[:, 0].abs().sum().item())
 
+    @parametrize("backend", BACKENDS)
+    @parametrize("returned", ["itself", "row", "detached"])
+    @parametrize("existing_grad", [False, True])
+    def test_views_of_a_grad(self, backend, returned, existing_grad):
+        """A view of .grad after backward: inductor's would be a new tensor, so writes through it would not reach .grad."""
+        take = {"itself": lambda g: g, "row": lambda g: g[0], "detached": lambda g: g.detach()}[returned]
+
+        def step(m, x):
+            m(x).sum().backward()
+            return take(m.weight.grad)
+
+        def make():
+            torch.manual_seed(0)
+            m = nn.Linear(3, 2)
+            if existing_grad:
+                m.weight.grad = torch.ones(2, 3)
+            return m, torch.randn(4, 3)
+
+        if backend == "inductor" and returned != "itself":
+            with self.assertRaisesRegex(PrecompileError, r"fn returns a view of a \.grad or of optimizer state \(fn's output 0"):
+                torch_precompile.precompile(step, *make(), backend=backend)
+            return
+        f = load(torch_precompile.precompile(step, *make(), backend=backend))
+        (ours, x), (theirs, y) = make(), make()
+        f(ours, x).mul_(2)  # through the view, as in eager
+        step(theirs, y).mul_(2)
+        torch.testing.assert_close(ours.weight.grad, theirs.weight.grad)
+
     @parametrize("backend", ("inductor",))  # free dims are inductor's
     def test_marks_sharing_a_shape_id_are_one_unbounded_size(self, backend):
         """Raw error: a shared shape_id baked the example size as an upper bound (``u0 <= 8``)."""

@@ -319,6 +319,22 @@ class TestNamedStructures(_RefusalAssertions):
         with self.assertRaisesRegex(PrecompileError, r"^args\[1\]: a \S*Scaled node's context is 3\.0, but was 3 at capture"):
             f(model, Scaled(z, 3.0), Tagged(x, "ab"))
 
+    @parametrize("backend", BACKENDS)
+    def test_sizes_come_back_as_sizes(self, backend):
+        """torch's pytree rebuilds a torch.Size as a plain tuple; fn returned a Size."""
+
+        def shapes(m, x):
+            y = m(x)
+            return y.shape, {"sizes": [x.size(), y]}
+
+        f = precompile.load(*precompile(shapes, _linear(), torch.randn(3, 4), backend=backend))
+        x = torch.randn(3, 4)
+        ours, theirs = f(_linear(), x), shapes(_linear(), x)
+        self.assertIs(type(ours[0]), torch.Size)
+        self.assertIs(type(ours[1]["sizes"][0]), torch.Size)
+        self.assertEqual(ours[0].numel(), theirs[0].numel())
+        torch.testing.assert_close(ours, theirs)
+
     def test_what_load_cannot_import_or_compare_is_refused_at_capture(self):
         x = torch.randn(3, 4)
         local_pair = collections.namedtuple("LocalPair", "a b")

@@ -1763,12 +1763,22 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     view's layout, which must be static.
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
-    placeholders = list(graph.graph.find_nodes(op="placeholder"))[:num_inputs]
+    all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
+    placeholders, trailing = all_placeholders[:num_inputs], all_placeholders[num_inputs:]
     returned = graph.graph.output_node().args[0]
     root, _ = _alias_sets(graph)
     inputs_by_root = {root(node): index for index, node in enumerate(placeholders)}
+    # The incoming .grad and optimizer state, and the gradients the graph returns.
+    grads = {*trailing, *(node for node in returned[len(outputs) :] if isinstance(node, torch.fx.Node))}
+    grad_roots = {root(node) for node in grads}
     views = []
     for k, node in enumerate(returned[: len(outputs)]):
+        if isinstance(node, torch.fx.Node) and root(node) in grad_roots and _through_in_place_ops(node) not in grads:
+            raise PrecompileError(
+                f"fn returns a view of a .grad or of optimizer state (fn's output {k}{_source_of(node)}): "
+                "backend='inductor' returns new tensors, so writes through it would not reach the "
+                ".grad as in eager. Return the .grad itself or a .clone() of the view, or use backend='eager'"
+            )
         index = inputs_by_root.get(root(node)) if isinstance(node, torch.fx.Node) else None
         if index is None:
             continue

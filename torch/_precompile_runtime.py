@@ -479,6 +479,34 @@ def conform_dict_order(value: Any, spec: pytree.TreeSpec, path: str, ordered: fr
     return kind(conform_dict_order(v, child, f"{path}[{i}]", ordered) for i, (v, child) in enumerate(zip(value, spec.children())))
 
 
+def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
+    """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
+    index in ``substitutes`` is that object instead of a rebuilt one, and a
+    ``torch.Size`` comes back as one, as fn returned it."""
+    return _build_substituting(spec, iter(leaves), itertools.count(), substitutes)
+
+
+def _build_substituting(spec: pytree.TreeSpec, leaves: Any, counter: Any, substitutes: dict) -> Any:
+    # A module-level function, not a closure calling itself: that would be a reference
+    # cycle keeping ``substitutes`` (the caller's objects) alive until a garbage collection.
+    index = next(counter)
+    if spec.is_leaf():
+        return next(leaves)
+    if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
+        _skip(leaves, spec.num_leaves)
+        _skip(counter, spec.num_nodes - 1)
+        return substitutes[index]
+    children = [_build_substituting(child, leaves, counter, substitutes) for child in spec.children()]
+    if spec.type is torch.Size:  # torch's pytree rebuilds a Size as a plain tuple
+        return torch.Size(children)
+    return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
+
+
+def _skip(iterator: Any, count: int) -> None:
+    if count > 0:
+        next(itertools.islice(iterator, count - 1, None), None)
+
+
 # ---------------------------------------------------------------------------
 # Runtime checks
 # ---------------------------------------------------------------------------
@@ -1029,6 +1057,7 @@ class ResultWriter:
     def __init__(self, convention: CallingConvention, argument_specs: dict, written: dict):
         self.convention = convention
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
+        self._returns_sizes = any(node.type is torch.Size for node in _preorder(self._output_spec))
         self._input_spec = convention.input_spec
         self._user_positions = convention.user_positions
         self._argument_specs = argument_specs  # by position (UserInputs')
@@ -1113,6 +1142,8 @@ class ResultWriter:
         ]
         rebound, returned = self.convention.rebound_inputs, self.convention.returned_inputs
         if not (rebound or returned):
+            if self._returns_sizes:
+                return unflatten_substituting(leaves, self._output_spec, {})
             return pytree.tree_unflatten(leaves, self._output_spec)
         # Invariant 5: the caller's input objects, as eager leaves and returns them.
         specs = self._argument_specs
@@ -2722,31 +2753,6 @@ class OptimizerArgument:
 # ~~~~ driver part: input_objects ~~~~
 # Input objects fn rebinds or returns, as a cache (Note invariant 5).  Only in
 # artifacts whose fn does.
-
-
-def unflatten_substituting(leaves: list, spec: pytree.TreeSpec, substitutes: dict) -> Any:
-    """``tree_unflatten(leaves, spec)``, except that the node at each pre-order
-    index in ``substitutes`` is that object instead of a rebuilt one."""
-    return _build_substituting(spec, iter(leaves), itertools.count(), substitutes)
-
-
-def _build_substituting(spec: pytree.TreeSpec, leaves: Any, counter: Any, substitutes: dict) -> Any:
-    # A module-level function, not a closure calling itself: that would be a reference
-    # cycle keeping ``substitutes`` (the caller's objects) alive until a garbage collection.
-    index = next(counter)
-    if spec.is_leaf():
-        return next(leaves)
-    if index in substitutes:  # its subtree's leaves and nodes are skipped, not rebuilt
-        _skip(leaves, spec.num_leaves)
-        _skip(counter, spec.num_nodes - 1)
-        return substitutes[index]
-    children = [_build_substituting(child, leaves, counter, substitutes) for child in spec.children()]
-    return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
-
-
-def _skip(iterator: Any, count: int) -> None:
-    if count > 0:
-        next(itertools.islice(iterator, count - 1, None), None)
 
 
 def node_at(tree: Any, spec: pytree.TreeSpec, index: int) -> Any:
