@@ -744,7 +744,7 @@ class TestArtifact(TestCase):
                 **dict.fromkeys(
                     # for rebound_inputs / returned_inputs
                     ("LeftAsWritten", "_forget_written", "leaf_places", "leaf_slots", "node_at",
-                     "unflatten_substituting", "write_back", "write_places"),
+                     "write_back", "write_places"),
                     "input_objects",
                 ),
             },

@@ -181,6 +181,74 @@ class TestThreads(TestCase):
         self.assertTrue(all(callable(r) for r in runnables))
 
 
+class TestHookEpoch(TestCase):
+    def test_another_threads_probe_never_shows(self):
+        """The hook epoch a scan records as clean: a probe (a handle made and counted at
+        once) in another thread must not move it, or the next real hook could go unseen."""
+        from torch_precompile import _precompile_runtime as runtime
+
+        leaf = nn.Parameter(torch.ones(2))
+        stop, seen = threading.Event(), set()
+
+        def probe():
+            while not stop.is_set():
+                runtime.accumulate_grad_hooks(leaf)
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        prober = threading.Thread(target=probe)
+        try:
+            prober.start()
+            deadline = time.perf_counter() + 1.0
+            while time.perf_counter() < deadline:
+                seen.add(runtime.hook_epoch())
+        finally:
+            stop.set()
+            prober.join()
+            sys.setswitchinterval(interval)
+        self.assertEqual(len(seen), 1, f"hook_epoch() read {sorted(seen)} while only probes ran")
+
+
+class TestWritesDuringACall(TestCase):
+    """Another thread's write landing inside a call's checks (simulated at one exact
+    point, where the interpreter may switch threads) is refused then or at the next
+    call: never cached as checked, which would accept every later call."""
+
+    @parametrize("window", ["_check_attributes", "_walk_module", "check_slowly"])
+    def test_a_write_inside_the_checks_is_refused(self, window):
+        torch.manual_seed(0)
+        if window == "check_slowly":  # then the tensor guard is armed
+            model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+            fn, write = _train, lambda: model[0].weight.requires_grad_(False)
+            args = (model, _x(0), _y(0))
+            expected = r"args\[0\]\.0\.weight \(parameter\): requires_grad was True at capture, got False"
+        else:
+            last = nn.LayerNorm(8) if window == "_check_attributes" else nn.Dropout(0.5)
+            model = nn.Sequential(nn.Linear(8, 8), last).eval()
+            fn = _infer
+            write = (lambda: setattr(last, "eps", 100.0)) if window == "_check_attributes" else model.train
+            args = (model, torch.randn(4, 8))
+            expected = r"args\[0\]\.1\.eps is 100\.0" if window == "_check_attributes" else r"args\[0\]\.1 \(Dropout\) is in train mode"
+        f = precompile.load(*precompile(fn, *args, backend="eager"))
+        written = []
+
+        def other_thread(frame, event, arg):
+            if event == "return" and frame.f_code.co_name == window and not written:
+                written.append(write())
+
+        sys.setprofile(other_thread)
+        try:
+            f(*args)
+        except torch_precompile.PrecompileError:
+            pass  # refused at once: also right
+        finally:
+            sys.setprofile(None)
+        self.assertTrue(written)
+        model.zero_grad(set_to_none=True)
+        with self.assertRaisesRegex(torch_precompile.PrecompileError, expected):
+            f(*args)
+
+
 class TestConcurrentPrecompile(TestCase):
     def test_two_threads_capture_one_at_a_time(self):
         # Capture flips process-global state (MKLDNN off, torch.compiler's compiling
@@ -374,6 +442,7 @@ class TestProcesses(TestCase):
 
 
 instantiate_parametrized_tests(TestThreads)
+instantiate_parametrized_tests(TestWritesDuringACall)
 instantiate_parametrized_tests(TestSeveralLoads)
 instantiate_parametrized_tests(TestProcesses)
 

@@ -224,6 +224,7 @@ class TestCapture(_FilesTestCase):
             (dict(backend="tvm"), r"backend must be one of \('inductor', 'eager'\), got 'tvm'"),
             (dict(cache_path=self.code_path), "are the same file"),
             (dict(artifact_path=os.path.join(self.dir, "missing", "a.py")), r"artifact_path .*missing.*does not exist"),
+            (dict(cache_path=self.dir), r"cache_path '.*' is a directory; give the path of a file to write"),
             (dict(cache_path=None), "cache_path must be a str or os.PathLike file path, got NoneType"),
         ]
         for overrides, message in cases:
@@ -301,9 +302,14 @@ class TestLoad(_FilesTestCase):
             (summary.parameters, summary.buffers, summary.inputs, summary.outputs, summary.grad_parameters, summary.kernels),
             (6, 3, 2, 1, 6, 0),
         )
-        self.assertIn("3 positional arguments, no keywords", summary.checks)
-        self.assertIn("grad mode on, anomaly detection off, each tensor's requires_grad", summary.checks)
-        self.assertTrue(any("writes in place" in check for check in summary.checks))  # the running stats
+        # The driver's own list, one line per check (as f.checks and the inspector give it).
+        with open(self.code_path) as code, open(self.cache_path, "rb") as cache:
+            runnable = torch_precompile.load(code.read(), cache.read())
+        self.assertEqual(summary.checks, tuple(map(str, runnable.checks)))
+        self.assertIn("binding       the call: fn(m, x, y) bound as Python binds it, 3 arguments", summary.checks)
+        self.assertIn("global        torch.is_grad_enabled(): True (the graph runs autograd)", summary.checks)
+        self.assertIn("tensor        args[1]: Tensor(5, 8) float32 cpu, strides (8, 1), requires_grad=False", summary.checks)
+        self.assertTrue(any(check.startswith("alias ") and "(the graph writes it)" in check for check in summary.checks))
         self.assertTrue(summary.report["pair"]["belongs_together"])
         self.assertIn("checked at every call:", str(summary))
 

@@ -12,6 +12,7 @@ once per process and models stay tiny.
 import copy
 import logging
 import math
+import re
 
 import torch
 import torch.nn as nn
@@ -156,15 +157,32 @@ class TestSoundness(TestCase):
             else:
                 self.assertTrue(old.equal(new) and old.stride() == new.stride(), f"a refused call changed {name}")
 
+    @parametrize(
+        "fact",
+        ["is_leaf", "grad_fn", "_version", "_base", "_is_view()", "is_inference()", "storage_offset()", "data_ptr()"],
+    )
+    def test_tensor_facts_fn_reads_are_refused(self, fact):
+        """How the caller made a tensor (a leaf, a view, in inference mode) and where it sits:
+        no call checks them, so a branch on them in fn's code would be baked."""
+        name = fact.removesuffix("()")
+
+        def fn(x):
+            value = getattr(x, name)
+            value = value() if fact.endswith("()") else value
+            return x * 2 if value in (None, False, 0) else x * 3
+
+        with self.assertRaisesRegex(PrecompileError, rf"^fn reads a tensor's {re.escape('.' + fact)} at \S+:\d+ \(value = .*\): it depends on how the caller made the tensor"):
+            precompile(fn, torch.ones(4), backend="eager")
+
     @parametrize("backend", BACKENDS)
     def test_written_tensors_version_counters_move(self, backend):
         """Inductor's kernels write through raw pointers: a backward that saved an input or a
         buffer the artifact then wrote is refused, as eager refuses it."""
-        x, b = torch.randn(3, 4), torch.randn(3, 4)
-        f = _runnable("scale_first", _scale_first, x.clone(), b, backend=backend)
-        g = _runnable("bn", _forward, _bn_net(), x, backend=backend)
+        x, b = torch.randn(3), torch.randn(3)
+        f = _runnable("scale_first", _scale_first, x.clone(), b.clone(), backend=backend)
+        g = _runnable("bn", _forward, _bn_net(), torch.randn(3, 4), backend=backend)
         model = _bn_net()
-        for call, written in ((lambda: f(x, b), lambda: x), (lambda: g(model, x), lambda: model[1].num_batches_tracked)):
+        for call, written in ((lambda: f(x, b), lambda: x), (lambda: g(model, torch.randn(3, 4)), lambda: model[1].num_batches_tracked)):
             w = torch.ones((), requires_grad=True)
             saved = (w * written()).sum()  # autograd saves the tensor the call writes
             before = written()._version

@@ -194,7 +194,14 @@ says who guarantees it and, where it is enforced, which tests (in
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
-   ``precompile()`` calls run one at a time (a process-wide reentrant lock,
+   Another thread changing a model while a call checks it races as in eager
+   (the call sees the old or the new value), but what the driver caches as
+   checked is what it checked: the cached snapshot is taken before its
+   values are checked again, the tensor guard records the tensors before they
+   are checked, and a hook probe's handle and its count are one step under a
+   process-wide lock, so a write landing inside a call is refused then or at
+   the next call (test_precompile_concurrency.py TestWritesDuringACall,
+   TestHookEpoch).  ``precompile()`` calls run one at a time (a process-wide reentrant lock,
    ``_PRECOMPILE_LOCK``), because capture and lowering change process-global
    state, not per-thread state: capture disables MKLDNN
    (``torch.backends.mkldnn.flags``), sets torch.compiler's compiling and
@@ -278,7 +285,24 @@ says who guarantees it and, where it is enforced, which tests (in
      through them reach the input as in eager; a view with another dtype or
      sizes depending on a marked dim is REFUSED at capture
      (test_precompile_hook_guards.py test_outputs_aliasing_inputs_stay_views,
-     test_views_inductor_cannot_rebuild_are_refused_at_capture).
+     test_views_inductor_cannot_rebuild_are_refused_at_capture), and so, on
+     backend='inductor', are a lazily conjugated or negated view
+     (``x.conj()``, ``x.mH``; test_lazily_conjugated_views) and a view of a
+     ``.grad`` or of optimizer state (``m.weight.grad[0]``; the ``.grad``
+     itself is returned as eager returns it; test_views_of_a_grad).
+   - Layout changes in place (``resize_``, ``squeeze_``, ``as_strided_``,
+     ``t_``, an ``out=`` that resizes): honoured by backend='eager', which
+     runs the ops; REFUSED at capture by backend='inductor', whose kernels
+     would keep writing the old memory (test_precompile.py
+     test_input_layout_changes).
+   - Version counters: every tensor input the graph writes has its counter
+     moved, as eager's in-place ops move it, so a backward that saved it is
+     refused as in eager (test_written_tensors_version_counters_move).
+   - How the caller made a tensor and where it sits (``is_leaf``,
+     ``grad_fn``, ``_version``, ``_base``, ``_is_view()``,
+     ``is_inference()``, ``storage_offset()``, ``data_ptr()``): no call
+     checks them; a read by fn's or its modules' own code (not torch's) is
+     REFUSED at capture (test_tensor_facts_fn_reads_are_refused).
    - Lazy conjugate / negative bits (``x.conj()``, ``torch._neg_view``):
      CHECKED; refused by backend='inductor', whose kernels read raw memory,
      honoured by backend='eager' (test_lazy_conj_and_neg_bits).

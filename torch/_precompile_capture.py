@@ -845,7 +845,8 @@ class _RandomDraws:
                     f"fn leaves the {device} RNG where its random ops would not: it reseeds or "
                     "restores the generator (torch.manual_seed, set_rng_state, "
                     f"fork_rng{_StateReads.last_rng_move()}) and the artifact's graph cannot repeat "
-                    "that. Seed outside fn, before calling it"
+                    "that. Seed outside fn, before calling it (or, if fn does neither, keep other threads "
+                    "from drawing random numbers while precompile() runs)"
                 )
 
     def _copy(self, func, args: tuple, out: Any) -> torch.Tensor | None:
@@ -1863,6 +1864,8 @@ class _StateReads:
 
     _tracing = threading.local()  # .reads: {query name: where} while this thread runs fn
     _VALUE_READS = ("tolist", "numpy", "__dlpack__")
+    # How the caller made a tensor and where it sits in memory: no call checks them.
+    _UNCHECKED_FACTS = ("is_leaf", "grad_fn", "_version", "_base", "_is_view", "is_inference", "storage_offset", "data_ptr")
     # Noted only to name fn's line when _RandomDraws refuses a moved generator.
     _RNG_SETTERS = ("manual_seed", "seed", "set_rng_state")
     # Code whose mode queries shape no graph: context managers and optimizers
@@ -1880,10 +1883,12 @@ class _StateReads:
 
     def __enter__(self) -> "_StateReads":
         self._stack.enter_context(compat.wrapped_mode_queries(self._noting))
-        requires_grad = self._noting_requires_grad(compat.requires_grad_descriptor())
+        requires_grad = self._noting_requires_grad(compat.tensor_attribute("requires_grad"))
         self._stack.enter_context(_patched(torch.Tensor, "requires_grad", requires_grad))
         for name in self._VALUE_READS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
+        for name in self._UNCHECKED_FACTS:
+            self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
         for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
@@ -1945,6 +1950,37 @@ class _StateReads:
     @classmethod
     def last_rng_move(cls) -> str:
         return (getattr(cls._tracing, "reads", None) or {}).get("rng", "")
+
+    @classmethod
+    def _refusing_fact(cls, name: str, attribute: Any) -> Any:
+        """``attribute`` (a property or a method of Tensor) refusing reads by fn's or its
+        modules' code (not torch's): the answer depends on how the caller made the
+        tensor, which no call checks (Note invariant 11)."""
+
+        is_property = type(attribute).__name__ == "getset_descriptor"
+        spelled = f".{name}" if is_property else f".{name}()"
+
+        def refuse_from_fn() -> None:
+            if getattr(cls._tracing, "reads", None) is not None and _is_user_file(sys._getframe(2).f_code.co_filename):
+                raise PrecompileError(
+                    f"fn reads a tensor's {spelled}{_user_line(traceback.extract_stack())}: it depends on how the "
+                    "caller made the tensor, which the artifact does not check at its calls; compute without it, "
+                    "or pass what it decides as an argument fn branches on"
+                )
+
+        if is_property:
+
+            def get(tensor: torch.Tensor) -> Any:
+                refuse_from_fn()
+                return attribute.__get__(tensor)
+
+            return property(get)
+
+        def method(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            refuse_from_fn()
+            return attribute(tensor, *args, **kwargs)
+
+        return method
 
     @classmethod
     def _refusing(cls, name: str, read: Callable) -> Callable:

@@ -104,10 +104,10 @@ def held_by_module(module: torch.nn.Module, name: str) -> bool:
     return any(name in tables.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
-def requires_grad_descriptor() -> Any:
-    """The C getter/setter behind ``Tensor.requires_grad``, which capture wraps to note reads."""
-    # torch 2.11-2.14 define it on the private torch._C.TensorBase (torch.Tensor inherits it).
-    return vars(torch._C.TensorBase)["requires_grad"]
+def tensor_attribute(name: str) -> Any:
+    """The C property or method ``Tensor.<name>`` resolves to, which capture wraps to note or refuse reads."""
+    # torch 2.11-2.14 define them on the private torch._C.TensorBase (torch.Tensor inherits them).
+    return vars(torch._C.TensorBase)[name]
 
 
 def torch_modes_active() -> bool:

@@ -38,7 +38,7 @@ from . import _precompile_inspect as inspect_artifact
 from ._precompile import BACKENDS, precompile
 from ._precompile_format import describe_arguments
 from ._precompile_kernel_store import write_atomically
-from ._precompile_schema import CallingConvention, PrecompileError
+from ._precompile_schema import PrecompileError
 
 
 __all__ = [
@@ -85,6 +85,8 @@ def _path(argument: str, path: Any) -> str:
         raise PrecompileError(
             f"{argument} must be a str or os.PathLike file path, got {type(path).__name__}"
         ) from None
+    if os.path.isdir(path):
+        raise PrecompileError(f"{argument} {path!r} is a directory; give the path of a file to write")
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         raise PrecompileError(
@@ -282,7 +284,7 @@ class PrecompileSummary:
     outputs: int
     grad_parameters: int  # parameters whose .grad each call writes
     kernels: int  # compiled kernels in the cache (0 for backend="eager")
-    checks: tuple[str, ...]  # what the driver checks before every call, by kind (Note invariant 11 has them all)
+    checks: tuple[str, ...]  # what the driver checks before every call, one line each (f.checks)
     report: dict = dataclasses.field(repr=False, compare=False)
 
     @classmethod
@@ -304,7 +306,7 @@ class PrecompileSummary:
             outputs=len(report["outputs"]),
             grad_parameters=len(report["grad_params"]),
             kernels=report["kernels"]["count"],
-            checks=_checks(convention),
+            checks=tuple(report["checks"]),  # the driver's own list, as f.checks gives it
             report=report,
         )
 
@@ -320,30 +322,3 @@ class PrecompileSummary:
         return "\n".join(lines)
 
 
-def _checks(convention: CallingConvention) -> tuple[str, ...]:
-    """The driver's checks before every call of this artifact (Note invariant 11), one line per kind."""
-    layout = "strides" if convention.backend == "inductor" else None
-    tensor_check = ", ".join(filter(None, ("shape", "dtype", "device", layout)))
-    checks = [f"{convention.arity} positional arguments, no keywords"]
-    for module in convention.modules:
-        checks.append(
-            f"args[{module.position}]: an nn.Module; parameter and buffer names, tying, {tensor_check}; "
-            "submodule names and classes; training flags fn read: "
-            f"{sum(flag is not None for _, flag in module.submodules)}, "
-            f"attributes fn read: {len(module.attributes)}; no hooks"
-        )
-    for optimizer in convention.optimizers:
-        checks.append(
-            f"args[{optimizer.position}]: torch.optim.{optimizer.cls}; param groups and their parameters, "
-            "baked hyperparameters, state keys and layouts"
-        )
-    if convention.user_positions:
-        checks.append(f"input structure of args{list(convention.user_positions)}; each tensor's {tensor_check}")
-    if any(leaf.is_value for leaf in convention.inputs):
-        checks.append("baked Python values: equal by type and sign")
-    if convention.mutated:
-        checks.append(f"no input shares memory with the {len(convention.mutated)} tensors the graph writes in place")
-    if convention.needs_grad:
-        checks.append("grad mode on, anomaly detection off, each tensor's requires_grad")
-    checks.append(f"autocast state and default dtype ({convention.default_dtype})")
-    return tuple(checks)

@@ -32,6 +32,7 @@ import json
 import operator
 import os
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -198,16 +199,20 @@ def _probe(*_: Any) -> None:
     return None
 
 
-def _hook_probe_counter() -> list:
-    """``[n]``: RemovableHandles the drivers' probes made, process-wide (so a probe is no new hook)."""
+def _hook_probe_counter() -> tuple[list, Any]:
+    """``[n]``: RemovableHandles the drivers' probes made, process-wide (so a probe is no new
+    hook); and the lock that makes a probe's handle and its count one step for other threads."""
     counter = getattr(RemovableHandle, "_precompile_probes", None)
     if counter is None:
         counter = [0]
         RemovableHandle._precompile_probes = counter
-    return counter
+    lock = getattr(RemovableHandle, "_precompile_probe_lock", None)
+    if lock is None:
+        lock = RemovableHandle._precompile_probe_lock = threading.Lock()
+    return counter, lock
 
 
-_HOOK_PROBES = _hook_probe_counter()
+_HOOK_PROBES, _HOOK_PROBE_LOCK = _hook_probe_counter()
 
 
 def accumulate_grad_hooks(tensor: torch.Tensor) -> list[str]:
@@ -221,8 +226,9 @@ def accumulate_grad_hooks(tensor: torch.Tensor) -> list[str]:
     node = torch.autograd.graph.get_gradient_edge(tensor).node
     kinds = []
     for register, kind in _NODE_HOOK_REGISTRATIONS:
-        handle = getattr(node, register)(_probe)
-        _HOOK_PROBES[0] += 1
+        with _HOOK_PROBE_LOCK:  # hook_epoch() never sees the handle without its count
+            handle = getattr(node, register)(_probe)
+            _HOOK_PROBES[0] += 1
         if len(handle.hooks_dict_ref()) > 1:
             kinds.append(kind)
         handle.remove()
@@ -925,8 +931,14 @@ def named_submodules(positions: Any, modules: Any) -> list:
 
 
 def hook_epoch() -> int:
-    """Moves whenever a hook is registered anywhere: each makes a ``RemovableHandle`` (not counting probes)."""
-    return RemovableHandle.next_id - _HOOK_PROBES[0]
+    """Moves whenever a hook is registered anywhere: each makes a ``RemovableHandle`` (not counting probes).
+
+    Read under the probes' lock where it is recorded as clean: read while another
+    thread's probe had its handle but not yet its count, it would be one too high,
+    and the next real hook would bring the epoch back to the recorded value.
+    """
+    with _HOOK_PROBE_LOCK:
+        return RemovableHandle.next_id - _HOOK_PROBES[0]
 
 
 def find_hook(
@@ -1503,6 +1515,13 @@ class ModuleArguments:
             container_copies=copies,
             class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
         )
+        # Checked again, after the snapshot the next calls compare by identity: another
+        # thread's write between the checks above and the snapshot would be cached as checked.
+        num_flags = sum(flag is not None for flag in flags)
+        if watched_values[:num_flags] != [flag for flag in flags if flag is not None]:
+            return self.walk(modules, key)  # names the flag that differs, or caches it as it is now
+        for index, (_, named, _, _) in enumerate(walked):
+            self._check_attributes(index, named, ValueReads())
         state = _lifted_tensors(cached)
         if len(set(map(id, state))) != len(state):
             self._raise_tied(state)
@@ -1998,9 +2017,15 @@ class PrecompiledFunction:
             if _modes_active():  # gather() saw them (ABI 3)
                 self._global_state.check(grad_enabled)
             cached, state = self._module_arguments.state_tensors(args, cached)
-            self._inputs.check_slowly(user_args, leaves, state)
             tensors = [*state, *inputs]
-            self._guard = self._inputs.build_guard(tensors)
+            # The guard records the tensors as they are when it is built; they are checked
+            # after that, so another thread's write in between is never armed as checked.
+            try:
+                guard = self._inputs.build_guard(tensors)
+            except Exception:  # not a tensor where one was captured: check_slowly names it
+                guard = None
+            self._inputs.check_slowly(user_args, leaves, state)
+            self._guard = guard
         elif cached.aliases:
             self._module_arguments.check_ties(args, cached, tensors)
         if self._bare:
