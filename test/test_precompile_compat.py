@@ -491,6 +491,17 @@ class TestCaptureInternals(TestCase):
             torch.zeros(1)
         self.assertEqual(seen, [torch.ops.aten.zeros.default])
 
+    def test_tensor_attributes_and_their_readers(self):
+        # The C getters and methods capture wraps (Tensor inherits them), and the module
+        # that lists them at its import, imported before they are wrapped.
+        for name in ("requires_grad", "is_leaf", "grad_fn", "_version", "_base"):
+            self.assertEqual(type(compat.tensor_attribute(name)).__name__, "getset_descriptor")
+            self.assertIs(getattr(torch.Tensor, name), compat.tensor_attribute(name).__get__(None, torch.Tensor))
+        for name in ("_is_view", "is_inference", "storage_offset", "data_ptr"):
+            self.assertIs(getattr(torch.Tensor, name), compat.tensor_attribute(name))
+        compat.import_tensor_attribute_readers()
+        self.assertIn("torch._dynamo", sys.modules)
+
     def test_register_log_alias(self):
         from torch._logging._internal import log_registry
 

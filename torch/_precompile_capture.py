@@ -1882,6 +1882,7 @@ class _StateReads:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "_StateReads":
+        compat.import_tensor_attribute_readers()
         self._stack.enter_context(compat.wrapped_mode_queries(self._noting))
         requires_grad = self._noting_requires_grad(compat.tensor_attribute("requires_grad"))
         self._stack.enter_context(_patched(torch.Tensor, "requires_grad", requires_grad))

@@ -104,6 +104,14 @@ def held_by_module(module: torch.nn.Module, name: str) -> bool:
     return any(name in tables.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
+def import_tensor_attribute_readers() -> None:
+    """Import what snapshots Tensor's attribute getters at its import, before capture wraps them."""
+    # torch._dynamo lists TensorBase's getset descriptors when first imported (torch 2.11's
+    # make_fx imports it mid-trace; capture imports it on every release anyway): imported under
+    # the wrappers it fails, or would keep them.
+    import torch._dynamo  # noqa: F401
+
+
 def tensor_attribute(name: str) -> Any:
     """The C property or method ``Tensor.<name>`` resolves to, which capture wraps to note or refuse reads."""
     # torch 2.11-2.14 define them on the private torch._C.TensorBase (torch.Tensor inherits them).
