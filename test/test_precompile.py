@@ -456,11 +456,11 @@ class TestCaptureContract(TestCase):
             return out
 
         fn, shape, change = {
-            "t_": (lambda x: x.t_(), (2, 3), "(2, 3) -> (3, 2)"),
-            "resize_": (lambda x: x.resize_(2, 2), (3, 4), "(3, 4) -> (2, 2)"),
-            "squeeze_": (lambda x: x.squeeze_(), (1, 4), "(1, 4) -> (4,)"),
-            "as_strided_": (lambda x: x.as_strided_((2, 2), (1, 2)), (3, 4), "(3, 4) -> (2, 2)"),
-            "out_resized": (out_resized, (3, 4), "(0,) -> (3, 4)"),
+            "t_": (lambda x: x.t_(), (2, 3), "(2, 3) strides (3, 1) offset 0 -> (3, 2) strides (1, 3) offset 0"),
+            "resize_": (lambda x: x.resize_(2, 2), (3, 4), "(3, 4) strides (4, 1) offset 0 -> (2, 2) strides (2, 1) offset 0"),
+            "squeeze_": (lambda x: x.squeeze_(), (1, 4), "(1, 4) strides (4, 1) offset 0 -> (4,) strides (1,) offset 0"),
+            "as_strided_": (lambda x: x.as_strided_((2, 2), (1, 2)), (3, 4), "(3, 4) strides (4, 1) offset 0 -> (2, 2) strides (1, 2) offset 0"),
+            "out_resized": (out_resized, (3, 4), "(0,) strides (1,) offset 0 -> (3, 4) strides (4, 1) offset 0"),
         }[name]
         example = [torch.randn(shape)] + ([torch.empty(0)] if name == "out_resized" else [])
         where = "args[1]" if name == "out_resized" else "args[0]"

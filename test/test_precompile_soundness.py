@@ -91,6 +91,19 @@ class _Layers(nn.Module):
         return self.fc2(self.lin(x))
 
 
+class _ModeProperty(nn.Module):
+    @property
+    def training(self):
+        return self.__dict__.get("_mode", True)
+
+    @training.setter
+    def training(self, mode):
+        self.__dict__["_mode"] = mode
+
+    def forward(self, x):
+        return x * 2 if self.training else x * 3
+
+
 def _bn_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
@@ -190,6 +203,16 @@ class TestSoundness(TestCase):
             self.assertGreater(written()._version, before)
             with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
                 saved.backward()
+
+    def test_a_training_flag_outside_the_instance_dict_is_refused(self):
+        """The driver watches each flag fn read in the module's __dict__; a property there would
+        hide m.eval() from every later call."""
+        f = precompile.load(*precompile(_forward, _ModeProperty(), torch.ones(2), backend="eager"))
+        model = _ModeProperty()
+        self.assertRefused(
+            r"^args\[0\] \(_ModeProperty\): fn reads its training flag, which is not a bool in the module's __dict__",
+            lambda: f(model, torch.ones(2)),
+        )
 
     @parametrize("backend", BACKENDS)
     def test_module_mode_is_checked(self, backend):

@@ -295,9 +295,11 @@ says who guarantees it and, where it is enforced, which tests (in
      runs the ops; REFUSED at capture by backend='inductor', whose kernels
      would keep writing the old memory (test_precompile.py
      test_input_layout_changes).
-   - Version counters: every tensor input the graph writes has its counter
-     moved, as eager's in-place ops move it, so a backward that saved it is
-     refused as in eager (test_written_tensors_version_counters_move).
+   - Version counters: every parameter, buffer and input tensor the graph
+     writes (``convention.mutated``) has its counter moved, as eager's
+     in-place ops move it, so a backward that saved it is refused as in
+     eager (test_written_tensors_version_counters_move); the ``.grad`` and
+     optimizer state an Inductor graph writes are not.
    - How the caller made a tensor and where it sits (``is_leaf``,
      ``grad_fn``, ``_version``, ``_base``, ``_is_view()``,
      ``is_inference()``, ``storage_offset()``, ``data_ptr()``): no call
@@ -771,7 +773,8 @@ def _gc_paused():
 
 
 # The first access to torch.compiler.precompile imports this module and
-# _precompile_error; precompile() and load() import the rest at their first call.
+# _precompile_error (the package's attach imported compat already, at `import
+# torch`); precompile() and load() import the rest at their first call.
 from . import _precompile_compat as compat
 from ._precompile_error import PrecompileError
 

@@ -1761,7 +1761,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     Inductor returns fresh buffers, so a write through such an output would not
     reach the input as in eager: the driver rebuilds them from the runtime input.
     The graph says which input an output aliases; the example tensors give the
-    view's layout, which must be static.
+    view's layout, which must be static.  A view the driver cannot rebuild (of
+    a .grad or optimizer state, lazily conjugated, another dtype) is refused.
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -1769,7 +1770,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     returned = graph.graph.output_node().args[0]
     root, _ = _alias_sets(graph)
     inputs_by_root = {root(node): index for index, node in enumerate(placeholders)}
-    # The incoming .grad and optimizer state, and the gradients the graph returns.
+    # The graph inputs after fn's tensors (the incoming .grad, optimizer state and
+    # hyperparameters, free sizes), and the gradients the graph returns.
     grads = {*trailing, *(node for node in returned[len(outputs) :] if isinstance(node, torch.fx.Node))}
     grad_roots = {root(node) for node in grads}
     views = []
@@ -2845,11 +2847,12 @@ _PRECOMPILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _is_user_file(filename: str) -> bool:
-    """fn's own code: not torch's, not precompile's, not FX-generated, not a context manager's plumbing."""
+    """fn's own code: not torch's, not precompile's (an artifact's driver run from its text
+    included), not FX-generated, not a context manager's plumbing."""
     return not (
         filename.startswith(_TORCH_DIR)
         or filename.startswith(_PRECOMPILE_DIR)
-        or filename.startswith("<eval_with_key")
+        or filename.startswith(("<eval_with_key", "<precompile artifact"))
         or filename == contextlib.__file__
     )
 
@@ -3232,7 +3235,7 @@ def _refuse_tensor_subclasses(capture: _Capture) -> None:
 def _refuse_input_layout_changes(graph: torch.fx.GraphModule, args: _Arguments) -> None:
     """Refuse an in-place op that leaves a graph input with another shape, stride or offset.
 
-    ``resize_``, ``squeeze_``, ``as_strided_``, ``set_`` and an ``out=`` that
+    ``resize_``, ``squeeze_``, ``t_``, ``as_strided_`` and an ``out=`` that
     resizes its output change the input itself; AOTAutograd replays such
     changes in a wrapper around Inductor's graph, which an artifact does not
     carry, so the kernels would write the old, smaller buffer (Note invariant
@@ -3251,11 +3254,15 @@ def _refuse_input_layout_changes(graph: torch.fx.GraphModule, args: _Arguments) 
             index = placeholders.index(base)
             name = _input_name(args, index) if index < num_inputs else "a .grad or optimizer state tensor"
             raise PrecompileError(
-                f"fn changes the layout of {name} in place ({node.target}: "
-                f"{tuple(before.shape)} -> {tuple(after.shape)}){_source_of(node)}; backend='inductor' "
+                f"fn changes the layout of {name} in place ({node.target}: {_layout(before)} -> "
+                f"{_layout(after)}){_source_of(node)}; backend='inductor' "
                 "would keep writing its old memory. Write into a new tensor instead (x = x.reshape(...), "
                 "torch.add(a, b) without out=), or use backend='eager'"
             )
+
+
+def _layout(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} strides {tuple(tensor.stride())} offset {tensor.storage_offset()}"
 
 
 def _same_layout(before: torch.Tensor, after: torch.Tensor) -> bool:

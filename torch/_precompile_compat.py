@@ -105,11 +105,15 @@ def held_by_module(module: torch.nn.Module, name: str) -> bool:
 
 
 def import_tensor_attribute_readers() -> None:
-    """Import what snapshots Tensor's attribute getters at its import, before capture wraps them."""
+    """Import (and fill the caches of) what lists Tensor's attributes once, before capture wraps them."""
     # torch._dynamo lists TensorBase's getset descriptors when first imported (torch 2.11's
     # make_fx imports it mid-trace; capture imports it on every release anyway): imported under
-    # the wrappers it fails, or would keep them.
+    # the wrappers it fails, or would keep them.  torch.overrides caches dir(Tensor) in the
+    # private _get_tensor_methods (2.11-2.14) and get_overridable_functions (~5 ms, once).
     import torch._dynamo  # noqa: F401
+
+    torch.overrides.get_overridable_functions()
+    torch.overrides._get_tensor_methods()
 
 
 def tensor_attribute(name: str) -> Any:

@@ -208,7 +208,7 @@ def _hook_probe_counter() -> tuple[list, Any]:
         RemovableHandle._precompile_probes = counter
     lock = getattr(RemovableHandle, "_precompile_probe_lock", None)
     if lock is None:
-        lock = RemovableHandle._precompile_probe_lock = threading.Lock()
+        lock = RemovableHandle._precompile_probe_lock = threading.RLock()  # a finalizer may call a runnable
     return counter, lock
 
 
@@ -1518,8 +1518,10 @@ class ModuleArguments:
         # Checked again, after the snapshot the next calls compare by identity: another
         # thread's write between the checks above and the snapshot would be cached as checked.
         num_flags = sum(flag is not None for flag in flags)
-        if watched_values[:num_flags] != [flag for flag in flags if flag is not None]:
-            return self.walk(modules, key)  # names the flag that differs, or caches it as it is now
+        snapshot_checked = watched_values[:num_flags] == [flag for flag in flags if flag is not None]
+        if not snapshot_checked:  # a flag moved after its check: name it if it still differs
+            for index, module in enumerate(modules):
+                self._walk_module(index, module)
         for index, (_, named, _, _) in enumerate(walked):
             self._check_attributes(index, named, ValueReads())
         state = _lifted_tensors(cached)
@@ -1527,7 +1529,8 @@ class ModuleArguments:
             self._raise_tied(state)
         if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
             raise_if_aliased(state, self._state_alias_pairs, self.state_path, self.convention.mutated)
-        self.cache[key] = cached
+        if snapshot_checked:  # otherwise the next call walks again
+            self.cache[key] = cached
         return cached
 
     def _walk_module(self, index: int, module: Any) -> tuple[list, list, list, list]:
@@ -1562,6 +1565,12 @@ class ModuleArguments:
                     + ("; order differs" if not missing and not extra else "")
                 )
         for (name, want), (_, sub) in zip(spec.submodules, named):
+            if want is not None and type(vars(sub).get("training")) is not bool:
+                raise PrecompileError(
+                    f"{f'{where}.{name}' if name else where} ({type(sub).__name__}): fn reads its training "
+                    "flag, which is not a bool in the module's __dict__ (a property?), where the artifact "
+                    "watches it between calls: make it a plain attribute, or call fn eagerly"
+                )
             if want is not None and sub.training != want:
                 path = f"{where}.{name}" if name else where
                 raise PrecompileError(
@@ -2022,7 +2031,7 @@ class PrecompiledFunction:
             # after that, so another thread's write in between is never armed as checked.
             try:
                 guard = self._inputs.build_guard(tensors)
-            except Exception:  # not a tensor where one was captured: check_slowly names it
+            except TypeError:  # not a tensor where one was captured: check_slowly names it
                 guard = None
             self._inputs.check_slowly(user_args, leaves, state)
             self._guard = guard

@@ -7,7 +7,8 @@ codec to and from the literals python_code's header holds, and
 structures as literals.  The format module (``_precompile_format``) reads and
 writes artifacts with it; the driver (``_precompile_runtime``) runs them.  Like
 the driver, whose section of every artifact starts with this file, it depends
-on nothing but the standard library and torch.
+on nothing but the standard library and torch (installed, it also imports
+``_precompile_error``, whose class an embedded copy looks up).
 """
 
 import ast
@@ -38,10 +39,10 @@ else:
     _PrecompileError = None
     for _installed in (
         "torch_precompile._precompile_error",
-        "torch._precompile_error",
         "torch_precompile._precompile_schema",
-        "torch._precompile_schema",
         "torch_precompile._precompile_runtime",
+        "torch._precompile_error",
+        "torch._precompile_schema",
         "torch._precompile_runtime",
     ):
         try:
