@@ -2031,7 +2031,7 @@ class PrecompiledFunction:
             # after that, so another thread's write in between is never armed as checked.
             try:
                 guard = self._inputs.build_guard(tensors)
-            except TypeError:  # not a tensor where one was captured: check_slowly names it
+            except Exception:  # tensors unlike the specs (not a tensor, another rank): check_slowly names it
                 guard = None
             self._inputs.check_slowly(user_args, leaves, state)
             self._guard = guard
