@@ -1829,14 +1829,17 @@ def _input_name(args: _Arguments, index: int) -> str:
     return args.input_paths[args.tensor_indices[index - len(args.lifted)]]
 
 
+# With its separator: torchvision's files (site-packages/torchvision/...) are not torch's.
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_NN_DIR = os.path.join(_TORCH_DIR, "nn", "")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # this package's (in-tree: torch's own)
+# precompile's modules sit together in one directory, outside torch's once installed
+# (in-tree: torch's own).
+_PRECOMPILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _is_model_code(filename: str) -> bool:
     """fn's or its modules' code (torch.nn's included), not torch's other Python or this package's."""
-    return filename.startswith(_TORCH_NN_DIR) or not filename.startswith((_TORCH_DIR, _PACKAGE_DIR))
+    return filename.startswith(_TORCH_NN_DIR) or not filename.startswith((_TORCH_DIR, _PRECOMPILE_DIR))
 
 
 class _StateReads:
@@ -2838,12 +2841,6 @@ def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list
 # ---------------------------------------------------------------------------
 # Enforce: the graph must only depend on its inputs (Note invariants 2, 5).
 # ---------------------------------------------------------------------------
-
-
-# With its separator: torchvision's files (site-packages/torchvision/...) are not torch's.
-_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
-# precompile's modules sit together in one directory, outside torch's once installed.
-_PRECOMPILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def _is_user_file(filename: str) -> bool:
