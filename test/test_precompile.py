@@ -1505,7 +1505,7 @@ class TestChecksListing(TestCase):
         ):
             self.assertIn(line, lines)
         kinds = [line.split(" ", 1)[0] for line in lines]
-        order = ["binding", "global", "module", "attribute", "hooks", "tensor", "value", "alias", "optimizer", "grad"]
+        order = ["binding", "global", "module", "attribute", "hooks", "tensor", "value", "alias", "written", "optimizer", "grad"]
         self.assertEqual(sorted(set(kinds), key=order.index), [kind for kind in order if kind in kinds])
         self.assertEqual(kinds, sorted(kinds, key=order.index), "listed in the order a call checks them")
 

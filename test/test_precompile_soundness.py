@@ -204,6 +204,28 @@ class TestSoundness(TestCase):
             with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
                 saved.backward()
 
+    @parametrize("backend", BACKENDS)
+    def test_written_inference_tensors_are_refused(self, backend):
+        """Outside inference mode eager refuses to write an inference tensor in place (a cache
+        filled under torch.inference_mode()); Inductor's kernels would write it."""
+        f = _runnable("scale_first", _scale_first, torch.randn(3), torch.randn(3), backend=backend)
+        g = _runnable("bn", _forward, _bn_net(), torch.randn(3, 4), backend=backend)
+        with torch.inference_mode():
+            x, b = torch.randn(3), torch.randn(3)
+            model = _bn_net()
+        with self.assertRaisesRegex(RuntimeError, "Inplace update to inference tensor outside InferenceMode"):
+            _scale_first(x, b)  # eager, outside inference mode
+        kept = x.clone()
+        for call, where, touched in (
+            (lambda: f(x, b), r"args\[0\]", ()),
+            (lambda: g(model, torch.randn(3, 4)), r"args\[0\]\.1\.num_batches_tracked \(buffer\)", (model,)),
+        ):
+            self.assertRefused(where + r" is an inference tensor .* the graph writes it in place", call, *touched)
+        self.assertTrue(torch.equal(x, kept))
+        with torch.inference_mode():  # where eager writes it too
+            torch.testing.assert_close(f(x, b), _scale_first(kept, b))
+            torch.testing.assert_close(x, kept)
+
     def test_a_training_flag_outside_the_instance_dict_is_refused(self):
         """The driver watches each flag fn read in the module's __dict__; a property there would
         hide m.eval() from every later call."""

@@ -299,7 +299,11 @@ says who guarantees it and, where it is enforced, which tests (in
      writes (``convention.mutated``) has its counter moved, as eager's
      in-place ops move it, so a backward that saved it is refused as in
      eager (test_written_tensors_version_counters_move); the ``.grad`` and
-     optimizer state an Inductor graph writes are not.
+     optimizer state an Inductor graph writes are not.  Called outside
+     ``torch.inference_mode()``, a tensor the graph writes that is an
+     inference tensor (a cache filled under it) is REFUSED, on both backends:
+     eager refuses that in-place update, Inductor's kernels would not
+     (test_written_inference_tensors_are_refused).
    - How the caller made a tensor and where it sits (``is_leaf``,
      ``grad_fn``, ``_version``, ``_base``, ``_is_view()``,
      ``is_inference()``, ``storage_offset()``, ``data_ptr()``): no call

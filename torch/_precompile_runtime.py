@@ -1858,6 +1858,20 @@ class UserInputs:
             return self.input_path(self.tensor_inputs[index - len(self.convention.state)])
         return self._state_path(index)
 
+    def refuse_written_inference_tensors(self, tensors: list) -> None:
+        """Called outside inference mode: no tensor the graph writes is an inference tensor.
+
+        Eager's in-place update of one raises there; Inductor's kernels write
+        through raw pointers, and autograd would not see it either way.
+        """
+        for index in self.convention.mutated:
+            if tensors[index].is_inference():
+                raise PrecompileError(
+                    f"{self.tensor_path(index)} is an inference tensor (made under torch.inference_mode()) and "
+                    "the graph writes it in place, which eager refuses outside inference mode: call the artifact "
+                    "under torch.inference_mode(), or pass a tensor made outside it (e.g. .clone() it there)"
+                )
+
     def _check_same_inputs(self, tensors: list) -> None:
         for i, j in self._same_inputs:
             if tensors[i] is not tensors[j]:
@@ -1892,13 +1906,18 @@ class UserInputs:
         return checks
 
     def pair_checks(self, state_alias_pairs: list) -> list[Check]:
-        """A ``Check`` per tensor the graph writes that must share memory with no other, and per same-tensor rule."""
+        """A ``Check`` per tensor the graph writes that must share memory with no other, per same-tensor
+        rule, and per tensor the graph writes (no inference tensor)."""
         paired = {index for pair in self._input_alias_pairs + state_alias_pairs for index in pair}
         checks = [
             Check("alias", self.tensor_path(index), "shares memory with no other tensor argument (the graph writes it)")
             for index in sorted(paired & set(self.convention.mutated))
         ]
         checks += [Check("same", self.tensor_path(j), f"the same tensor as {self.tensor_path(i)}") for i, j in self._same_inputs]
+        checks += [
+            Check("written", self.tensor_path(index), "no inference tensor, unless called under torch.inference_mode()")
+            for index in self.convention.mutated
+        ]
         return checks
 
     def size_checks(self) -> list[Check]:
@@ -1986,6 +2005,7 @@ class PrecompiledFunction:
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
         self._checks_grads = bool(convention.grads_none or convention.grads_present)
+        self._writes_tensors = bool(convention.mutated)
         self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
         self._state_path = self._module_arguments.state_path
         # One flag for the per-call path (an inference forward): between the
@@ -1994,6 +2014,7 @@ class PrecompiledFunction:
         self._bare = self._single_output and not (
             self._checks_inputs
             or self._checks_grads
+            or self._writes_tensors
             or self._has_trailing_inputs
             or self._copies_inputs
             or self._writes_state
@@ -2054,6 +2075,8 @@ class PrecompiledFunction:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
+        if self._writes_tensors and not _is_inference_mode_enabled():
+            self._inputs.refuse_written_inference_tensors(tensors)
         if self._checks_grads:
             self._check_grads_kept(grad_owners)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
