@@ -14,6 +14,7 @@ import copy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -353,6 +354,30 @@ class TestOptimizerContract(TestCase):
 
         with self.assertRaisesRegex(PrecompileError, "step hooks"):
             self.capture(with_hook)
+
+    def test_step_hooks_added_after_capture_are_refused(self):
+        """eager's step() runs the optimizer's own and torch.optim's global step hooks; the graph runs none."""
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
+        registrations = (
+            (lambda: opt.register_step_pre_hook(lambda *_: None), r"args\[1\] \(optimizer\): it has step hooks"),
+            (lambda: opt.register_step_post_hook(lambda *_: None), r"args\[1\] \(optimizer\): it has step hooks"),
+            (lambda: register_optimizer_step_pre_hook(lambda *_: None), r"torch.optim has global step hooks"),
+            (lambda: register_optimizer_step_post_hook(lambda *_: None), r"torch.optim has global step hooks"),
+        )
+        for register, message in registrations:
+            handle = register()
+            try:
+                before = copy.deepcopy((model.state_dict(), [p.grad for p in model.parameters()]))
+                with self.subTest(message), self.assertRaisesRegex(PrecompileError, message):
+                    step(model, opt, x, y)
+                after = (model.state_dict(), [p.grad for p in model.parameters()])
+                torch.testing.assert_close(after, before)
+            finally:
+                handle.remove()
+        step(model, opt, x, y)
 
     def test_runtime_optimizer_is_checked(self):
         model = small_mlp()

@@ -616,8 +616,10 @@ says who guarantees it and, where it is enforced, which tests (in
    the parameters (identity against the runtime modules'), baked values
    (every group entry but ``params``, ``lr`` and the lifted ones: fn may
    read its own, a loss scale kept there), state keys, shapes, dtypes and
-   layout, and that no two state tensors share memory
-   (test_precompile_optimizer.py).
+   layout, that no two state tensors share memory, and that no step hook
+   (the optimizer's own or torch.optim's global ones, which eager's step()
+   runs) was added (test_precompile_optimizer.py,
+   test_step_hooks_added_after_capture_are_refused).
 16. Data parallel.  A ``torch.nn.parallel.DistributedDataParallel`` argument
    is a module argument (its state lifted as ``module.<name>``) whose
    ``DataParallelSpec`` is recorded and checked at every call
