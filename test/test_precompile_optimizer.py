@@ -414,6 +414,28 @@ class TestOptimizerContract(TestCase):
             precompile(step_and_schedule, model, opt, x, y, backend="eager")
         self.assertEqual(opt.param_groups[0]["lr"], 0.1)
 
+    def test_lr_reaches_the_graph_bitwise(self):
+        """lr is a graph input re-made when it changes: -0.0 after 0.0 is a change (w - lr * g keeps
+        the sign of a zero weight under 0.0 and flips it under -0.0)."""
+        def make(lr):
+            model = nn.Linear(2, 1, bias=False)
+            with torch.no_grad():
+                model.weight.copy_(torch.tensor([[-0.0, 1.0]]))
+            return model, torch.optim.SGD(model.parameters(), lr=lr, foreach=False)
+
+        def step(model, opt, x):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+
+        x = torch.ones(1, 2)
+        f = precompile.load(*precompile(step, *make(0.0), x, backend="eager"))
+        for lr in (0.0, -0.0, 0.0):
+            (ours, ours_opt), (eager, eager_opt) = make(lr), make(lr)
+            f(ours, ours_opt, x)
+            step(eager, eager_opt, x)
+            self.assertEqual(torch.signbit(ours.weight).tolist(), torch.signbit(eager.weight).tolist(), f"lr={lr}")
+
     def test_returned_lr_is_refused(self):
         # A Python float in eager; in the trace, the graph input lr is read from.
         def step_returning_lr(model, opt, x, y):

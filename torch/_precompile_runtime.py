@@ -2780,9 +2780,9 @@ class OptimizerArgument:
         return self._scalar_tensor(index, key, value)
 
     def _scalar_tensor(self, index: int, key: str, number: Any) -> torch.Tensor:
-        """A 0-dim float64 tensor of ``number``, cached while it stays the same."""
+        """A 0-dim float64 tensor of ``number``, cached while it stays the same (bitwise: -0.0 is not 0.0)."""
         value, tensor = self.scalars.get((index, key), (None, None))
-        if number != value or type(number) is not type(value):
+        if not same_value(number, value):
             if not isinstance(number, (float, int)) or isinstance(number, bool):
                 raise PrecompileError(
                     f"{self.where} param_groups[{index}]{_group_key(key)}: expected a float, got {type(number).__name__}"
