@@ -214,6 +214,20 @@ class TestCaptureSoundness(TestCase):
         torch.testing.assert_close(m[0].weight.grad, reference[0].weight.grad)
         self.assertTrue(m[0].weight.grad.requires_grad)
 
+    def test_grads_with_autograd_history_are_refused(self):
+        """backward(create_graph=True) leaves each .grad with a graph (a later backward through
+        it computes a Hessian-vector product); the artifact's .grad would have none."""
+        def create_graph(m, x, y):
+            F.mse_loss(m(x), y).backward(create_graph=True)
+
+        m, x, y = small_mlp(), torch.randn(4, 8), torch.randn(4, 4)
+        reference = copy.deepcopy(m)
+        create_graph(reference, x, y)
+        self.assertIsNotNone(reference[0].weight.grad.grad_fn)  # what eager leaves
+        with self.assertRaisesRegex(PrecompileError, r"^args\[0\]\.0\.weight\.grad has autograd history after fn"):
+            torch_precompile.precompile(create_graph, m, x, y, backend="eager")
+        self.assertTrue(all(p.grad is None for p in m.parameters()))  # capture left the caller's as they were
+
     def test_grad_bookkeeping_follows_what_fn_does_with_grad(self):
         def forward(m, x, y):
             return m(x)

@@ -569,6 +569,9 @@ says who guarantees it and, where it is enforced, which tests (in
    grad (None: one with a leftover ``.grad`` is refused at capture, eager's
    step would use it); CHECKED at every call (test_precompile_optimizer.py
    test_parameter_backward_skips_*, test_frozen_parameter_keeps_no_grad).
+   A ``.grad`` fn leaves with autograd history (``backward(create_graph=True)``)
+   is REFUSED at capture: the runnable's is a plain tensor
+   (test_precompile_capture_soundness.py test_grads_with_autograd_history_are_refused).
    Caller's responsibility: fn's own code branching on ``p.grad is None``
    (it is a tensor while tracing).
 14. Writes the graph does not see.  fn may only write tensors the trace

@@ -1090,6 +1090,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
         recorded["out_spec"], recorded["out_leaves"] = out_spec, out_leaves
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
+        _refuse_grads_with_history(args, state, recorded["grad_state"])
         recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None and i not in traced_none]
         recorded["ordered_dicts"] = tuple(path for path, probe in probes.items() if probe.observed)
         outputs = _unique_tensors(out_leaves)  # one tensor returned twice is one graph output, as in eager
@@ -2356,6 +2357,19 @@ def _check_gradients_reach_only_parameters(args: _Arguments, state: tuple, tenso
                 f"{args.input_paths[index]} would receive a gradient; precompile only accumulates "
                 "gradients of module parameters: pass the input with requires_grad=False "
                 "(e.g. x.detach()) or make it a parameter of a module argument"
+            )
+
+
+def _refuse_grads_with_history(args: _Arguments, state: tuple, grad_state: list) -> None:
+    # Invariant 13: the runnable writes each .grad as a plain tensor, the graph holds the backward.
+    for index in grad_state:
+        if state[index].grad.requires_grad:
+            module_index, fqn = args.lifted[index].names[0]
+            raise PrecompileError(
+                f"args[{args.module_positions[module_index]}].{fqn}.grad has autograd history after fn "
+                "(backward(create_graph=True)), which the artifact's .grad would not have: a later backward "
+                "through it runs in eager and fails on the artifact's. Take higher-order gradients inside fn "
+                "(torch.autograd.grad(..., create_graph=True)), or leave create_graph off"
             )
 
 
