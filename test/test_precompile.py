@@ -1429,6 +1429,24 @@ class TestFreeDims(TestCase):
         ):
             f(self.model, torch.randn(3, 8))
 
+    def test_squeezed_marked_dim_becomes_a_size_fact(self):
+        """Eager's squeeze drops a dim of size 1; the trace keeps a free one (not 1), or drops it where the example's is 1."""
+        def squeezed(m, x):
+            return m(x).squeeze() * 2
+
+        for rows, op in ((5, "!="), (1, "==")):
+            with self.subTest(rows=rows):
+                f = precompile.load(*precompile(squeezed, self.model, _marked(torch.randn(rows, 8), 0)))
+                (fact,) = f.convention.size_facts
+                self.assertEqual(fact.op, op)
+                self.assertRegex(fact.where, r"test_precompile.py:\d+ \(return m\(x\).squeeze\(\) \* 2\)")
+                x = torch.randn(rows, 8)
+                with torch.no_grad():
+                    torch.testing.assert_close(f(self.model, x), squeezed(self.model, x))
+                other = 1 if rows != 1 else 4
+                with self.assertRaisesRegex(PrecompileError, rf"requires \(args\[1\] dim 0\) - 1 {op} 0, .* but args\[1\] dim 0 is {other}"):
+                    f(self.model, torch.randn(other, 8))
+
     def test_guard_not_linear_in_marked_dims_refused_with_source_line(self):
         def branchy(m, x):
             if x.shape[0] * x.shape[0] > 20:

@@ -70,7 +70,11 @@ says who guarantees it and, where it is enforced, which tests (in
    naming the line that needed it), the trace is redone with it assumed, and
    the driver checks it at every call, refusing a call that breaks it; a
    guard that is not linear in the marked sizes is refused at capture
-   (test_precompile_llm.py TestSizeFacts, TestGenerate).
+   (test_precompile_llm.py TestSizeFacts, TestGenerate).  A squeeze of a
+   marked dim (``x.squeeze()``) is decided without a guard -- the trace keeps
+   the dim, eager drops one of size 1 -- so it gives the size fact
+   ``size != 1`` (``== 1`` where the example's is 1) the same way
+   (test_precompile.py test_squeezed_marked_dim_becomes_a_size_fact).
    Marks sharing a ``shape_id`` are one size, unbounded unless a mark
    bounds it, with the tightest of their bounds (min= on one input, max= on
    another), checked by the driver (test_precompile_hook_guards.py

@@ -1288,6 +1288,10 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, record
             graph, example, sizes, constants = attempt.trace(flat_fn, recorded, decompositions)
             recorded["size_facts"] = tuple(facts)
             return graph, example, sizes, constants
+        except _AssumedSizeFacts as assumed:
+            if len(facts) + len(assumed.facts) > _MAX_SIZE_FACTS:
+                raise PrecompileError(f"fn needs more than {_MAX_SIZE_FACTS} facts about its marked dims' sizes") from None
+            facts += assumed.facts
         except GuardOnDataDependentSymNode as error:
             if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
                 raise _data_dependent_error(traceback.extract_tb(error.__traceback__)) from None
@@ -1316,6 +1320,18 @@ def _data_dependent_error(frames: list, how: str = "(`if tensor:`, .item(), bool
         "outcome. Write the branch with torch.where(cond, a, b), or compute the value outside fn "
         "and pass it as a Python input (baked and checked at every call)"
     )
+
+
+class _AssumedSizeFacts(Exception):
+    """A trace decided a question about free sizes without a guard; retrace with these facts."""
+
+    def __init__(self, facts: list):
+        self.facts = facts
+
+
+# squeeze drops a dim only where its size is 1, which the trace decides for a free
+# dim without a guard (size-obliviously: not 1), fixing the output's rank.
+_SQUEEZES = (torch.ops.aten.squeeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims)
 
 
 class _SymbolicAttempt:
@@ -1356,6 +1372,9 @@ class _SymbolicAttempt:
             flat_fn, decomposition_table=decompositions, tracing_mode="symbolic", record_stack_traces=True
         )(*self.inputs, *self.sizes, *self.trailing)
         _drop_unused_copies(graph, recorded["random_copies"])
+        assumed = [fact for fact in self.squeezed_facts(graph) if fact not in self.facts]
+        if assumed:
+            raise _AssumedSizeFacts(list(dict.fromkeys(assumed)))
         self.refuse_specialization()
         insert_deferred_runtime_asserts(graph, self.shape_env, "torch.compiler.precompile")
         graph.recompile()
@@ -1371,6 +1390,32 @@ class _SymbolicAttempt:
     def describe(self, index: int) -> str:
         free = self.free_dims[index]
         return f"{self.args.input_paths[free.leaf]} dim {free.dim}"
+
+    def squeezed_facts(self, graph: torch.fx.GraphModule) -> list:
+        """Whether each free size a squeeze saw is 1, as the example decides it: the
+        trace took it as not 1 (kept the dim), where eager squeezes a 1."""
+        import sympy
+
+        facts = []
+        for node in graph.graph.nodes:
+            if node.op != "call_function" or node.target not in _SQUEEZES:
+                continue
+            shape = node.args[0].meta["val"].shape
+            dims = range(len(shape)) if len(node.args) < 2 else node.args[1]
+            for dim in [dims] if isinstance(dims, int) else dims:
+                size = shape[dim]
+                if isinstance(size, torch.SymInt) and self.involves_free_dim(size.node.expr):
+                    frame = compat.innermost_frame(node.meta.get("stack_trace"), _is_user_file)
+                    where = f" at {frame[0]}:{frame[1]} ({frame[3]})" if frame else ""
+                    fact = self.size_fact(sympy.Eq(size.node.expr, 1), where)
+                    if fact is None:
+                        raise PrecompileError(
+                            f"fn squeezes a dim of size {size.node.expr}{where}, a size of its marked dims that "
+                            "may be 1 at a call (eager would drop that dim): squeeze only the dims you know "
+                            "are 1, e.g. x.squeeze(-1) on a static dim"
+                        )
+                    facts.append(fact)
+        return facts
 
     def refuse_specialization(self) -> None:
         """Every requirement fn put on a free dim must be a mark bound or a shape group."""
