@@ -1447,6 +1447,17 @@ class TestFreeDims(TestCase):
                 with self.assertRaisesRegex(PrecompileError, rf"requires \(args\[1\] dim 0\) - 1 {op} 0, .* but args\[1\] dim 0 is {other}"):
                     f(self.model, torch.randn(other, 8))
 
+    def test_marked_dims_the_example_broadcasts_are_refused(self):
+        """x + y over two marked dims: the graph requires them one size (it never broadcasts a
+        free 1), so an example that broadcasts (5 vs 1) would be refused by its own artifact."""
+        x, y = _marked(torch.randn(5, 4), 0), _marked(torch.randn(1, 4), 0)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"fn requires args\[1\] dim 0 and args\[2\] dim 0 \(marked with mark_unbacked\) to be one size, .* "
+            r"the example inputs have args\[1\] dim 0 = 5, args\[2\] dim 0 = 1: leave a dim the example broadcasts unmarked",
+        ):
+            precompile(lambda m, x, y: m(x) + y, nn.Linear(4, 4), x, y)
+
     def test_guard_not_linear_in_marked_dims_refused_with_source_line(self):
         def branchy(m, x):
             if x.shape[0] * x.shape[0] > 20:

@@ -79,7 +79,12 @@ says who guarantees it and, where it is enforced, which tests (in
    bounds it, with the tightest of their bounds (min= on one input, max= on
    another), checked by the driver (test_precompile_hook_guards.py
    test_marks_sharing_a_shape_id_are_one_unbounded_size,
-   test_shape_id_bounds_from_two_marks_are_merged).  A marked input's strides vary with its sizes, so its layout is
+   test_shape_id_bounds_from_two_marks_are_merged).  Marked dims the graph
+   needs equal (an elementwise op between them: the trace never broadcasts
+   a free size as a 1) must be equal in the example too; an example that
+   broadcasts them is refused at capture
+   (test_precompile.py test_marked_dims_the_example_broadcasts_are_refused).
+   A marked input's strides vary with its sizes, so its layout is
    pinned as a memory format instead (``contiguous_format``,
    ``channels_last``); the graph's outputs are then dense but may be in
    another memory format than eager's (values are equal).  Input and output

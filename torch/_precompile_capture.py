@@ -1385,11 +1385,16 @@ class _SymbolicAttempt:
             + [t.detach() for t in self.trailing]
             + [self.fake_mode.from_tensor(c) for c in constants]
         )
+        self.refuse_groups_the_example_breaks()
         return graph, example, self.size_sources(), constants
 
     def describe(self, index: int) -> str:
         free = self.free_dims[index]
         return f"{self.args.input_paths[free.leaf]} dim {free.dim}"
+
+    def example_size(self, index: int) -> int:
+        free = self.free_dims[index]
+        return self.args.input_leaves[free.leaf].shape[free.dim]
 
     def squeezed_facts(self, graph: torch.fx.GraphModule) -> list:
         """Whether each free size a squeeze saw is 1, as the example decides it: the
@@ -1459,6 +1464,22 @@ class _SymbolicAttempt:
             return constant + strict <= free.low
         return free.high is not None and free.high <= constant - strict
 
+    def refuse_groups_the_example_breaks(self) -> None:
+        """Free dims the graph requires equal (one shape group) must be equal in the example:
+        a trace takes a free size as not 1, so it does not broadcast one the example broadcasts."""
+        groups: dict = {}
+        for index, size in enumerate(self.sizes):
+            groups.setdefault(self.shape_env.simplify(size.node.expr), []).append(index)
+        for members in groups.values():
+            example = {self.describe(i): self.example_size(i) for i in members}
+            if len(set(example.values())) > 1:
+                raise PrecompileError(
+                    f"fn requires {' and '.join(example)} (marked with mark_unbacked) to be one size, "
+                    "as an elementwise op does (a free size is never broadcast as a 1), but the example inputs have "
+                    + ", ".join(f"{name} = {size}" for name, size in example.items())
+                    + ": leave a dim the example broadcasts unmarked, or pass example inputs whose marked dims agree"
+                )
+
     def size_sources(self) -> tuple:
         """(leaf, dim, group, low, high) per free size, groups by canonical symbol."""
         canonical = {}
@@ -1482,10 +1503,7 @@ class _SymbolicAttempt:
         if lhs not in self.symbols or rhs not in self.symbols:
             return None
         a, b = self.symbols[lhs], self.symbols[rhs]
-        example_sizes = [
-            self.args.input_leaves[self.free_dims[i].leaf].shape[self.free_dims[i].dim] for i in (a, b)
-        ]
-        return (a, b) if example_sizes[0] == example_sizes[1] and a != b else None
+        return (a, b) if self.example_size(a) == self.example_size(b) and a != b else None
 
     def size_fact(self, cond, where: str) -> "schema.SizeFact | None":
         """The guard ``cond`` on free dims as the fact the example's sizes decide
@@ -1511,14 +1529,11 @@ class _SymbolicAttempt:
         if not terms:
             return None
         fact = schema.SizeFact(terms=terms, constant=int(constant), op=op, where=where)
-        example = [self.args.input_leaves[free.leaf].shape[free.dim] for free in self.free_dims]
+        example = [self.example_size(i) for i in range(len(self.free_dims))]
         return fact if fact.holds(example) else fact.negated()
 
     def guard_error(self, error) -> PrecompileError:
-        names = {
-            str(symbol): f"{self.args.input_paths[self.free_dims[i].leaf]} dim {self.free_dims[i].dim}"
-            for symbol, i in self.symbols.items()
-        }
+        names = {str(symbol): self.describe(i) for symbol, i in self.symbols.items()}
         involved = [names[str(s)] for s in getattr(error.cond, "free_symbols", ()) if str(s) in names]
         where = _user_line(traceback.extract_tb(error.__traceback__))
         return PrecompileError(
