@@ -439,6 +439,93 @@ class TestOptimizerContract(TestCase):
             step(model, opt, x, y)
         self.assertEqual(list(model.parameters()), before, atol=0, rtol=0)
 
+    def assert_capture_refused_unchanged(self, fn, opt_fn, message, backend="eager"):
+        """precompile(fn) refused with ``message``; model, .grad and optimizer (its group dicts too) as before."""
+        model = small_mlp()
+        opt = opt_fn(model)
+        x, y = _data()[0]
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        groups = list(opt.param_groups)
+        with self.assertRaisesRegex(PrecompileError, message):
+            precompile(fn, model, opt, x, y, backend=backend)
+        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+        self.assertTrue(all(g is h for g, h in zip(opt.param_groups, groups, strict=True)))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        self.assertEqual(len(opt.state), 0)
+        self.assertIs(type(opt), type(opt_fn(model)))
+
+    @parametrize("backend", BACKENDS)
+    def test_group_write_inside_fn_is_refused(self, backend):
+        # Eager compounds the decay at every call and leaves it in the group; the artifact
+        # steps with the group's lr as each call finds it and never writes the group.
+        def decaying_step(model, opt, x, y):
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] * 0.5
+            return train_step(model, opt, x, y)
+
+        model = small_mlp()
+        ref_opt = OPTIMIZERS["sgd"](model)
+        for lr in (0.05, 0.025):
+            decaying_step(model, ref_opt, *_data()[0])
+            self.assertEqual(ref_opt.param_groups[0]["lr"], lr)
+        self.assert_capture_refused_unchanged(
+            decaying_step,
+            OPTIMIZERS["sgd"],
+            r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] at .*test_precompile_optimizer\.py:\d+ "
+            r"\(group\[\"lr\"\] = group\[\"lr\"\] \* 0\.5\): .*never writes the group.*"
+            r"set it outside fn, e\.g\. with an LR scheduler stepped between calls$",
+            backend,
+        )
+
+    def test_every_kind_of_group_write_inside_fn_is_refused(self):
+        writes = {
+            r"\['weight_decay'\]": lambda g: g.__setitem__("weight_decay", 0.1),
+            r"\['loss_scale'\]": lambda g: g.__setitem__("loss_scale", 2.0),  # a new key
+            r"\['maximize'\]": lambda g: g.__delitem__("maximize"),
+            r"\['nesterov'\]": lambda g: g.pop("nesterov"),
+            r"\['warmup'\]": lambda g: g.setdefault("warmup", 10),
+            r" \(\.update\(\)\)": lambda g: g.update(lr=0.2),
+            r" \(\|=\)": lambda g: g.__ior__({"lr": 0.2}),
+            r" \(\.clear\(\)\)": lambda g: g.clear(),
+        }
+        for needle, write in writes.items():
+
+            def writing_step(model, opt, x, y):
+                write(opt.param_groups[1])
+                return train_step(model, opt, x, y)
+
+            with self.subTest(needle):
+                self.assert_capture_refused_unchanged(
+                    writing_step,
+                    lambda m: torch.optim.SGD(_groups(m), lr=0.1),
+                    r"^fn writes args\[1\]\.param_groups\[1\]" + needle + r" at .*test_precompile_optimizer\.py:\d+ ",
+                )
+
+    def test_group_list_and_closure_writes_inside_fn_are_refused(self):
+        def biases_frozen_step(model, opt, x, y):
+            opt.param_groups.pop()  # eager steps the weights only, from now on
+            return train_step(model, opt, x, y)
+
+        self.assert_capture_refused_unchanged(
+            biases_frozen_step,
+            lambda m: torch.optim.SGD(_groups(m), lr=0.1),
+            r"^fn changes the list args\[1\]\.param_groups \(adds, removes or replaces",
+        )
+        held = {}  # the caller's group, reached by fn through a closure
+
+        def closure_step(model, opt, x, y):
+            held["group"]["lr"] = 0.01
+            return train_step(model, opt, x, y)
+
+        def holding_sgd(model):
+            opt = OPTIMIZERS["sgd"](model)
+            held["group"] = opt.param_groups[0]
+            return opt
+
+        self.assert_capture_refused_unchanged(
+            closure_step, holding_sgd, r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] through another reference"
+        )
+
     def test_refused_call_creates_no_optimizer_state(self):
         # Two models, two optimizers (a GAN's step): the second optimizer is refused after the
         # first one's missing state was made; neither optimizer, parameter nor .grad changes.
@@ -472,6 +559,7 @@ class TestOptimizerContract(TestCase):
 
 
 instantiate_parametrized_tests(TestOptimizerSemantics)
+instantiate_parametrized_tests(TestOptimizerContract)
 
 if __name__ == "__main__":
     run_tests()

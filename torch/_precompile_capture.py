@@ -2602,8 +2602,10 @@ def _num_optimizer_inputs(args: _Arguments) -> int:
 def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     """While fn runs, point each optimizer at the traced leaves and inputs; restore after.
 
-    Adam/AdamW trace their ``capturable`` formulation (step, lr and bias
-    corrections as tensor ops, not Python numbers baked into the graph), with
+    Each param group is swapped for a _GroupProbe holding the traced values
+    (the caller's dicts stay as they were).  Adam/AdamW trace their
+    ``capturable`` formulation (step, lr and bias corrections as tensor ops,
+    not Python numbers baked into the graph), with
     ``torch.compiler.is_compiling()`` true during ``step()`` like under
     torch.compile, so no tensor is read back as a number.
     """
@@ -2613,32 +2615,100 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     try:
         for lifted in args.optimizers:
             optimizer = lifted.optimizer
-            saved.append((optimizer, optimizer.state, [dict(group) for group in optimizer.param_groups]))
-            traced_state = collections.defaultdict(dict)
-            for group, indices in zip(optimizer.param_groups, lifted.groups):
-                group["params"], group["lr"] = [state[i] for i in indices], next(inputs)
+            groups = list(optimizer.param_groups)
+            traced_groups = []
+            saved.append((optimizer, optimizer.state, groups, [dict(group) for group in groups], traced_groups))
+            for g, (group, indices) in enumerate(zip(groups, lifted.groups)):
+                traced = dict(group, params=[state[i] for i in indices], lr=next(inputs))
                 for key in lifted.lifted:
-                    swapped.append(_set_lifted_hyperparameter(group, key, next(inputs)))
+                    swapped.append(_set_lifted_hyperparameter(traced, key, next(inputs)))
                 if lifted.cls != "SGD":
-                    group["capturable"] = True
-            for group in optimizer.param_groups:
+                    traced["capturable"] = True
+                traced_groups.append(_GroupProbe(traced, f"args[{lifted.position}].param_groups[{g}]"))
+            optimizer.param_groups[:] = traced_groups
+            traced_state = collections.defaultdict(dict)
+            for group in traced_groups:
                 for leaf in group["params"]:
                     traced_state[leaf] = {key: next(inputs) for key in lifted.keys}
             optimizer.state = traced_state
             handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
             handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
         yield
+        for (optimizer, _, groups, before, traced_groups), lifted in zip(saved, args.optimizers):
+            _refuse_group_changes(f"args[{lifted.position}]", optimizer.param_groups, traced_groups, groups, before)
     finally:
         compat.set_compiling_flag(compiling)
         for handle in handles:
             handle.remove()
         for tensor in swapped:
             tensor.__class__ = torch.Tensor
-        for optimizer, original_state, groups in saved:
+        for optimizer, original_state, groups, before, _ in saved:
             optimizer.state = original_state
-            for group, original in zip(optimizer.param_groups, groups):
+            optimizer.param_groups[:] = groups
+            for group, original in zip(groups, before):  # undo writes through another reference
                 group.clear()
                 group.update(original)
+
+
+class _GroupProbe(dict):
+    """A param group of an optimizer argument while fn is traced (Note invariant 15).
+
+    The artifact steps with the group's values as the call finds them and never
+    writes the group, so a write by any code (``g["lr"] *= 0.5``) is refused
+    before it happens, naming fn's line.
+    """
+
+    __slots__ = ("where",)
+
+    def __init__(self, traced: dict, where: str):
+        super().__init__(traced)
+        self.where = where
+
+    def refuse_write(self, what: str) -> None:
+        raise PrecompileError(
+            f"fn writes {self.where}{what}{_user_line(traceback.extract_stack())}: the artifact steps with "
+            "the group's values as each call finds them and never writes the group, so the change would "
+            "not happen; set it outside fn, e.g. with an LR scheduler stepped between calls"
+        )
+
+
+def _refusing_group_write(name: str) -> Callable:
+    keyed = name in ("__setitem__", "__delitem__", "pop", "setdefault")
+
+    def refuse(group: _GroupProbe, *args: Any, **kwargs: Any) -> Any:
+        if name == "setdefault" and dict.__contains__(group, args[0]):  # a read
+            return dict.__getitem__(group, args[0])
+        group.refuse_write(f"[{args[0]!r}]" if keyed else " (|=)" if name == "__ior__" else f" (.{name}())")
+
+    return refuse
+
+
+for _name in ("__setitem__", "__delitem__", "pop", "setdefault", "popitem", "update", "clear", "__ior__"):
+    setattr(_GroupProbe, _name, _refusing_group_write(_name))
+
+
+def _refuse_group_changes(where: str, now: list, traced: list, groups: list, before: list) -> None:
+    """After fn: param groups added, removed or replaced (``now`` is not ``traced``), or a caller's
+    group written through another reference (a closure or global) than opt.param_groups."""
+    if len(now) != len(traced) or any(map(operator.is_not, now, traced)):
+        raise PrecompileError(
+            f"fn changes the list {where}.param_groups (adds, removes or replaces a group); the artifact "
+            "would not do that: change the optimizer's groups outside fn and precompile again"
+        )
+    for g, (group, original) in enumerate(zip(groups, before)):
+        key = _changed_key(original, group)
+        if key is not None:
+            raise PrecompileError(
+                f"fn writes {where}.param_groups[{g}][{key!r}] through another reference than "
+                f"{where}.param_groups (a closure or global); the artifact never writes the group: set it "
+                "outside fn, e.g. with an LR scheduler stepped between calls"
+            )
+
+
+def _changed_key(before: dict, after: dict) -> Any:
+    """A key added, removed or rebound between two states of one dict, or None."""
+    keys = [*before, *(k for k in after if k not in before)]
+    return next((k for k in keys if before.get(k, schema.MISSING) is not after.get(k, schema.MISSING)), None)
 
 
 def _set_lifted_hyperparameter(group: dict, key: str, tensor: torch.Tensor) -> torch.Tensor:
