@@ -526,6 +526,112 @@ class TestOptimizerContract(TestCase):
             closure_step, holding_sgd, r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] through another reference"
         )
 
+    @staticmethod
+    def sgd_with_loss_scale(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt.loss_scale = 1.0  # an attribute of the caller's own
+        return opt
+
+    @parametrize("backend", BACKENDS)
+    def test_optimizer_values_no_call_checks_are_refused(self, backend):
+        # Each value changes what eager computes, and a call would not see the change: a key
+        # absent at capture (added later), opt.defaults, an attribute of the caller's own.
+        def scaled_by(scale):
+            def step(model, opt, x, y):
+                opt.zero_grad()
+                (F.cross_entropy(model(x), y) * scale(opt)).backward()
+                opt.step()
+
+            return step
+
+        def eager_weight(fn, change):
+            model = small_mlp()
+            opt = self.sgd_with_loss_scale(model)
+            change(opt)
+            fn(model, opt, *_data()[0])
+            return model[0].weight
+
+        cases = [
+            (
+                lambda opt: opt.param_groups[0].get("loss_scale", 1.0),
+                lambda opt: opt.param_groups[0].__setitem__("loss_scale", 4.0),
+                r"^fn reads args\[1\]\.param_groups\[0\]\['loss_scale'\] at .*test_precompile_optimizer\.py:\d+ .*, "
+                r"a key the group does not have: .*put it in the group before precompile",
+            ),
+            (
+                lambda opt: opt.defaults["lr"] * 10,
+                lambda opt: opt.defaults.__setitem__("lr", 0.5),
+                r"^fn reads args\[1\]\.defaults at .*test_precompile_optimizer\.py:\d+ .*: the artifact would keep "
+                r"what fn reads there and not check it at calls",
+            ),
+            (
+                lambda opt: opt.loss_scale,
+                lambda opt: setattr(opt, "loss_scale", 4.0),
+                r"^fn reads args\[1\]\.loss_scale at .*test_precompile_optimizer\.py:\d+ .*: the artifact would keep "
+                r"what fn computes from it and not check it at calls; inside fn, use only the optimizer's param_groups",
+            ),
+        ]
+        for scale, change, needle in cases:
+            fn = scaled_by(scale)
+            with self.subTest(needle):
+                self.assertFalse(torch.equal(eager_weight(fn, lambda opt: None), eager_weight(fn, change)))
+                self.assert_capture_refused_unchanged(fn, self.sgd_with_loss_scale, needle, backend)
+
+    @parametrize("backend", BACKENDS)
+    def test_fn_branching_on_optimizer_state_is_refused(self, backend):
+        # Inside fn opt.state is the trace's, made as eager's first step would make it:
+        # the trace would not take eager's first-call branch, even at the first call.
+        taken = []
+
+        def first_step_doubled(model, opt, x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            if len(opt.state) == 0:
+                taken.append(len(taken))
+                loss = loss * 2
+            loss.backward()
+            opt.step()
+
+        model = small_mlp()
+        opt = OPTIMIZERS["sgd_momentum_foreach"](model)
+        for x, y in _data(n=2):
+            first_step_doubled(model, opt, x, y)
+        self.assertEqual(taken, [0])
+        self.assert_capture_refused_unchanged(
+            first_step_doubled,
+            OPTIMIZERS["sgd_momentum_foreach"],
+            r"^fn reads args\[1\]\.state at .*test_precompile_optimizer\.py:\d+ \(if len\(opt\.state\) == 0:\): "
+            r"inside fn it holds the trace's state",
+            backend,
+        )
+        self.assertEqual(taken, [0])
+
+    def test_every_kind_of_unchecked_optimizer_use_is_refused(self):
+        uses = {
+            r"fn reads args\[1\]\.state_dict at ": lambda opt: opt.state_dict(),
+            r"fn reads args\[1\]\.add_param_group at ": lambda opt: opt.add_param_group,
+            r"fn sets args\[1\]\.loss_scale at .*the artifact would not repeat the change": lambda opt: setattr(
+                opt, "loss_scale", 2.0
+            ),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(iteration\)": lambda opt: list(opt.param_groups[0]),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(len\(\)\)": lambda opt: len(opt.param_groups[0]),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(\.keys\(\)\)": lambda opt: dict(opt.param_groups[0]),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(\.items\(\)\)": lambda opt: opt.param_groups[0].items(),
+            r"fn reads args\[1\]\.param_groups\[0\]\['warmup'\] at .*a key the group does not have": lambda opt: (
+                "warmup" in opt.param_groups[0]
+            ),
+            r"fn reads args\[1\]\.param_groups\[0\]\['capturable'\] at .*: precompile sets it to True while it "
+            r"traces the step \(the caller's is False\)": lambda opt: opt.param_groups[0]["capturable"],
+        }
+        for needle, use in uses.items():
+
+            def using_step(model, opt, x, y):
+                use(opt)
+                return train_step(model, opt, x, y)
+
+            with self.subTest(needle):
+                self.assert_capture_refused_unchanged(using_step, OPTIMIZERS["adam"], "^" + needle)
+
     def test_refused_call_creates_no_optimizer_state(self):
         # Two models, two optimizers (a GAN's step): the second optimizer is refused after the
         # first one's missing state was made; neither optimizer, parameter nor .grad changes.
