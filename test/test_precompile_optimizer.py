@@ -486,6 +486,199 @@ class TestOptimizerContract(TestCase):
             step(model, opt, x, y)
         self.assertEqual(list(model.parameters()), before, atol=0, rtol=0)
 
+    def assert_capture_refused_unchanged(self, fn, opt_fn, message, backend="eager"):
+        """precompile(fn) refused with ``message``; model, .grad and optimizer (its group dicts too) as before."""
+        model = small_mlp()
+        opt = opt_fn(model)
+        x, y = _data()[0]
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        groups, cls = list(opt.param_groups), type(opt)
+        with self.assertRaisesRegex(PrecompileError, message):
+            precompile(fn, model, opt, x, y, backend=backend)
+        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+        self.assertTrue(all(g is h for g, h in zip(opt.param_groups, groups, strict=True)))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        self.assertEqual(len(opt.state), 0)
+        self.assertIs(type(opt), cls)
+
+    @parametrize("backend", BACKENDS)
+    def test_group_write_inside_fn_is_refused(self, backend):
+        # Eager compounds the decay at every call and leaves it in the group; the artifact
+        # steps with the group's lr as each call finds it and never writes the group.
+        def decaying_step(model, opt, x, y):
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] * 0.5
+            return train_step(model, opt, x, y)
+
+        model = small_mlp()
+        ref_opt = OPTIMIZERS["sgd"](model)
+        for lr in (0.05, 0.025):
+            decaying_step(model, ref_opt, *_data()[0])
+            self.assertEqual(ref_opt.param_groups[0]["lr"], lr)
+        self.assert_capture_refused_unchanged(
+            decaying_step,
+            OPTIMIZERS["sgd"],
+            r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] at .*test_precompile_optimizer\.py:\d+ "
+            r"\(group\[\"lr\"\] = group\[\"lr\"\] \* 0\.5\): .*never writes the group.*"
+            r"set it outside fn, e\.g\. with an LR scheduler stepped between calls$",
+            backend,
+        )
+
+    def test_every_kind_of_group_write_inside_fn_is_refused(self):
+        writes = {
+            r"\['weight_decay'\]": lambda g: g.__setitem__("weight_decay", 0.1),
+            r"\['loss_scale'\]": lambda g: g.__setitem__("loss_scale", 2.0),  # a new key
+            r"\['maximize'\]": lambda g: g.__delitem__("maximize"),
+            r"\['nesterov'\]": lambda g: g.pop("nesterov"),
+            r"\['warmup'\]": lambda g: g.setdefault("warmup", 10),
+            r" \(\.update\(\)\)": lambda g: g.update(lr=0.2),
+            r" \(\|=\)": lambda g: g.__ior__({"lr": 0.2}),
+            r" \(\.clear\(\)\)": lambda g: g.clear(),
+        }
+        for needle, write in writes.items():
+
+            def writing_step(model, opt, x, y):
+                write(opt.param_groups[1])
+                return train_step(model, opt, x, y)
+
+            with self.subTest(needle):
+                self.assert_capture_refused_unchanged(
+                    writing_step,
+                    lambda m: torch.optim.SGD(_groups(m), lr=0.1),
+                    r"^fn writes args\[1\]\.param_groups\[1\]" + needle + r" at .*test_precompile_optimizer\.py:\d+ ",
+                )
+
+    def test_group_list_and_closure_writes_inside_fn_are_refused(self):
+        def biases_frozen_step(model, opt, x, y):
+            opt.param_groups.pop()  # eager steps the weights only, from now on
+            return train_step(model, opt, x, y)
+
+        self.assert_capture_refused_unchanged(
+            biases_frozen_step,
+            lambda m: torch.optim.SGD(_groups(m), lr=0.1),
+            r"^fn changes the list args\[1\]\.param_groups \(adds, removes or replaces",
+        )
+        held = {}  # the caller's group, reached by fn through a closure
+
+        def closure_step(model, opt, x, y):
+            held["group"]["lr"] = 0.01
+            return train_step(model, opt, x, y)
+
+        def holding_sgd(model):
+            opt = OPTIMIZERS["sgd"](model)
+            held["group"] = opt.param_groups[0]
+            return opt
+
+        self.assert_capture_refused_unchanged(
+            closure_step, holding_sgd, r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] through another reference"
+        )
+
+    @staticmethod
+    def sgd_with_loss_scale(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt.loss_scale = 1.0  # an attribute of the caller's own
+        return opt
+
+    @parametrize("backend", BACKENDS)
+    def test_optimizer_values_no_call_checks_are_refused(self, backend):
+        # Each value changes what eager computes, and a call would not see the change: a key
+        # absent at capture (added later), opt.defaults, an attribute of the caller's own.
+        def scaled_by(scale):
+            def step(model, opt, x, y):
+                opt.zero_grad()
+                (F.cross_entropy(model(x), y) * scale(opt)).backward()
+                opt.step()
+
+            return step
+
+        def eager_weight(fn, change):
+            model = small_mlp()
+            opt = self.sgd_with_loss_scale(model)
+            change(opt)
+            fn(model, opt, *_data()[0])
+            return model[0].weight
+
+        cases = [
+            (
+                lambda opt: opt.param_groups[0].get("loss_scale", 1.0),
+                lambda opt: opt.param_groups[0].__setitem__("loss_scale", 4.0),
+                r"^fn reads args\[1\]\.param_groups\[0\]\['loss_scale'\] at .*test_precompile_optimizer\.py:\d+ .*, "
+                r"a key the group does not have: .*put it in the group before precompile",
+            ),
+            (
+                lambda opt: opt.defaults["lr"] * 10,
+                lambda opt: opt.defaults.__setitem__("lr", 0.5),
+                r"^fn reads args\[1\]\.defaults at .*test_precompile_optimizer\.py:\d+ .*: the artifact would keep "
+                r"what fn reads there and not check it at calls",
+            ),
+            (
+                lambda opt: opt.loss_scale,
+                lambda opt: setattr(opt, "loss_scale", 4.0),
+                r"^fn reads args\[1\]\.loss_scale at .*test_precompile_optimizer\.py:\d+ .*: the artifact would keep "
+                r"what fn computes from it and not check it at calls; inside fn, use only the optimizer's param_groups",
+            ),
+        ]
+        for scale, change, needle in cases:
+            fn = scaled_by(scale)
+            with self.subTest(needle):
+                self.assertFalse(torch.equal(eager_weight(fn, lambda opt: None), eager_weight(fn, change)))
+                self.assert_capture_refused_unchanged(fn, self.sgd_with_loss_scale, needle, backend)
+
+    @parametrize("backend", BACKENDS)
+    def test_fn_branching_on_optimizer_state_is_refused(self, backend):
+        # Inside fn opt.state is the trace's, made as eager's first step would make it:
+        # the trace would not take eager's first-call branch, even at the first call.
+        taken = []
+
+        def first_step_doubled(model, opt, x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            if len(opt.state) == 0:
+                taken.append(len(taken))
+                loss = loss * 2
+            loss.backward()
+            opt.step()
+
+        model = small_mlp()
+        opt = OPTIMIZERS["sgd_momentum_foreach"](model)
+        for x, y in _data(n=2):
+            first_step_doubled(model, opt, x, y)
+        self.assertEqual(taken, [0])
+        self.assert_capture_refused_unchanged(
+            first_step_doubled,
+            OPTIMIZERS["sgd_momentum_foreach"],
+            r"^fn reads args\[1\]\.state at .*test_precompile_optimizer\.py:\d+ \(if len\(opt\.state\) == 0:\): "
+            r"inside fn it holds the trace's state",
+            backend,
+        )
+        self.assertEqual(taken, [0])
+
+    def test_every_kind_of_unchecked_optimizer_use_is_refused(self):
+        uses = {
+            r"fn reads args\[1\]\.state_dict at ": lambda opt: opt.state_dict(),
+            r"fn reads args\[1\]\.add_param_group at ": lambda opt: opt.add_param_group,
+            r"fn sets args\[1\]\.loss_scale at .*the artifact would not repeat the change": lambda opt: setattr(
+                opt, "loss_scale", 2.0
+            ),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(iteration\)": lambda opt: list(opt.param_groups[0]),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(len\(\)\)": lambda opt: len(opt.param_groups[0]),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(\.keys\(\)\)": lambda opt: dict(opt.param_groups[0]),
+            r"fn reads the keys of args\[1\]\.param_groups\[0\] \(\.items\(\)\)": lambda opt: opt.param_groups[0].items(),
+            r"fn reads args\[1\]\.param_groups\[0\]\['warmup'\] at .*a key the group does not have": lambda opt: (
+                "warmup" in opt.param_groups[0]
+            ),
+            r"fn reads args\[1\]\.param_groups\[0\]\['capturable'\] at .*: precompile sets it to True while it "
+            r"traces the step \(the caller's is False\)": lambda opt: opt.param_groups[0]["capturable"],
+        }
+        for needle, use in uses.items():
+
+            def using_step(model, opt, x, y):
+                use(opt)
+                return train_step(model, opt, x, y)
+
+            with self.subTest(needle):
+                self.assert_capture_refused_unchanged(using_step, OPTIMIZERS["adam"], "^" + needle)
+
     def test_refused_call_creates_no_optimizer_state(self):
         # Two models, two optimizers (a GAN's step): the second optimizer is refused after the
         # first one's missing state was made; neither optimizer, parameter nor .grad changes.
@@ -519,6 +712,7 @@ class TestOptimizerContract(TestCase):
 
 
 instantiate_parametrized_tests(TestOptimizerSemantics)
+instantiate_parametrized_tests(TestOptimizerContract)
 
 if __name__ == "__main__":
     run_tests()

@@ -599,7 +599,25 @@ says who guarantees it and, where it is enforced, which tests (in
    exp_avg_sq, max_exp_avg_sq) are graph inputs updated in place, so the
    artifact holds no optimizer state and ``opt.step()`` inside fn is part of
    the one graph.  Capture points the optimizer's param_groups and state at
-   the traced leaves and clones while fn runs, then restores them.
+   the traced leaves and clones while fn runs (each group a copy, the
+   caller's dicts untouched), then restores them.  What fn's own code may
+   use of the optimizer is its ``param_groups``, ``zero_grad()`` and
+   ``step()`` (torch's step reads what it needs): every other attribute
+   read or write is refused at capture, naming it and fn's line --
+   ``opt.state`` (inside fn the trace's, pre-filled as eager's first step
+   would fill it: ``if len(opt.state) == 0`` would not take eager's
+   first-call branch), ``opt.defaults`` and attributes of the caller's own
+   (``opt.loss_scale``), which no call checks.  Of a group, fn reads the
+   values of keys it has (checked at every call, below); a lookup of a key
+   it lacks (``g.get("loss_scale", 1.0)``: a key added later would go
+   unseen), its key set (iteration, ``len``, copies) and ``capturable`` /
+   ``foreach`` where the trace set them are refused; so is any write to a
+   group by any code (``g["lr"] *= 0.5``: eager compounds it, the artifact
+   never writes a group; use an LR scheduler stepped between calls), to the
+   caller's group dicts through a closure, and changes to the
+   ``param_groups`` list (test_group_write_inside_fn_is_refused,
+   test_optimizer_values_no_call_checks_are_refused,
+   test_fn_branching_on_optimizer_state_is_refused).
    Hyperparameters: ``lr`` is a 0-dim float64 graph input read from the
    runtime optimizer at every call (LR schedulers work without re-capture),
    and so is what OneCycleLR / CyclicLR cycle with it: SGD's ``momentum``
@@ -626,11 +644,11 @@ says who guarantees it and, where it is enforced, which tests (in
    or a lifted hyperparameter itself (a Python float in eager;
    test_returned_lr_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
-   (every group entry but ``params``, ``lr`` and the lifted ones: fn may
-   read its own, a loss scale kept there), state keys, shapes, dtypes and
-   layout, that no two state tensors share memory, and that no step hook
-   (the optimizer's own or torch.optim's global ones, which eager's step()
-   runs) was added (test_precompile_optimizer.py,
+   (every group entry present at capture but ``params``, ``lr`` and the
+   lifted ones: fn may read its own, a loss scale kept there), state keys,
+   shapes, dtypes and layout, that no two state tensors share memory, and
+   that no step hook (the optimizer's own or torch.optim's global ones,
+   which eager's step() runs) was added (test_precompile_optimizer.py,
    test_step_hooks_added_after_capture_are_refused).
 16. Data parallel.  A ``torch.nn.parallel.DistributedDataParallel`` argument
    is a module argument (its state lifted as ``module.<name>``) whose

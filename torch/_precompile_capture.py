@@ -2676,6 +2676,9 @@ def _num_optimizer_inputs(args: _Arguments) -> int:
 def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     """While fn runs, point each optimizer at the traced leaves and inputs; restore after.
 
+    Each param group is swapped for a _GroupProbe holding the traced values
+    (the caller's dicts stay as they were), and the optimizer's class for one
+    refusing fn's own code what the artifact cannot check (_optimizer_probe).
     Adam/AdamW trace their ``capturable`` formulation (step, lr and bias
     corrections as tensor ops, not Python numbers baked into the graph), with
     ``torch.compiler.is_compiling()`` true during ``step()`` like under
@@ -2687,32 +2690,252 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     try:
         for lifted in args.optimizers:
             optimizer = lifted.optimizer
-            saved.append((optimizer, optimizer.state, [dict(group) for group in optimizer.param_groups]))
-            traced_state = collections.defaultdict(dict)
-            for group, indices in zip(optimizer.param_groups, lifted.groups):
-                group["params"], group["lr"] = [state[i] for i in indices], next(inputs)
+            caller = _CallerOptimizer(optimizer, f"args[{lifted.position}]")
+            saved.append(caller)
+            for g, (group, indices) in enumerate(zip(caller.groups, lifted.groups)):
+                traced = dict(group, params=[state[i] for i in indices], lr=next(inputs))
                 for key in lifted.lifted:
-                    swapped.append(_set_lifted_hyperparameter(group, key, next(inputs)))
+                    swapped.append(_set_lifted_hyperparameter(traced, key, next(inputs)))
                 if lifted.cls != "SGD":
-                    group["capturable"] = True
-            for group in optimizer.param_groups:
+                    traced["capturable"] = True
+                caller.traced.append(_GroupProbe(traced, group, f"{caller.where}.param_groups[{g}]", lifted.lifted))
+            optimizer.param_groups[:] = caller.traced
+            traced_state = collections.defaultdict(dict)
+            for group in caller.traced:
                 for leaf in group["params"]:
                     traced_state[leaf] = {key: next(inputs) for key in lifted.keys}
             optimizer.state = traced_state
             handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
             handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
+            optimizer.__class__ = _optimizer_probe(caller.cls, caller.where)
         yield
+        for caller in saved:
+            caller.refuse_changes()
     finally:
         compat.set_compiling_flag(compiling)
         for handle in handles:
             handle.remove()
         for tensor in swapped:
             tensor.__class__ = torch.Tensor
-        for optimizer, original_state, groups in saved:
-            optimizer.state = original_state
-            for group, original in zip(optimizer.param_groups, groups):
-                group.clear()
-                group.update(original)
+        for caller in saved:
+            caller.restore()
+
+
+class _CallerOptimizer:
+    """An optimizer argument as the caller has it, while fn runs on traced groups and state."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, where: str):
+        self.optimizer, self.where, self.cls, self.state = optimizer, where, type(optimizer), optimizer.state
+        self.groups = list(optimizer.param_groups)
+        self.before = [dict(group) for group in self.groups]
+        self.traced: list = []  # the _GroupProbes fn sees, one per group
+
+    def refuse_changes(self) -> None:
+        """After fn: groups added, removed or replaced, or a caller's group written through
+        another reference (a closure or global) than opt.param_groups."""
+        now = self.optimizer.param_groups
+        if len(now) != len(self.traced) or any(map(operator.is_not, now, self.traced)):
+            raise PrecompileError(
+                f"fn changes the list {self.where}.param_groups (adds, removes or replaces a group); the "
+                "artifact would not do that: change the optimizer's groups outside fn and precompile again"
+            )
+        for g, (group, original) in enumerate(zip(self.groups, self.before)):
+            key = _changed_key(original, group)
+            if key is not None:
+                raise PrecompileError(
+                    f"fn writes {self.where}.param_groups[{g}][{key!r}] through another reference than "
+                    f"{self.where}.param_groups (a closure or global); the artifact never writes the group: "
+                    "set it outside fn, e.g. with an LR scheduler stepped between calls"
+                )
+
+    def restore(self) -> None:
+        self.optimizer.__class__ = self.cls
+        self.optimizer.state = self.state
+        self.optimizer.param_groups[:] = self.groups
+        for group, original in zip(self.groups, self.before):  # undo writes through another reference
+            group.clear()
+            group.update(original)
+
+
+def _changed_key(before: dict, after: dict) -> Any:
+    """A key added, removed or rebound between two states of one dict, or None."""
+    keys = [*before, *(k for k in after if k not in before)]
+    return next((k for k in keys if before.get(k, schema.MISSING) is not after.get(k, schema.MISSING)), None)
+
+
+def _caller_is_fn() -> bool:
+    """Whether the caller of the function that asks is fn's own code (not torch's, not precompile's)."""
+    return _is_user_file(sys._getframe(2).f_code.co_filename)
+
+
+class _GroupProbe(dict):
+    """A param group of an optimizer argument while fn is traced (Note invariant 15).
+
+    The artifact steps with the group's values as each call finds them and
+    never writes the group, so a write by any code (``g["lr"] *= 0.5``) is
+    refused before it happens.  It checks at every call the values of the keys
+    the group had at capture, not which keys it has (an LR scheduler adds
+    ``initial_lr``), so fn's own code may not look up a key the group lacks
+    (``g.get("loss_scale", 1.0)``) or read its key set (iteration, ``len``,
+    copies); nor read a key whose traced value is not the caller's
+    (``capturable``, ``foreach``, set for the trace).  torch's step reads only
+    keys the optimizer's constructor fills in.  Each refusal names fn's line.
+    """
+
+    __slots__ = ("where", "traced_only")
+
+    def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple):
+        super().__init__(traced)
+        self.where = where
+        kept = ("params", "lr", *(key.partition("[")[0] for key in lifted))  # what fn sees as graph inputs
+        self.traced_only = {k: caller.get(k) for k in traced if k not in kept and traced[k] is not caller.get(k)}
+
+    def refuse_write(self, what: str) -> None:
+        raise PrecompileError(
+            f"fn writes {self.where}{what}{_user_line(traceback.extract_stack())}: the artifact steps with "
+            "the group's values as each call finds them and never writes the group, so the change would "
+            "not happen; set it outside fn, e.g. with an LR scheduler stepped between calls"
+        )
+
+    def refuse_unchecked_read(self, key: Any) -> None:
+        """For a read of ``key`` by fn's own code: refused where no call would check its answer."""
+        if not dict.__contains__(self, key):
+            self.refuse_absent(key)
+        if key in self.traced_only:
+            self.refuse_traced_only(key)
+
+    def refuse_absent(self, key: Any) -> None:
+        raise PrecompileError(
+            f"fn reads {self.where}[{key!r}]{_user_line(traceback.extract_stack())}, a key the group does not "
+            "have: the artifact checks at every call the keys the group had at capture, so the key added later "
+            "would go unseen; put it in the group before precompile (e.g. in the optimizer's constructor), "
+            "or pass the value as an argument of fn"
+        )
+
+    def refuse_key_set(self, how: str) -> None:
+        raise PrecompileError(
+            f"fn reads the keys of {self.where} ({how}){_user_line(traceback.extract_stack())}: the artifact "
+            "checks at every call the values of the keys fn reads by name, not which keys the group has (an "
+            "LR scheduler adds 'initial_lr'); read the keys fn needs by name"
+        )
+
+    def refuse_traced_only(self, key: Any) -> None:
+        raise PrecompileError(
+            f"fn reads {self.where}[{key!r}]{_user_line(traceback.extract_stack())}: precompile sets it to "
+            f"{dict.__getitem__(self, key)!r} while it traces the step (the caller's is {self.traced_only[key]!r}); "
+            "compute without it"
+        )
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self.traced_only and _caller_is_fn():
+            self.refuse_traced_only(key)
+        return dict.__getitem__(self, key)
+
+    def __missing__(self, key: Any) -> Any:  # dict.__getitem__ found no key
+        if _caller_is_fn():
+            self.refuse_absent(key)
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if _caller_is_fn():
+            self.refuse_unchecked_read(key)
+        return dict.get(self, key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        found = dict.__contains__(self, key)
+        if not found and _caller_is_fn():
+            self.refuse_absent(key)
+        return found
+
+
+# dict's writing methods: how a refusal names each (None: by the key it writes).
+_GROUP_WRITES = {
+    "__setitem__": None, "__delitem__": None, "pop": None, "setdefault": None,
+    "popitem": " (.popitem())", "update": " (.update())", "clear": " (.clear())", "__ior__": " (|=)",
+}
+# dict's methods whose answer depends on which keys it has: how a refusal names each.
+_GROUP_KEY_SET_READS = {
+    "__iter__": "iteration", "__reversed__": "reversed()", "__len__": "len()", "keys": ".keys()",
+    "values": ".values()", "items": ".items()", "copy": ".copy()", "__eq__": "==", "__ne__": "!=",
+    "__or__": "|", "__ror__": "|",
+}
+
+
+def _refusing_group_write(name: str) -> Callable:
+    def refuse(group: _GroupProbe, *args: Any, **kwargs: Any) -> Any:
+        if name == "setdefault" and dict.__contains__(group, args[0]):  # a read
+            if _caller_is_fn():
+                group.refuse_unchecked_read(args[0])
+            return dict.__getitem__(group, args[0])
+        group.refuse_write(_GROUP_WRITES[name] or f"[{args[0]!r}]")
+
+    return refuse
+
+
+def _refusing_key_set_read(name: str) -> Callable:
+    method = getattr(dict, name)
+
+    @functools.wraps(method)
+    def read(group: _GroupProbe, *args: Any) -> Any:
+        if _caller_is_fn():
+            group.refuse_key_set(_GROUP_KEY_SET_READS[name])
+        return method(group, *args)
+
+    return read
+
+
+for _name in _GROUP_WRITES:
+    setattr(_GroupProbe, _name, _refusing_group_write(_name))
+for _name in _GROUP_KEY_SET_READS:
+    setattr(_GroupProbe, _name, _refusing_key_set_read(_name))
+
+
+# What fn's own code may use of an optimizer argument: its groups (the values fn reads
+# there are checked at every call) and its step.  Everything else is refused by
+# _optimizer_probe; torch's step and zero_grad read what they need.
+_OPTIMIZER_USES = frozenset(("param_groups", "zero_grad", "step", "__class__"))
+_WHY_NOT_USED = {
+    "state": "inside fn it holds the trace's state (created as eager's first step would), not the caller's, "
+    "and what fn decides from it (len(opt.state) == 0 before the first step) is not checked at calls",
+    "defaults": "the artifact would keep what fn reads there and not check it at calls (the groups' values "
+    "are checked: read opt.param_groups[g][key])",
+}
+
+
+def _optimizer_probe(cls: type, where: str) -> type:
+    """``cls`` for one optimizer argument while fn is traced: fn's own code reading, setting or
+    deleting any attribute but _OPTIMIZER_USES is refused before it happens (Note invariant 15)."""
+
+    def refuse(verb: str, name: str) -> None:
+        if verb == "reads":
+            why = _WHY_NOT_USED.get(name, "the artifact would keep what fn computes from it and not check it at calls")
+        else:
+            why = "the artifact would not repeat the change"
+        raise PrecompileError(
+            f"fn {verb} {where}.{name}{_user_line(traceback.extract_stack())}: {why}; inside fn, use only the "
+            "optimizer's param_groups, zero_grad() and step(), and compute anything else outside fn and pass "
+            "it as an argument"
+        )
+
+    def getattribute(optimizer: Any, name: str) -> Any:
+        if name not in _OPTIMIZER_USES and _caller_is_fn():
+            refuse("reads", name)
+        return cls.__getattribute__(optimizer, name)
+
+    def setattr_(optimizer: Any, name: str, value: Any) -> None:
+        if _caller_is_fn():
+            refuse("sets", name)
+        cls.__setattr__(optimizer, name, value)
+
+    def delattr_(optimizer: Any, name: str) -> None:
+        if _caller_is_fn():
+            refuse("deletes", name)
+        cls.__delattr__(optimizer, name)
+
+    namespace = {"__getattribute__": getattribute, "__setattr__": setattr_, "__delattr__": delattr_}
+    probe = type(cls.__name__, (cls,), namespace)  # its name is cls's: torch names step()'s profiler range by it
+    probe.__module__, probe.__qualname__ = cls.__module__, cls.__qualname__
+    return probe
 
 
 def _set_lifted_hyperparameter(group: dict, key: str, tensor: torch.Tensor) -> torch.Tensor:
