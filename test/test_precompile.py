@@ -1447,6 +1447,28 @@ class TestFreeDims(TestCase):
                 with self.assertRaisesRegex(PrecompileError, rf"requires \(args\[1\] dim 0\) - 1 {op} 0, .* but args\[1\] dim 0 is {other}"):
                     f(self.model, torch.randn(other, 8))
 
+    def test_a_free_size_tied_to_others_becomes_a_size_fact(self):
+        """A mask one longer than a cache: the trace sets its size to the cache's + 1 (no guard)."""
+        def masked(m, cache, mask, new):
+            return m(torch.cat([cache, new])) * mask[:, None]
+
+        m, new = nn.Linear(4, 4), torch.randn(1, 4)
+        f = precompile.load(*precompile(masked, m, _marked(torch.randn(4, 4), 0), _marked(torch.ones(5), 0), new))
+        (fact,) = f.convention.size_facts
+        self.assertEqual((fact.terms, fact.constant, fact.op), (((0, -1), (1, 1)), -1, "=="))
+        with torch.no_grad():
+            for rows in (1, 7):
+                cache, mask = torch.randn(rows, 4), torch.rand(rows + 1)
+                torch.testing.assert_close(f(m, cache, mask, new), masked(m, cache, mask, new))
+        with self.assertRaisesRegex(PrecompileError, r"requires -\(args\[1\] dim 0\) \+ \(args\[2\] dim 0\) - 1 == 0"):
+            f(m, torch.randn(3, 4), torch.rand(3), new)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"fn requires -\(args\[1\] dim 0\) \+ \(args\[2\] dim 0\) - 1 == 0 \(marked with mark_unbacked; .*\), "
+            r"which the example inputs' sizes \(args\[1\] dim 0 = 4, args\[2\] dim 0 = 3\) do not satisfy",
+        ):
+            precompile(masked, m, _marked(torch.randn(4, 4), 0), _marked(torch.ones(3), 0), new)
+
     def test_marked_dims_the_example_broadcasts_are_refused(self):
         """x + y over two marked dims: the graph requires them one size (it never broadcasts a
         free 1), so an example that broadcasts (5 vs 1) would be refused by its own artifact."""

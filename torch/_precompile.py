@@ -70,7 +70,12 @@ says who guarantees it and, where it is enforced, which tests (in
    naming the line that needed it), the trace is redone with it assumed, and
    the driver checks it at every call, refusing a call that breaks it; a
    guard that is not linear in the marked sizes is refused at capture
-   (test_precompile_llm.py TestSizeFacts, TestGenerate).  A squeeze of a
+   (test_precompile_llm.py TestSizeFacts, TestGenerate).  A marked size the
+   trace sets to a linear function of others without a guard (a broadcast
+   of that mask with the cache grown by one) becomes that size fact too,
+   refused at capture where the example's sizes break it
+   (test_precompile.py test_a_free_size_tied_to_others_becomes_a_size_fact).
+   A squeeze of a
    marked dim (``x.squeeze()``) is decided without a guard -- the trace keeps
    the dim, eager drops one of size 1 -- so it gives the size fact
    ``size != 1`` (``== 1`` where the example's is 1) the same way

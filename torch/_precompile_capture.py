@@ -1428,6 +1428,7 @@ class _SymbolicAttempt:
         for symbol, index in self.symbols.items():
             replaced = compat.shape_env_replacements(self.shape_env).get(symbol)
             if replaced is not None and index not in equal_by_fact and self.shape_env.simplify(replaced) not in self.symbols:
+                self.raise_if_relation_of_free_sizes(index, symbol, replaced)
                 raise PrecompileError(
                     f"fn specializes {self.describe(index)} (marked with mark_unbacked) to "
                     f"{replaced}, e.g. through .view() with literal sizes; use -1 or sizes derived "
@@ -1441,6 +1442,25 @@ class _SymbolicAttempt:
                     "(marked with mark_unbacked); state it in the mark instead (min=/max=) or "
                     "remove the mark"
                 )
+
+    def raise_if_relation_of_free_sizes(self, index: int, symbol, replaced) -> None:
+        """A free size the trace set to a linear function of others (a mask one longer than
+        a cache: u1 = u0 + 1) becomes that size fact, where the example's sizes satisfy it."""
+        if not replaced.free_symbols:  # a constant: a specialization
+            return
+        # Not size_fact(): the shape env's simplification applies the replacement itself.
+        fact = self.linear_fact(symbol - replaced, "==", "")
+        if fact is None:
+            return
+        if fact.op != "==":
+            names = [self.describe(i) for i in range(len(self.sizes))]
+            example = ", ".join(f"{name} = {self.example_size(i)}" for i, name in enumerate(names))
+            raise PrecompileError(
+                f"fn requires {fact.negated().describe(names)} (marked with mark_unbacked; e.g. a broadcast "
+                f"between them), which the example inputs' sizes ({example}) do not satisfy: pass example "
+                "inputs whose sizes do"
+            )
+        raise _AssumedSizeFacts([fact])
 
     def implied_by_marks(self, expr) -> bool:
         """Equalities between free dims, and bounds the driver already checks."""
@@ -1513,9 +1533,16 @@ class _SymbolicAttempt:
 
         ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
         op = ops.get(type(cond))
+        if op is None:
+            return None
+        return self.linear_fact(self.shape_env.simplify(cond.lhs - cond.rhs), op, where)
+
+    def linear_fact(self, expr, op: str, where: str) -> "schema.SizeFact | None":
+        """``expr OP 0`` as the fact the example's sizes decide, or None where it is not linear."""
+        import sympy
+
         symbols = list(self.symbols)
-        expr = self.shape_env.simplify(cond.lhs - cond.rhs) if op is not None else None
-        if expr is None or not expr.free_symbols <= set(symbols):
+        if not expr.free_symbols <= set(symbols):
             return None
         try:
             poly = sympy.Poly(expr, *symbols)
