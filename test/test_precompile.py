@@ -1494,6 +1494,10 @@ class TestFreeDims(TestCase):
         ):
             precompile(branchy, self.model, x)
 
+    def test_requirement_no_bound_states_refused_saying_so(self):
+        with self.assertRaisesRegex(PrecompileError, r"fn requires Eq\(Mod\(.*u0.*, 2\), 0\) .*; no mark bound states that"):
+            precompile(lambda x: x.view(-1, 2) * 2, _marked(torch.randn(6, 3), 0))
+
     def test_specializing_view_refused(self):
         with self.assertRaisesRegex(PrecompileError, r"fn specializes args\[1\] dim 0 .* to 5.*use -1"):
             precompile(lambda m, x: m(x).view(5, 4), self.model, _marked(torch.randn(5, 8), 0))

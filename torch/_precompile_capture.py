@@ -1322,6 +1322,13 @@ def _data_dependent_error(frames: list, how: str = "(`if tensor:`, .item(), bool
     )
 
 
+def _is_inequality(expr) -> bool:
+    """Whether a requirement on free sizes is <, <=, > or >= (what a mark's min=/max= can state)."""
+    import sympy
+
+    return isinstance(expr, (sympy.LessThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.StrictGreaterThan))
+
+
 class _AssumedSizeFacts(Exception):
     """A trace decided a question about free sizes without a guard; retrace with these facts."""
 
@@ -1437,10 +1444,15 @@ class _SymbolicAttempt:
         for requirement in compat.shape_env_deferred_asserts(self.shape_env):
             if id(requirement) not in self.assumed and not self.implied_by_marks(requirement.expr):
                 names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
+                fix = (
+                    "state it in the mark instead (min=/max=) or remove the mark"
+                    if _is_inequality(requirement.expr)
+                    else "no mark bound states that (min=/max= do not): remove the mark, or avoid the op that needs "
+                    "it (e.g. .view(-1, 2) over that dim)"
+                )
                 raise PrecompileError(
                     f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
-                    "(marked with mark_unbacked); state it in the mark instead (min=/max=) or "
-                    "remove the mark"
+                    f"(marked with mark_unbacked); {fix}"
                 )
 
     def raise_if_relation_of_free_sizes(self, index: int, symbol, replaced) -> None:
@@ -1469,7 +1481,7 @@ class _SymbolicAttempt:
         sides = [self.shape_env.simplify(side) for side in getattr(expr, "args", ())]
         if isinstance(expr, sympy.Eq) and all(side in self.symbols for side in sides):
             return True
-        if not isinstance(expr, (sympy.LessThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.StrictGreaterThan)):
+        if not _is_inequality(expr):
             return False
         lhs, rhs = sides
         if lhs in self.symbols and rhs.is_Integer:  # symbol OP constant
