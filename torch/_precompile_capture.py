@@ -10,6 +10,7 @@ torch 2.11-2.14 internals it relies on go through ``torch/_precompile_compat.py`
 import ast
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -18,6 +19,7 @@ import operator
 import os
 import pprint
 import re
+import reprlib
 import sys
 import threading
 import traceback
@@ -1536,6 +1538,12 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "Call precompile() outside them; to pack saved tensors at every call, enter the "
             "hooks inside fn"
         )
+    with _modules_kept(args):  # around every trace and the checks after them, which may refuse
+        return _traced(fn, args, free_dims, backend, decompositions)
+
+
+def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decompositions) -> _Capture:
+    """Trace fn (again where a trace finds it must) and record its calling convention."""
     frozen = _frozen_in_optimizers(args)
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded)
@@ -1598,7 +1606,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     convention = CallingConvention(
         format_version=CONVENTION_VERSION,
         backend=backend,
-        arity=len(example_inputs),
+        arity=len(args.example_inputs),
         modules=tuple(
             ModuleSpec(
                 position=position,
@@ -1651,7 +1659,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_inputs_read_only=grads["grad_inputs_read_only"],
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
-        signature=_signature_record(fn, example_inputs),
+        signature=_signature_record(fn, args.example_inputs),
         output_views=output_views,
         same_inputs=tuple(same),
         rebound_inputs=recorded["rebound_inputs"],
@@ -2323,6 +2331,106 @@ def _tensor_attributes_kept(args: _Arguments):
             "artifact would leave the attribute as it was, so after a call it would differ from eager's. "
             "Register it as a buffer (self.register_buffer(name, tensor, persistent=False)) and update it "
             "in place, or return the tensor from fn instead of storing it"
+        )
+
+
+class _ModuleState:
+    """One module's Python state before fn runs: its ``__dict__``, and the contents of the
+    containers nn.Module keeps there (parameters, buffers, children, hook dicts)."""
+
+    def __init__(self, path: str, module: torch.nn.Module):
+        self.path = path
+        # vars(), not getattr: the read probe takes reading a hook dict for fn calling the module.
+        self.values = vars(module)
+        self.before = dict(self.values)
+        self.contents = {name: copy.copy(self.values[name]) for name in compat.module_containers() if name in self.values}
+
+    def restore(self) -> list[str]:
+        """Put the module back as it was; describe each change found ("registers a forward hook ...")."""
+        changes = self._restore_attributes()
+        for name, old in self.contents.items():
+            container = self.values[name]  # the object it was (_restore_attributes rebinds it)
+            if _same_entries(container, old):
+                continue
+            changes += self._entry_changes(name, old, container) or [f"changes {self.path}'s {name}"]
+            container.clear()
+            container.update(old)
+        return changes
+
+    def _restore_attributes(self) -> list[str]:
+        changes = []
+        for name in sorted(self.values.keys() - self.before.keys()):
+            changes.append(f"sets {self.path}.{name} to {reprlib.repr(self.values.pop(name))}")
+        for name, old in self.before.items():
+            new = self.values.get(name, schema.MISSING)
+            if new is old:
+                continue
+            self.values[name] = old
+            if new is schema.MISSING:
+                changes.append(f"deletes {self.path}.{name}")
+            elif not _equal_values(old, new):
+                changes.append(f"changes {self.path}.{name} (from {reprlib.repr(old)} to {reprlib.repr(new)})")
+        return changes
+
+    def _entry_changes(self, name: str, old: Any, new: Any) -> list[str]:
+        """Each entry of container ``name`` fn added, removed or replaced; [] for bookkeeping
+        kept beside another container (restored with it, which names the change)."""
+        kind = compat.module_containers()[name]
+        if not kind:
+            return []
+        changes = []
+        for key in [*old, *(key for key in new if key not in old)]:
+            before, after = old.get(key, schema.MISSING), new.get(key, schema.MISSING)
+            if before is after:
+                continue
+            verb = "registers" if before is schema.MISSING else "removes" if after is schema.MISSING else "replaces"
+            entry = before if after is schema.MISSING else after
+            if kind in ("parameter", "buffer", "submodule"):
+                changes.append(f"{verb} {kind} {self.path}.{key}")
+            else:
+                changes.append(f"{verb} a {kind} on {self.path} ({runtime.hook_name(entry)})")
+        return changes
+
+
+def _same_entries(container: Any, old: Any) -> bool:
+    """Whether a dict holds the same entries, by identity and in order, as ``old`` (a set: the same members)."""
+    if not isinstance(container, dict):
+        return container == old
+    return len(container) == len(old) and all(k == j and v is w for (k, v), (j, w) in zip(container.items(), old.items()))
+
+
+def _equal_values(old: Any, new: Any) -> bool:
+    """Whether an attribute fn rebound holds an equal plain value (``self.shape = (2, 3)`` again)."""
+    literal = _value_literal_or_missing(old)
+    return literal is not schema.MISSING and type(old) is type(new) and literal == _value_literal_or_missing(new)
+
+
+@contextlib.contextmanager
+def _modules_kept(args: _Arguments):
+    """Invariants 5 and 8: the modules fn receives are left as they were before the trace,
+    whatever fn changed of their Python state, also when capture refuses: attributes set,
+    rebound or deleted, submodules, parameters or buffers registered or removed, hooks
+    registered or removed (transformers' output capturing registers hooks and sets a flag
+    at the first call asking for hidden states).
+
+    A change no other check refused (values fn read and changed are refused naming what fn
+    read) is refused here: eager's call leaves it on the model, the artifact's calls would not.
+    """
+    states: dict[int, _ModuleState] = {}  # a submodule two arguments share: once, by its first path
+    for path, sub in runtime.named_submodules(args.module_positions, args.modules):
+        if id(sub) not in states:
+            states[id(sub)] = _ModuleState(path, sub)
+    try:
+        yield
+    finally:
+        changes = [change for state in states.values() for change in state.restore()]
+    if changes:
+        listed = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+        raise PrecompileError(
+            f"fn changes the modules it receives beyond their tensors' values: it {listed}. Eager's call "
+            "leaves that on the model, the artifact's calls would not (capture restored the modules as they "
+            "were). Keep fn from making these changes: set such an attribute before precompile, outside fn; "
+            "a hook cannot be precompiled (remove what registers it, or call fn eagerly)"
         )
 
 
