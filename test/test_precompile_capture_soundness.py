@@ -417,6 +417,20 @@ class TestCaptureSoundness(TestCase):
         model, x = Changing(lambda m: None), torch.randn(2, 4)
         torch.testing.assert_close(load(precompile(lambda m, x: m(x), model, x, backend="eager"))(model, x), model(x))
 
+    def test_a_torch_compiled_module_is_refused_at_capture(self):
+        model, x = small_mlp(), torch.randn(4, 8)
+        compiled = torch.compile(model, backend="eager")
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\] is a torch\.compile'd module \(OptimizedModule\), which precompile does not trace: pass the "
+            r"module itself \(args\[0\]\._orig_mod, or the model before torch\.compile\); precompile compiles it$",
+        ):
+            precompile(lambda m, x: m(x), compiled, x, backend="eager")
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\]\.1 is a torch\.compile'd module .*\(args\[1\]\.1\._orig_mod\)"):
+            precompile(lambda x, m: m(x), x, nn.Sequential(nn.Identity(), compiled), backend="eager")
+        f = load(precompile(lambda m, x: m(x), compiled._orig_mod, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))
+
     def test_data_dependent_python_in_an_installed_package_names_its_line(self):
         # A package installed beside torch whose name starts with "torch" (torchvision's
         # site-packages/torchvision/...) is not torch's own code: its line is named.

@@ -133,6 +133,8 @@ def _lift_state(modules: list) -> list:
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
+    for position, module in zip(module_positions, modules):
+        _refuse_compiled_modules(f"args[{position}]", module)
     optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
     user_positions = [
         i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
@@ -190,6 +192,25 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         parallel_hooks=parallel_hooks,
         fully_shard_policies=fully_shard_policies,
     )
+
+
+def _refuse_compiled_modules(where: str, module: torch.nn.Module) -> None:
+    """A torch.compile'd module (OptimizedModule) in a module argument: its calls run Dynamo and its
+    ``training`` forwards to the module it wraps, which no call could check; precompile compiles
+    the module itself."""
+    for path, sub in module.named_modules():
+        if compat.compiled_module_original(sub) is None:
+            continue
+        name = f"{where}.{path}" if path else where
+        fix = (
+            f"pass the module itself ({name}._orig_mod, or the model before torch.compile)"
+            if not path
+            else f"put the module it wraps in its place ({name}._orig_mod)"
+        )
+        raise PrecompileError(
+            f"{name} is a torch.compile'd module ({type(sub).__name__}), which precompile does not "
+            f"trace: {fix}; precompile compiles it"
+        )
 
 
 def _input_leaf_paths(user_positions: list, user_args: tuple, leaves: list, spec: pytree.TreeSpec) -> list:
