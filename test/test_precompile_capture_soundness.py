@@ -345,11 +345,14 @@ class TestCaptureSoundness(TestCase):
 
     @staticmethod
     def _python_state(model):
-        """Every submodule's __dict__ and the contents of its dicts (hooks, children, tensors)."""
-        return [
-            {k: dict(v) if isinstance(v, dict) else set(v) if isinstance(v, set) else v for k, v in vars(sub).items()}
-            for sub in model.modules()
-        ]
+        """Every submodule's __dict__ and the contents of its dicts (hooks, children, tensors) and sets, by identity."""
+
+        def contents(value):
+            if isinstance(value, dict):
+                return [(key, id(entry)) for key, entry in value.items()]
+            return sorted(value) if isinstance(value, set) else None
+
+        return [{k: (id(v), contents(v)) for k, v in vars(sub).items()} for sub in model.modules()]
 
     def test_hooks_fn_installs_are_removed_when_capture_refuses(self):
         # As transformers' capture_outputs does at the first call asking for hidden states:
@@ -416,6 +419,17 @@ class TestCaptureSoundness(TestCase):
             self.assertEqual(self._python_state(model), before)
         model, x = Changing(lambda m: None), torch.randn(2, 4)
         torch.testing.assert_close(load(precompile(lambda m, x: m(x), model, x, backend="eager"))(model, x), model(x))
+
+    def test_what_the_trace_leaves_in_a_module_is_undone(self):
+        # An RNN's forward rebuilds _flat_weights from the weights it holds: in the trace, the
+        # stand-ins for the caller's parameters. Not fn's change (eager's call keeps them), so not
+        # refused, and the caller's LSTM holds its own parameters there afterwards.
+        model, x = nn.LSTM(4, 4, batch_first=True), torch.randn(2, 3, 4)
+        before = self._python_state(model)
+        f = load(precompile(lambda m, x: m(x)[0], model, x, backend="eager"))
+        self.assertEqual(self._python_state(model), before)
+        self.assertIs(model._flat_weights[0], model.weight_ih_l0)
+        torch.testing.assert_close(f(model, x), model(x)[0])
 
     def test_a_torch_compiled_module_is_refused_at_capture(self):
         model, x = small_mlp(), torch.randn(4, 8)

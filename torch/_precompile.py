@@ -181,19 +181,23 @@ says who guarantees it and, where it is enforced, which tests (in
    (test_precompile_capture_soundness.py test_rng_untouched_*,
    test_rebinding_caller_grad_refused_and_restored).
    An optimizer argument's param_groups and state are restored too
-   (invariant 15).  The module arguments' Python state is restored on every
-   exit of capture, refused or not, from a snapshot taken before the first
-   trace: each submodule's ``__dict__`` (attributes fn set, rebound or
-   deleted) and the contents of the containers nn.Module keeps there (every
-   hook dict, children, parameters, buffers; ``compat.module_containers``).
-   A refusal thus leaves no hook or flag a library installed at fn's first
-   call (transformers' output capturing for ``output_hidden_states``, which
-   would make every artifact of that model refuse its calls); a change no
-   other check refuses (an attribute fn sets without reading it, a hook or
-   submodule fn registers) is refused naming it, since eager's call leaves
-   it on the model and the artifact's would not
-   (test_hooks_fn_installs_are_removed_when_capture_refuses,
-   test_module_changes_no_other_check_refuses_are_refused_and_undone;
+   (invariant 15).  The module arguments' Python state is restored before
+   each trace and on every exit of capture, refused or not, from a snapshot
+   taken before the first trace: each submodule's ``__dict__`` (attributes
+   set, rebound or deleted) and the contents of the containers nn.Module
+   keeps there (every hook dict, children, parameters, buffers;
+   ``compat.module_containers``).  A refusal thus leaves no hook or flag a
+   library installed at fn's first call (transformers' output capturing for
+   ``output_hidden_states``, which would make every artifact of that model
+   refuse its calls), and no trace's tensor in a module (an RNN's
+   ``_flat_weights``).  What fn itself changes during a trace (compared
+   with its modules as the trace began, the trace's stand-ins for their
+   tensors counting as the caller's) and no other check refuses -- an
+   attribute fn sets without reading it, a hook or submodule it registers
+   -- is refused naming it: eager's call leaves it on the model, the
+   artifact's would not (test_hooks_fn_installs_are_removed_when_capture_refuses,
+   test_module_changes_no_other_check_refuses_are_refused_and_undone,
+   test_what_the_trace_leaves_in_a_module_is_undone;
    test_precompile_llm.py test_hidden_states_hooks_are_removed_when_capture_refuses).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
    environment (torch, Python, platform, CPU capability; for Triton kernels
