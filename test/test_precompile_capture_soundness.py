@@ -357,6 +357,108 @@ class TestCaptureSoundness(TestCase):
             precompile(lambda m, x: m(x), model, torch.randn(2, 4), backend=backend)
         self.assertNotIn("cached", vars(model[0]))
 
+    @staticmethod
+    def _python_state(model):
+        """Every submodule's __dict__ and the contents of its dicts (hooks, children, tensors) and sets, by identity."""
+
+        def contents(value):
+            if isinstance(value, dict):
+                return [(key, id(entry)) for key, entry in value.items()]
+            return sorted(value) if isinstance(value, set) else None
+
+        return [{k: (id(v), contents(v)) for k, v in vars(sub).items()} for sub in model.modules()]
+
+    def test_hooks_fn_installs_are_removed_when_capture_refuses(self):
+        # As transformers' capture_outputs does at the first call asking for hidden states:
+        # forward hooks on the layers that record their outputs, and a flag saying so.
+        class Capturing(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+            def forward(self, x, hidden=False, fail=False):
+                seen = []
+                if hidden and not getattr(self, "_hooks_installed", False):
+                    for layer in self.layers:
+                        layer.register_forward_hook(lambda module, args, out: seen.append(out))
+                    self._hooks_installed = True
+                for layer in self.layers:
+                    x = layer(x)
+                if fail and x.sum() > 0:  # data-dependent Python: refused while traced
+                    pass
+                return x, seen
+
+        model, x = Capturing(), torch.randn(2, 4)
+        plain = load(precompile(lambda m, x: m(x)[0], model, x, backend="eager"))
+        before = self._python_state(model)
+        with self.assertRaisesRegex(PrecompileError, r"fn changes args\[0\]\._hooks_installed \(from missing to True\)"):
+            precompile(lambda m, x: m(x, hidden=True), model, x, backend="eager")
+        with self.assertRaisesRegex(PrecompileError, r"fn uses the value of a tensor as a Python value"):
+            precompile(lambda m, x: m(x, hidden=True, fail=True), model, x, backend="eager")
+        self.assertEqual(self._python_state(model), before)
+        self.assertNotIn("_hooks_installed", vars(model))
+        self.assertFalse(any(sub._forward_hooks for sub in model.modules()))
+        torch.testing.assert_close(plain(model, x), model(x)[0])  # the earlier artifact sees no hook
+
+    def test_module_changes_no_other_check_refuses_are_refused_and_undone(self):
+        def counting_hook(module, args, out):
+            return out
+
+        class Changing(nn.Module):
+            def __init__(self, change):
+                super().__init__()
+                self.lin, self.change, self.kept = nn.Linear(4, 4), change, (2, 3)
+
+            def forward(self, x):
+                self.kept = (2, 3)  # an equal value rebound: no change
+                self.change(self)
+                return self.lin(x)
+
+        for change, message in (
+            (lambda m: m.lin.register_forward_hook(counting_hook),
+             r"registers a forward hook on args\[0\]\.lin \(test_precompile_capture_soundness\..*counting_hook\)"),
+            (lambda m: m.lin.register_forward_pre_hook(lambda module, args: None),
+             r"registers a forward pre-hook on args\[0\]\.lin \(.*<lambda>\)"),
+            (lambda m: setattr(m, "step_seen", 1), r"sets args\[0\]\.step_seen to 1"),
+            (lambda m: delattr(m, "kept"), r"deletes args\[0\]\.kept"),
+            (lambda m: m.register_buffer("extra", torch.ones(1)), r"registers buffer args\[0\]\.extra"),
+            (lambda m: m.add_module("head", nn.Identity()), r"registers submodule args\[0\]\.head"),
+        ):
+            model = Changing(change)
+            before = self._python_state(model)
+            with self.assertRaisesRegex(
+                PrecompileError, r"^fn changes the modules it receives beyond their tensors' values: it " + message
+            ):
+                precompile(lambda m, x: m(x), model, torch.randn(2, 4), backend="eager")
+            self.assertEqual(self._python_state(model), before)
+        model, x = Changing(lambda m: None), torch.randn(2, 4)
+        torch.testing.assert_close(load(precompile(lambda m, x: m(x), model, x, backend="eager"))(model, x), model(x))
+
+    def test_what_the_trace_leaves_in_a_module_is_undone(self):
+        # An RNN's forward rebuilds _flat_weights from the weights it holds: in the trace, the
+        # stand-ins for the caller's parameters. Not fn's change (eager's call keeps them), so not
+        # refused, and the caller's LSTM holds its own parameters there afterwards.
+        model, x = nn.LSTM(4, 4, batch_first=True), torch.randn(2, 3, 4)
+        before = self._python_state(model)
+        f = load(precompile(lambda m, x: m(x)[0], model, x, backend="eager"))
+        self.assertEqual(self._python_state(model), before)
+        self.assertIs(model._flat_weights[0], model.weight_ih_l0)
+        torch.testing.assert_close(f(model, x), model(x)[0])
+
+    def test_a_torch_compiled_module_is_refused_at_capture(self):
+        model, x = small_mlp(), torch.randn(4, 8)
+        compiled = torch.compile(model, backend="eager")
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\] is a torch\.compile'd module \(OptimizedModule\), which precompile does not trace: pass the "
+            r"module itself \(args\[0\]\._orig_mod, or the model before torch\.compile\); precompile compiles it$",
+        ):
+            precompile(lambda m, x: m(x), compiled, x, backend="eager")
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\]\.1 is a torch\.compile'd module .*\(args\[1\]\.1\._orig_mod\)"):
+            precompile(lambda x, m: m(x), x, nn.Sequential(nn.Identity(), compiled), backend="eager")
+        f = load(precompile(lambda m, x: m(x), compiled._orig_mod, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))
+
     def test_data_dependent_python_in_an_installed_package_names_its_line(self):
         # A package installed beside torch whose name starts with "torch" (torchvision's
         # site-packages/torchvision/...) is not torch's own code: its line is named.

@@ -402,6 +402,33 @@ class TestDriverInternals(TestCase):
 
 
 class TestCaptureInternals(TestCase):
+    def test_module_containers(self):
+        """Every registration lands in one of the containers listed, in the module's own __dict__."""
+        containers = compat.module_containers()
+        self.assertEqual(containers["_forward_hooks"], "forward hook")
+        self.assertEqual(containers["_load_state_dict_post_hooks"], "load_state_dict post-hook")
+        self.assertEqual((containers["_modules"], containers["_forward_hooks_with_kwargs"]), ("submodule", ""))
+        module, hook = nn.Linear(2, 2), lambda *args, **kwargs: None
+        for register in (
+            lambda: module.register_forward_hook(hook, with_kwargs=True, always_call=True),
+            lambda: module.register_forward_pre_hook(hook, with_kwargs=True),
+            lambda: module.register_full_backward_hook(hook),
+            lambda: module.register_full_backward_pre_hook(hook),
+            lambda: module.register_state_dict_pre_hook(hook),
+            lambda: module.register_load_state_dict_post_hook(hook),
+            lambda: module.register_buffer("extra", torch.ones(1), persistent=False),
+            lambda: module.add_module("child", nn.Identity()),
+        ):
+            before = {name: dict.fromkeys(vars(module)[name]) for name in containers}
+            register()
+            self.assertTrue(any(dict.fromkeys(vars(module)[name]) != before[name] for name in containers))
+        self.assertEqual(set(vars(module)) - set(containers), {"training", "in_features", "out_features", "_is_full_backward_hook"})
+
+    def test_compiled_module_original(self):
+        model = nn.Linear(2, 2)
+        self.assertIsNone(compat.compiled_module_original(model))
+        self.assertIs(compat.compiled_module_original(torch.compile(model, backend="eager")), model)
+
     def test_current_autograd_node(self):
         seen = []
 

@@ -645,6 +645,27 @@ class TestTorchCompileCoexists(TestCase):
         torch.testing.assert_close(runnable(model, x), model(x))
 
 
+class TestCaptureLeavesTheModel(TestCase):
+    def test_hidden_states_hooks_are_removed_when_capture_refuses(self):
+        # transformers registers output-capturing forward hooks on the layers and sets a flag at the
+        # first call asking for hidden states: a refused capture must not leave them on the model.
+        model, (ids, _) = _llama(), _prompt()
+        logits = load(torch_precompile.precompile(lambda m, i: m(input_ids=i).logits, model, ids, backend="eager"))
+        with self.assertRaisesRegex(PrecompileError, r"fn changes args\[0\]\.model\._output_capturing_hooks_installed"):
+            torch_precompile.precompile(lambda m, i: m(input_ids=i, output_hidden_states=True), model, ids, backend="eager")
+        self.assertNotIn("_output_capturing_hooks_installed", vars(model.model))
+        self.assertEqual(sum(len(sub._forward_hooks) for sub in model.modules()), 0)
+        with torch.no_grad():
+            torch.testing.assert_close(logits(model, ids), model(input_ids=ids).logits)
+        # Hooks the model installed in an eager call are named by the refusal.
+        with torch.no_grad():
+            model(input_ids=ids, output_hidden_states=True)
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[0\]\.model\.\S+ has a forward hook \(transformers\.utils\.output_capturing\.\S+\), which was not there"
+        ):
+            logits(model, ids)
+
+
 _GENERATED: dict = {}
 
 
@@ -742,6 +763,27 @@ class TestGenerate(TestCase):
             generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, backend="eager")
         with self.assertRaisesRegex(PrecompileError, r"called the model's forward 1 time\(s\).*max_new_tokens >= 2"):
             generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=1)
+
+    def test_caches_with_sliding_window_layers_are_refused_up_front(self):
+        # The helper marks the prompt and cache lengths free, which a sliding-window layer does not follow:
+        # refused naming the cache, not with a message about marks the user never placed.
+        torch.manual_seed(0)
+        config = transformers.Gemma2Config(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, head_dim=8, sliding_window=4,
+        )
+        model, (ids, mask) = transformers.Gemma2ForCausalLM(config).eval(), _prompt()
+        for extra, cache, layer in (
+            ({}, "DynamicCache", "DynamicSlidingWindowLayer"),
+            ({"past_key_values": transformers.StaticCache(config=config, max_cache_len=16)}, "StaticCache",
+             "StaticSlidingWindowLayer"),
+        ):
+            with self.subTest(cache=cache), self.assertRaisesRegex(
+                PrecompileError,
+                rf"^precompile_generate: generate\(\) uses a {cache} whose layer 0 is a {layer} \(sliding window\), "
+                r"which this helper does not support: .* precompile its forward calls with precompile\(\) and no mark_unbacked",
+            ):
+                generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, **extra)
 
     def test_example_generates_in_a_fresh_process(self):
         example = os.path.join(os.path.dirname(HERE), "examples", "generate.py")

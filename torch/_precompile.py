@@ -195,7 +195,24 @@ says who guarantees it and, where it is enforced, which tests (in
    (test_precompile_capture_soundness.py test_rng_untouched_*,
    test_rebinding_caller_grad_refused_and_restored).
    An optimizer argument's param_groups and state are restored too
-   (invariant 15).
+   (invariant 15).  The module arguments' Python state is restored before
+   each trace and on every exit of capture, refused or not, from a snapshot
+   taken before the first trace: each submodule's ``__dict__`` (attributes
+   set, rebound or deleted) and the contents of the containers nn.Module
+   keeps there (every hook dict, children, parameters, buffers;
+   ``compat.module_containers``).  A refusal thus leaves no hook or flag a
+   library installed at fn's first call (transformers' output capturing for
+   ``output_hidden_states``, which would make every artifact of that model
+   refuse its calls), and no trace's tensor in a module (an RNN's
+   ``_flat_weights``).  What fn itself changes during a trace (compared
+   with its modules as the trace began, the trace's stand-ins for their
+   tensors counting as the caller's) and no other check refuses -- an
+   attribute fn sets without reading it, a hook or submodule it registers
+   -- is refused naming it: eager's call leaves it on the model, the
+   artifact's would not (test_hooks_fn_installs_are_removed_when_capture_refuses,
+   test_module_changes_no_other_check_refuses_are_refused_and_undone,
+   test_what_the_trace_leaves_in_a_module_is_undone;
+   test_precompile_llm.py test_hidden_states_hooks_are_removed_when_capture_refuses).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
    environment (torch, Python, platform, CPU capability; for Triton kernels
    also the GPU architecture and Triton version) equals this process's;
@@ -373,13 +390,22 @@ says who guarantees it and, where it is enforced, which tests (in
      value read (a set, an ndarray, a list holding an object) is REFUSED at
      capture, naming its path, and so is fn writing a value it read
      (``self.calls += 1``) (test_precompile_read_guards.py,
-     test_module_classes_and_read_attributes_are_checked).
+     test_module_classes_and_read_attributes_are_checked).  Any other change
+     fn makes to its modules' Python state (an attribute set without being
+     read, a hook, submodule or buffer registered) is REFUSED at capture and
+     undone (invariant 8).
+   - A torch.compile'd module (``OptimizedModule``, at the top or inside):
+     REFUSED at capture, naming ``._orig_mod`` to pass instead: its calls run
+     Dynamo and its ``training`` forwards to the module it wraps
+     (test_a_torch_compiled_module_is_refused_at_capture).
    - Hooks (module forward/backward hooks and pre-hooks, global module
      hooks, parameter gradient and post-accumulate hooks; for a step whose
      backward accumulates a parameter's gradient, Python hooks and pre-hooks
      on its AccumulateGrad node, as Horovod-style reducers register them,
      found by ``_precompile_runtime.accumulate_grad_hooks``): REFUSED at
-     capture and CHECKED at a call.  Each module-cache entry (per model
+     capture and CHECKED at a call, the refusal naming the hook's function
+     (``module.qualname``, as ``transformers.utils.output_capturing...``) for
+     a caller who holds no handle to it.  Each module-cache entry (per model
      instance; rebuilt when a submodule or parameter is swapped in) is
      scanned when built and again only when a hook was registered anywhere
      since its last clean scan, so a second instance or a submodule hooked

@@ -10,6 +10,7 @@ torch 2.11-2.14 internals it relies on go through ``torch/_precompile_compat.py`
 import ast
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -18,11 +19,13 @@ import operator
 import os
 import pprint
 import re
+import reprlib
 import sys
 import threading
 import traceback
 import types
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -131,6 +134,8 @@ def _lift_state(modules: list) -> list:
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
+    for position, module in zip(module_positions, modules):
+        _refuse_compiled_modules(f"args[{position}]", module)
     optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
     user_positions = [
         i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
@@ -188,6 +193,25 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         parallel_hooks=parallel_hooks,
         fully_shard_policies=fully_shard_policies,
     )
+
+
+def _refuse_compiled_modules(where: str, module: torch.nn.Module) -> None:
+    """A torch.compile'd module (OptimizedModule) in a module argument: its calls run Dynamo and its
+    ``training`` forwards to the module it wraps, which no call could check; precompile compiles
+    the module itself."""
+    for path, sub in module.named_modules():
+        if compat.compiled_module_original(sub) is None:
+            continue
+        name = f"{where}.{path}" if path else where
+        fix = (
+            f"pass the module itself ({name}._orig_mod, or the model before torch.compile)"
+            if not path
+            else f"put the module it wraps in its place ({name}._orig_mod)"
+        )
+        raise PrecompileError(
+            f"{name} is a torch.compile'd module ({type(sub).__name__}), which precompile does not "
+            f"trace: {fix}; precompile compiles it"
+        )
 
 
 def _input_leaf_paths(user_positions: list, user_args: tuple, leaves: list, spec: pytree.TreeSpec) -> list:
@@ -981,8 +1005,11 @@ def _caller_grads_kept(args: _Arguments):
         )
 
 
-def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
+def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptModules") -> Callable:
     """fn over flat tensors: (*state, *user tensors, *free sizes, *trailing) -> (*outputs, *grads).
+
+    Each trace starts from the module arguments as the caller passed them (``kept``):
+    an earlier trace that failed, or ran before a retrace, leaves nothing behind.
 
     The trailing inputs are the optimizers' (invariant 15), then each
     parameter's incoming ``.grad`` (invariant 13).
@@ -1000,6 +1027,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
     distributed = _is_distributed(args.lifted)
 
     def flat_fn(*flat):
+        kept.restore()
         state = flat[:num_state]
         tensors = flat[num_state : num_state + num_tensors]  # free sizes follow, unused
         trailing = flat[len(flat) - num_optimizer_inputs - len(candidates) :]
@@ -1054,7 +1082,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict) -> Callable:
                 torch.enable_grad(),
                 guard,
                 _StateReads.of_fn(recorded.setdefault("reads", {})),
-                _tensor_attributes_kept(args),
+                _module_changes_noted(kept, recorded),
                 _torch_settings_kept(),
             ):
                 result = fn(*call_args)
@@ -1636,9 +1664,15 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "Call precompile() outside them; to pack saved tensors at every call, enter the "
             "hooks inside fn"
         )
+    with _modules_kept(args) as kept:  # around every trace and the checks after them, which may refuse
+        return _traced(fn, args, free_dims, backend, decompositions, kept)
+
+
+def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decompositions, kept: "_KeptModules") -> _Capture:
+    """Trace fn (again where a trace finds it must) and record its calling convention."""
     frozen = _frozen_in_optimizers(args)
     recorded: dict[str, Any] = {}
-    flat_fn = _flat_function(fn, args, recorded)
+    flat_fn = _flat_function(fn, args, recorded, kept)
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     same = []
     with (
@@ -1698,7 +1732,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
     convention = CallingConvention(
         format_version=CONVENTION_VERSION,
         backend=backend,
-        arity=len(example_inputs),
+        arity=len(args.example_inputs),
         modules=tuple(
             ModuleSpec(
                 position=position,
@@ -1751,7 +1785,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         grad_inputs_read_only=grads["grad_inputs_read_only"],
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
-        signature=_signature_record(fn, example_inputs),
+        signature=_signature_record(fn, args.example_inputs),
         output_views=output_views,
         same_inputs=tuple(same),
         rebound_inputs=recorded["rebound_inputs"],
@@ -1760,6 +1794,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         size_facts=recorded.get("size_facts", ()),
         returned_inputs=recorded["returned_inputs"],
     )
+    _refuse_module_changes(recorded["module_changes"])  # after the checks that name a value fn read
     return _Capture(graph, convention, example)
 
 
@@ -2395,35 +2430,198 @@ def _torch_settings_kept():
         )
 
 
-@contextlib.contextmanager
-def _tensor_attributes_kept(args: _Arguments):
-    """Invariant 5: fn storing a tensor in a plain module attribute (``self.cached = y * 2``,
-    as torchvision's RAFT keeps its correlation pyramid) is undone and refused.
+class _Change(NamedTuple):
+    """A difference in a module's Python state: an attribute (``container`` None) or an entry of
+    one of nn.Module's containers (hook dicts, children, ...); ``old``/``new`` MISSING where absent."""
 
-    The attribute would keep the trace's tensor and no call would update it,
-    so after a call it would differ from eager's.
-    """
-    named = runtime.named_submodules(args.module_positions, args.modules)
-    before = [(path, vars(sub), dict(vars(sub))) for path, sub in named]
-    stored = []
+    path: str
+    container: str | None
+    key: Any
+    old: Any
+    new: Any
+
+
+class _ModuleState:
+    """One module's Python state at a point of capture: its ``__dict__``, and the contents of the
+    containers nn.Module keeps there (parameters, buffers, children, hook dicts)."""
+
+    def __init__(self, path: str, module: torch.nn.Module):
+        self.path = path
+        # vars(), not getattr: the read probe takes reading a hook dict for fn calling the module.
+        self.values = vars(module)
+        self.before = dict(self.values)
+        self.contents = {name: copy.copy(self.values[name]) for name in compat.module_containers() if name in self.values}
+
+    def diff(self, caller_tensors: dict) -> list[_Change]:
+        """What differs now: attributes, and the entries of containers that hold parameters, buffers,
+        children or hooks (the bookkeeping kept beside them changes with them).  ``caller_tensors``:
+        id(a tensor the trace put in a module) -> the caller's, which a value may hold instead."""
+        changes = []
+        for name in sorted(self.before.keys() | self.values.keys()):
+            old, new = self.before.get(name, schema.MISSING), self.values.get(name, schema.MISSING)
+            if old is not new and not _equal_values(old, new, caller_tensors):
+                changes.append(_Change(self.path, None, name, old, new))
+        for name, old in self.contents.items():
+            new = self.values.get(name)
+            if not compat.module_containers()[name] or not isinstance(new, dict):
+                continue
+            for key in [*old, *(key for key in new if key not in old)]:
+                if old.get(key, schema.MISSING) is not new.get(key, schema.MISSING):
+                    changes.append(_Change(self.path, name, key, old.get(key, schema.MISSING), new.get(key, schema.MISSING)))
+        return changes
+
+    def tensors(self) -> dict:
+        """The parameters and buffers the module holds itself, by container and name."""
+        return {
+            (name, key): tensor
+            for name, kind in compat.module_containers().items()
+            if kind in ("parameter", "buffer") and name in self.contents
+            for key, tensor in self.contents[name].items()
+        }
+
+    def restore(self) -> None:
+        """Put the module back as it was, writing only what differs (the driver watches these
+        dicts' versions: an unchanged one stays valid)."""
+        for name in [name for name in self.values if name not in self.before]:
+            del self.values[name]
+        for name, old in self.before.items():
+            if self.values.get(name, schema.MISSING) is not old:
+                self.values[name] = old
+        for name, old in self.contents.items():
+            container = self.values[name]
+            if not _same_entries(container, old):
+                container.clear()
+                container.update(old)
+
+
+def _same_entries(container: Any, old: Any) -> bool:
+    """Whether a dict holds the same entries, by identity and in order, as ``old`` (a set: the same members)."""
+    if not isinstance(container, dict):
+        return container == old
+    return len(container) == len(old) and all(k == j and v is w for (k, v), (j, w) in zip(container.items(), old.items()))
+
+
+def _equal_values(old: Any, new: Any, caller_tensors: dict) -> bool:
+    """Whether an attribute fn rebound holds what it held: an equal plain value (``self.shape = (2, 3)``
+    again), or a list or tuple of the same objects or weak references to them, where the trace's
+    stand-in for a module's tensor counts as the caller's tensor (an RNN module's forward rebuilds
+    ``_flat_weights`` from the weights it holds: in the trace, the stand-ins)."""
+    if isinstance(new, torch.Tensor):
+        return caller_tensors.get(id(new)) is old
+    if type(old) is not type(new):
+        return False
+    if type(old) in (list, tuple):
+        return len(old) == len(new) and all(a is b or _equal_values(a, b, caller_tensors) for a, b in zip(old, new))
+    if type(old) is weakref.ref:
+        return old() is not None and _equal_values(old(), new(), caller_tensors)
+    literal = _value_literal_or_missing(old)
+    return literal is not schema.MISSING and literal == _value_literal_or_missing(new)
+
+
+def _module_states(args: _Arguments) -> list[_ModuleState]:
+    """A state of each submodule of the module arguments (one a submodule two arguments share)."""
+    states: dict[int, _ModuleState] = {}
+    for path, sub in runtime.named_submodules(args.module_positions, args.modules):
+        if id(sub) not in states:
+            states[id(sub)] = _ModuleState(path, sub)
+    return list(states.values())
+
+
+class _KeptModules:
+    """Invariant 8: the module arguments' Python state as it was before capture, restored on every
+    exit of capture, refused or not, and before each trace, so that each trace starts where an
+    eager call would: whatever fn or the trace changed -- attributes set, rebound or deleted,
+    hooks, children, parameters or buffers registered or removed (transformers' output capturing
+    registers hooks and sets a flag at the first call asking for hidden states) -- does not stay
+    on the caller's model."""
+
+    def __init__(self, args: _Arguments):
+        self.args = args
+        self.states = _module_states(args)
+
+    def restore(self) -> None:
+        for state in self.states:
+            state.restore()
+
+    def caller_tensors(self, traced: list) -> dict:
+        """id(each tensor the modules hold in ``traced``, states taken during a trace) -> the caller's there."""
+        found = {}
+        for state, caller in zip(traced, self.states, strict=True):
+            theirs = caller.tensors()
+            found.update((id(tensor), theirs[key]) for key, tensor in state.tensors().items() if key in theirs)
+        return found
+
+
+@contextlib.contextmanager
+def _modules_kept(args: _Arguments):
+    kept = _KeptModules(args)
     try:
-        yield
+        yield kept
     finally:
-        for path, state, old in before:
-            for name, value in list(state.items()):
-                if isinstance(value, torch.Tensor) and old.get(name) is not value:
-                    stored.append(f"{path}.{name}")
-                    if name in old:  # capture changes nothing (invariant 8)
-                        state[name] = old[name]
-                    else:
-                        del state[name]
+        kept.restore()
+
+
+@contextlib.contextmanager
+def _module_changes_noted(kept: _KeptModules, recorded: dict):
+    """What fn itself changes of its modules' Python state while traced, as ``recorded["module_changes"]``
+    (refused once the trace's other checks passed: _refuse_module_changes).
+
+    A tensor stored in a plain module attribute (``self.cached = y * 2``, as torchvision's RAFT
+    keeps its correlation pyramid) is refused at once (invariant 5): the attribute would keep
+    the trace's tensor and no call would update it.
+    """
+    states = _module_states(kept.args)
+    yield
+    caller_tensors = kept.caller_tensors(states)
+    changes = [change for state in states for change in state.diff(caller_tensors)]
+    stored = [change for change in changes if change.container is None and isinstance(change.new, torch.Tensor)]
     if stored:
         raise PrecompileError(
-            f"fn stores a tensor in {stored[0]}, a plain attribute (not a parameter or buffer): the "
-            "artifact would leave the attribute as it was, so after a call it would differ from eager's. "
+            f"fn stores a tensor in {stored[0].path}.{stored[0].key}, a plain attribute (not a parameter or buffer): "
+            "the artifact would leave the attribute as it was, so after a call it would differ from eager's. "
             "Register it as a buffer (self.register_buffer(name, tensor, persistent=False)) and update it "
             "in place, or return the tensor from fn instead of storing it"
         )
+    recorded["module_changes"] = changes
+
+
+def _refuse_module_changes(changes: list) -> None:
+    """A change fn makes to its modules that no other check refused (a value fn read and changed is
+    refused naming what it read): eager's call leaves it on the model, the artifact's would not."""
+    if not changes:
+        return
+    described = list(map(_describe_change, changes))
+    listed = "; ".join(described[:3]) + (f"; and {len(described) - 3} more" if len(described) > 3 else "")
+    raise PrecompileError(
+        f"fn changes the modules it receives beyond their tensors' values: it {listed}. Eager's call "
+        "leaves that on the model, the artifact's calls would not (capture restored the modules as they "
+        "were). Keep fn from making these changes: set such an attribute before precompile, outside fn; "
+        "a hook cannot be precompiled (remove what registers it, or call fn eagerly)"
+    )
+
+
+def _describe_change(change: _Change) -> str:
+    """``sets args[0].flag to True``, ``registers a forward hook on args[0].lin (module.hook)``, ..."""
+    where = f"{change.path}.{change.key}"
+    if change.container is None:
+        if change.new is schema.MISSING:
+            return f"deletes {where}"
+        if change.old is schema.MISSING:
+            return f"sets {where} to {_short_repr(change.new)}"
+        return f"changes {where} (from {_short_repr(change.old)} to {_short_repr(change.new)})"
+    verb = "registers" if change.old is schema.MISSING else "removes" if change.new is schema.MISSING else "replaces"
+    kind = compat.module_containers()[change.container]
+    if kind in ("parameter", "buffer", "submodule"):
+        return f"{verb} {kind} {where}"
+    hook = change.old if change.new is schema.MISSING else change.new
+    return f"{verb} a {kind} on {change.path} ({runtime.hook_name(hook)})"
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        return reprlib.repr(value)
+    except Exception:  # noqa: BLE001  a repr that fails: the type names the value
+        return _describe_type(value)
 
 
 def _check_state_not_rebound(modules: list, mappings: list) -> None:

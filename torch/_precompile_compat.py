@@ -221,6 +221,45 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
+@functools.cache
+def module_containers() -> dict[str, str]:
+    """The containers nn.Module keeps in each instance's ``__dict__``, by attribute, with
+    what an entry of each is: "parameter", "buffer", "submodule", a hook kind ("forward
+    pre-hook", "state_dict hook", ...), or "" for bookkeeping kept beside them (which
+    forward hooks take kwargs, the non-persistent buffers' names)."""
+    # torch 2.11-2.14 keep parameters, buffers, children and every kind of hook in private
+    # per-instance dicts and sets, created by nn.Module.__init__; there is no public way
+    # to list hooks, nor to put an entry back without running registration hooks.
+    named = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
+    return {
+        name: named.get(name) or _hook_kind(name)
+        for name, value in vars(torch.nn.Module()).items()
+        if isinstance(value, (dict, set))
+    }
+
+
+def _hook_kind(attribute: str) -> str:
+    """``_forward_pre_hooks`` -> "forward pre-hook", ``_state_dict_hooks`` -> "state_dict hook"; else ""."""
+    if not attribute.endswith("_hooks"):
+        return ""
+    base = attribute.strip("_").removesuffix("_hooks")
+    for stage in ("pre", "post"):
+        if base.endswith("_" + stage):
+            return f"{base.removesuffix('_' + stage)} {stage}-hook"
+    return f"{base} hook"
+
+
+def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The module ``torch.compile(module)`` wrapped, where ``module`` is that wrapper; else None."""
+    # torch 2.11-2.14: torch.compile of an nn.Module returns the private
+    # torch._dynamo.eval_frame.OptimizedModule, holding the module as ``_orig_mod``.
+    if "torch._dynamo.eval_frame" not in sys.modules:  # nothing was torch.compile'd: not imported
+        return None
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return module._orig_mod if isinstance(module, OptimizedModule) else None
+
+
 # ---------------------------------------------------------------------------
 # Dynamic-dim marks (torch._dynamo.decorators.mark_unbacked & co.)
 # ---------------------------------------------------------------------------

@@ -156,12 +156,28 @@ def precompile_generate(
     if max_length is None:
         max_length = getattr(model.config, "max_position_embeddings", None) or 2048
     recorded = record_forward_calls(model, *args, **generate_kwargs)
+    _refuse_sliding_window_layers(recorded["decode"].get("past_key_values"))
     pairs = {}
     for phase, kwargs in recorded.items():
         mark_free_dims(kwargs, phase, max_batch, max_length)
         cache = kwargs.pop("past_key_values", None)
         pairs[phase] = precompile(_call_forward, model, kwargs, cache, backend=backend)
     return pairs
+
+
+def _refuse_sliding_window_layers(cache: Any) -> None:
+    """A cache with sliding-window layers (Gemma 2/3, Mistral, hybrid caches): such a layer keeps
+    at most its window and counts the tokens it saw in a Python int, neither of which follows the
+    free cache length the helper marks, so the marks it placed would be refused, not the user's."""
+    for index, layer in enumerate(getattr(cache, "layers", None) or ()):
+        if getattr(layer, "is_sliding", False):
+            raise PrecompileError(
+                f"precompile_generate: generate() uses a {type(cache).__name__} whose layer {index} is a "
+                f"{type(layer).__name__} (sliding window), which this helper does not support: it leaves the "
+                "prompt and cache lengths free, and a sliding-window layer keeps at most its window of tokens. Call "
+                "model.generate() eagerly for this model, or precompile its forward calls with precompile() "
+                "and no mark_unbacked (every size specialized)"
+            )
 
 
 def save(pairs: dict, directory: str) -> None:

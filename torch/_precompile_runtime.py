@@ -958,8 +958,11 @@ def find_hook(
     hook dict, description).
     """
     for attribute, kind in _MODULE_HOOKS.items():
-        if _global_module_hooks(attribute):
-            return f"a global module {kind} (torch.nn.modules.module.register_module_{kind.replace(' ', '_').replace('-', '_')})"
+        for hook in (_global_module_hooks(attribute) or {}).values():
+            return (
+                f"a global module {kind} ({hook_name(hook)}, registered with "
+                f"torch.nn.modules.module.register_module_{kind.replace(' ', '_').replace('-', '_')})"
+            )
     for path, module in named_modules:
         for attribute, kind in _MODULE_HOOKS.items():
             for hook in (getattr(module, attribute, None) or {}).values():
@@ -967,7 +970,7 @@ def find_hook(
                     continue
                 description = parallel_hook_description(hook) if parallel_hooks else None
                 if description is None:
-                    return f"{path} has a {kind}"
+                    return f"{path} has a {kind} ({hook_name(hook)})"
                 if (path, attribute, description) not in parallel_hooks:
                     raise PrecompileError(
                         f"{path} has a tensor parallel {kind} other than at capture, {description}: the graph "
@@ -976,8 +979,8 @@ def find_hook(
                     )
     for path, tensor in named_tensors:
         for attribute, kind in _TENSOR_HOOKS.items():
-            if getattr(tensor, attribute, None):
-                return f"{path} has a {kind}"
+            for hook in (getattr(tensor, attribute, None) or {}).values():
+                return f"{path} has a {kind} ({hook_name(hook)})"
     for path, tensor in named_accumulated:
         for kind in accumulate_grad_hooks(tensor):
             return (
@@ -985,6 +988,15 @@ def find_hook(
                 "(torch.autograd.graph.get_gradient_edge(param).node)"
             )
     return None
+
+
+def hook_name(hook: Any) -> str:
+    """Where a hook comes from, for a caller who holds no handle to it: ``module.qualname`` of its
+    function (a partial's, a bound method's), or of its class for another callable object."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    named = hook if hasattr(hook, "__qualname__") else type(hook)
+    return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
 
 
 def same_input_groups(same_inputs: Any) -> list[list[int]]:
