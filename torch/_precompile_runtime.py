@@ -1710,6 +1710,7 @@ class UserInputs:
         inputs = convention.inputs
         self.tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
         mutated, num_state = frozenset(convention.mutated), len(convention.state)
+        self._num_state = num_state
         self._written = frozenset(i for k, i in enumerate(self.tensor_inputs) if num_state + k in mutated)
         # requires_grad is checked where the graph runs autograd, else where fn read it.
         read = frozenset(convention.requires_grad_read)
@@ -1723,8 +1724,14 @@ class UserInputs:
         ]
         self._sizes = convention.sizes
         self._same_inputs = convention.same_inputs
+        groups = same_input_groups(self._same_inputs)
+        self._written_groups = frozenset(i for group in groups if not mutated.isdisjoint(group) for i in group)
+        # Capture traced the user tensors as this many objects, one per same_inputs group, and fn
+        # may branch on identity: a call passes as many (None where fewer than two tensors).
+        num_user = len(self.tensor_inputs)
+        self._distinct_tensors = num_user - sum(len(g) - 1 for g in groups) if num_user > 1 else None
         self._input_alias_pairs = input_alias_pairs  # (i, j) tensor graph inputs, j a user input
-        self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs)
+        self.has_checks = bool(self._value_inputs or input_alias_pairs) or self._distinct_tensors is not None
 
     def flatten(self, user_args: tuple) -> list:
         if self.written:
@@ -1879,12 +1886,30 @@ class UserInputs:
                 )
 
     def _check_same_inputs(self, tensors: list) -> None:
+        """The user tensors are one object where capture had one, distinct objects elsewhere."""
         for i, j in self._same_inputs:
             if tensors[i] is not tensors[j]:
+                why = "fn writes one of them in place" if i in self._written_groups else "fn may branch on identity"
                 raise PrecompileError(
                     f"{self.tensor_path(j)} must be the same tensor as {self.tensor_path(i)}, as at "
-                    "capture: fn writes one of them in place and was traced with both as one tensor. "
+                    f"capture: {why} and was traced with both as one tensor. "
                     "Pass one tensor for both, or precompile again with distinct example tensors"
+                )
+        # The groups hold, so as many objects as at capture means no other tensor passed twice.
+        distinct = self._distinct_tensors
+        if distinct is not None and len(set(map(id, tensors[self._num_state :]))) != distinct:
+            self._raise_passed_twice(tensors)
+
+    def _raise_passed_twice(self, tensors: list) -> None:
+        """Names the first two user tensors that are one object but were distinct at capture."""
+        one_tensor, first = pairs_within_groups(self._same_inputs), {}
+        for k in range(self._num_state, len(tensors)):
+            i = first.setdefault(id(tensors[k]), k)
+            if i != k and (i, k) not in one_tensor:
+                raise PrecompileError(
+                    f"{self.tensor_path(k)} is {self.tensor_path(i)} (one tensor), but they were distinct "
+                    "tensors at capture: fn may branch on identity (nn.MultiheadAttention does); pass "
+                    "distinct tensors, or precompile with one tensor there too"
                 )
 
     def build_guard(self, tensors: list):
@@ -1920,6 +1945,11 @@ class UserInputs:
             for index in sorted(paired & set(self.convention.mutated))
         ]
         checks += [Check("same", self.tensor_path(j), f"the same tensor as {self.tensor_path(i)}") for i, j in self._same_inputs]
+        if self._distinct_tensors is not None:
+            paths = [self.input_path(index) for index in self.tensor_inputs]
+            subject = ", ".join(paths) if len(paths) <= 4 else f"{paths[0]}, ..., {paths[-1]} ({len(paths)} tensors)"
+            expected = f"{self._distinct_tensors} distinct tensors, as at capture (fn may branch on identity)"
+            checks.append(Check("same", subject, expected))
         checks += [
             Check("written", self.tensor_path(index), "no inference tensor, unless called under torch.inference_mode()")
             for index in self.convention.mutated
