@@ -743,8 +743,8 @@ class TestArtifact(TestCase):
                 "OptimizerArgument": "optimizer",  # for each optimizer spec
                 **dict.fromkeys(
                     # for rebound_inputs / returned_inputs
-                    ("LeftAsWritten", "_forget_written", "leaf_places", "leaf_slots", "node_at",
-                     "write_back", "write_places"),
+                    ("LeftAsWritten", "_forget_written", "leaf_places", "leaf_slots", "mutable_node_types", "node_at",
+                     "shared_container_error", "write_back", "write_places"),
                     "input_objects",
                 ),
             },

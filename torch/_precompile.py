@@ -115,7 +115,17 @@ says who guarantees it and, where it is enforced, which tests (in
    output) and written back into the caller's object after every call,
    objects of the same type updated in place (``write_back``), so the
    caller's references stay valid as in eager; one that cannot be (a tuple,
-   an object without ``__dict__``) is refused at capture.  Where fn leaves
+   an object without ``__dict__``) is refused at capture.  The trace rebuilds
+   each argument from its pytree, so a mutable container (a list, a dict, a
+   registered node object) at two places of the arguments, across or within
+   them, would be two: where fn changes an input object such sharing is
+   REFUSED at capture and at every call (checked as the call flattens, where
+   the captured structure has two such containers), naming both paths
+   (test_precompile_llm.py
+   test_a_container_at_two_places_is_refused_where_fn_changes_inputs).
+   Where fn changes none, sharing is only read, as in eager, except by
+   identity (``a is b`` between containers fn did not change reads False in
+   the trace): the caller's responsibility, unchecked.  Where fn leaves
    its structure as it was (only tensors rebound), each new tensor is
    written where the old one sat (``leaf_places``), and the next call that
    finds the argument as that write left it (``LeftAsWritten``: dict
@@ -283,7 +293,8 @@ says who guarantees it and, where it is enforced, which tests (in
      as its own tensor
      (test_one_tensor_passed_twice_with_marked_dims_is_refused_at_capture).
      Artifacts written before this recorded only written groups and run their
-     own driver, which checks only those.  A module's own
+     own driver, which checks only those.  Containers (lists, dicts, node
+     objects) at two places: invariant 5.  A module's own
      parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
      is REFUSED at capture: its gradient and writes would not reach the module's
      (test_state_passed_again_as_an_input_is_refused).

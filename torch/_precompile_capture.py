@@ -1201,9 +1201,12 @@ def _rebound_inputs(args: _Arguments, call_args: list, leaves: list) -> tuple:
     return tuple(rebound)
 
 
-def _is_mutable_node(node: Any) -> bool:
-    """A pytree container whose identity a caller can observe (not None, a leaf or a tuple)."""
-    return node is not None and not isinstance(node, tuple) and not pytree.tree_is_leaf(node)
+def _refuse_shared_containers(args: _Arguments) -> None:
+    """fn changes an input object: the trace rebuilt each argument from its pytree, so a
+    container at two places of the example inputs was two (Note invariant 5)."""
+    arguments = [(f"args[{p}]", args.example_inputs[p]) for p in args.user_positions]
+    if runtime.first_shared_container(arguments) is not None:
+        raise runtime.shared_container_error(arguments, "")
 
 
 def _preorder_nodes(tree: Any) -> list:
@@ -1219,12 +1222,12 @@ def _returned_inputs(result: Any, call_args: list, user_positions: list, first: 
     owners = {}
     for position in user_positions:
         for index, node in enumerate(_preorder_nodes(call_args[position])):
-            if _is_mutable_node(node):
+            if runtime.is_mutable_node(node):
                 owners.setdefault(id(node), (position, index))
     return tuple(
         (first + index, *owners[id(node)])
         for index, node in enumerate(_preorder_nodes(result))
-        if _is_mutable_node(node) and id(node) in owners
+        if runtime.is_mutable_node(node) and id(node) in owners
     )
 
 
@@ -1562,6 +1565,8 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
         if grads_none:  # traced again with their .grad None, as eager's step skips them
             recorded["grads_none"] = grads_none
             graph, example, sizes, constants = trace()
+        if recorded["rebound_inputs"]:
+            _refuse_shared_containers(args)
         grads_none = tuple(sorted((*grads_none, *frozen)))
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
