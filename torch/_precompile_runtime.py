@@ -1727,9 +1727,9 @@ class UserInputs:
         groups = same_input_groups(self._same_inputs)
         self._written_groups = frozenset(i for group in groups if not mutated.isdisjoint(group) for i in group)
         # Capture traced the user tensors as this many objects, one per same_inputs group, and fn
-        # may branch on identity: a call passes as many (None where fewer than two tensors).
+        # may branch on identity: a call passes as many (0: fewer than two tensors, nothing to count).
         num_user = len(self.tensor_inputs)
-        self._distinct_tensors = num_user - sum(len(g) - 1 for g in groups) if num_user > 1 else None
+        self.distinct_tensors = num_user - sum(len(g) - 1 for g in groups) if num_user > 1 else 0
         self._input_alias_pairs = input_alias_pairs  # (i, j) tensor graph inputs, j a user input
         # Invariant 5: fn changes an input object, which capture saw with no container at two
         # places (rebuilt from its pytree, the places were distinct): a call passes none either,
@@ -1743,7 +1743,7 @@ class UserInputs:
             p for p in self._user_positions
             if not self._checks_sharing or not any(set(types[p]) & set(types[q]) for q in types if q != p)
         )
-        self.has_checks = bool(self._value_inputs or input_alias_pairs) or self._distinct_tensors is not None
+        self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs)
 
     def flatten(self, user_args: tuple) -> list:
         if self.written:
@@ -1914,7 +1914,7 @@ class UserInputs:
                 )
 
     def _check_same_inputs(self, tensors: list) -> None:
-        """The user tensors are one object where capture had one, distinct objects elsewhere."""
+        """The user tensors that were one object at capture (``same_inputs``) are one now."""
         for i, j in self._same_inputs:
             if tensors[i] is not tensors[j]:
                 why = "fn writes one of them in place" if i in self._written_groups else "fn may branch on identity"
@@ -1923,13 +1923,11 @@ class UserInputs:
                     f"capture: {why} and was traced with both as one tensor. "
                     "Pass one tensor for both, or precompile again with distinct example tensors"
                 )
-        # The groups hold, so as many objects as at capture means no other tensor passed twice.
-        distinct = self._distinct_tensors
-        if distinct is not None and len(set(map(id, tensors[self._num_state :]))) != distinct:
-            self._raise_passed_twice(tensors)
 
-    def _raise_passed_twice(self, tensors: list) -> None:
-        """Names the first two user tensors that are one object but were distinct at capture."""
+    def raise_identity_differs(self, tensors: list) -> None:
+        """Where a call's user tensors are not as many objects as at capture (``distinct_tensors``):
+        names a group that is not one object, else two tensors that were distinct at capture."""
+        self._check_same_inputs(tensors)
         one_tensor, first = pairs_within_groups(self._same_inputs), {}
         for k in range(self._num_state, len(tensors)):
             i = first.setdefault(id(tensors[k]), k)
@@ -1973,10 +1971,10 @@ class UserInputs:
             for index in sorted(paired & set(self.convention.mutated))
         ]
         checks += [Check("same", self.tensor_path(j), f"the same tensor as {self.tensor_path(i)}") for i, j in self._same_inputs]
-        if self._distinct_tensors is not None:
+        if self.distinct_tensors:
             paths = [self.input_path(index) for index in self.tensor_inputs]
             subject = ", ".join(paths) if len(paths) <= 4 else f"{paths[0]}, ..., {paths[-1]} ({len(paths)} tensors)"
-            expected = f"{self._distinct_tensors} distinct tensors, as at capture (fn may branch on identity)"
+            expected = f"{self.distinct_tensors} distinct tensors, as at capture (fn may branch on identity)"
             checks.append(Check("same", subject, expected))
         checks += [
             Check("written", self.tensor_path(index), "no inference tensor, unless called under torch.inference_mode()")
@@ -2059,6 +2057,7 @@ class PrecompiledFunction:
         self._inputs = UserInputs(convention, self._module_arguments.state_path, input_alias_pairs)
         self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written)
         self._flat_inputs = self._inputs.flat
+        self._distinct_inputs = self._inputs.distinct_tensors  # 0 with fewer than two tensor inputs
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
         sharded = bool(self._module_arguments.sharded)
         self._optimizers = [OptimizerArgument(spec, convention.backend, sharded) for spec in convention.optimizers]
@@ -2122,6 +2121,9 @@ class PrecompiledFunction:
             self._guard = guard
         elif cached.aliases:
             self._module_arguments.check_ties(args, cached, tensors)
+        # fn may branch on `a is b`: the user tensors are one object where they were at capture, else distinct.
+        if self._distinct_inputs and len(set(map(id, inputs))) != self._distinct_inputs:
+            self._inputs.raise_identity_differs(tensors)
         if self._bare:
             if grad_enabled:
                 _set_grad_enabled(False)
