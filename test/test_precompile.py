@@ -743,8 +743,8 @@ class TestArtifact(TestCase):
                 "OptimizerArgument": "optimizer",  # for each optimizer spec
                 **dict.fromkeys(
                     # for rebound_inputs / returned_inputs
-                    ("LeftAsWritten", "_forget_written", "leaf_places", "leaf_slots", "node_at",
-                     "write_back", "write_places"),
+                    ("LeftAsWritten", "_forget_written", "leaf_places", "leaf_slots", "mutable_node_types", "node_at",
+                     "shared_container_error", "write_back", "write_places"),
                     "input_objects",
                 ),
             },
@@ -1555,12 +1555,13 @@ class TestChecksListing(TestCase):
             "tensor        args[2]: Tensor(5, 8) float32 cpu, strides (8, 1), requires_grad=False",
             "value         args[4]: 2.0 (baked)",
             "alias         args[0].1.num_batches_tracked (buffer): shares memory with no other tensor argument (the graph writes it)",
+            "same          args[2], args[3]: 2 distinct tensors, as at capture (fn may branch on identity)",
             "optimizer     args[1]: torch.optim.AdamW over the captured parameters (parameter groups: 1), other "
             "hyperparameters as baked (lr and betas[0] read at every call)",
         ):
             self.assertIn(line, lines)
         kinds = [line.split(" ", 1)[0] for line in lines]
-        order = ["binding", "global", "module", "attribute", "hooks", "tensor", "value", "alias", "written", "optimizer", "grad"]
+        order = ["binding", "global", "module", "attribute", "hooks", "tensor", "value", "alias", "same", "written", "optimizer", "grad"]
         self.assertEqual(sorted(set(kinds), key=order.index), [kind for kind in order if kind in kinds])
         self.assertEqual(kinds, sorted(kinds, key=order.index), "listed in the order a call checks them")
 

@@ -81,6 +81,16 @@ def _scale_last(a, b, c):
     return a * b * c
 
 
+def _self_or_sum(a, b, c):
+    if a is b:  # as nn.MultiheadAttention's `query is key`
+        return a * 0 + c
+    return a + b + c
+
+
+def _attend(attention, q, k, v):
+    return attention(q, k, v, need_weights=False)[0]
+
+
 def _sum_rows(x, y):
     return (x * y).sum(1)
 
@@ -387,6 +397,53 @@ class TestHookGuards(TestCase):
                 r"args\[1\] must be the same tensor as args\[0\], as at capture: fn writes one of them in place",
                 lambda: f(x, *others), nn.Module(), x, *others,
             )
+
+    @parametrize("backend", BACKENDS)
+    def test_identity_between_tensor_inputs_is_as_captured(self, backend):
+        """Tensors fn does not write, one object at capture: traced as one (fn may branch on
+        ``a is b``), and every call passes one object there and distinct ones elsewhere."""
+        x, y = torch.randn(3), torch.randn(3)
+        same = load(_artifact("self_or_sum_same", _self_or_sum, x, x, y, backend=backend))
+        torch.testing.assert_close(same(x, x, y), _self_or_sum(x, x, y))  # the example itself
+        self.assertEqual(same.convention.same_inputs, ((0, 1),))
+        distinct = load(_artifact("self_or_sum_distinct", _self_or_sum, x, x.clone(), y, backend=backend))
+        z = torch.randn(3)
+        torch.testing.assert_close(distinct(x, y, z), _self_or_sum(x, y, z))
+        refusals = (
+            (same, (x, x.clone(), y), r"args\[1\] must be the same tensor as args\[0\], as at capture: fn may branch on identity"),
+            (same, (x, x, x), r"args\[2\] is args\[0\] \(one tensor\), but they were distinct tensors at capture: "
+                              r"fn may branch on identity \(nn\.MultiheadAttention does\); pass distinct tensors, "
+                              r"or precompile with one tensor there too"),
+            (distinct, (x, x, y), r"args\[1\] is args\[0\] \(one tensor\), but they were distinct tensors at capture"),
+            (distinct, (x, y, y), r"args\[2\] is args\[1\] \(one tensor\)"),
+        )
+        for f, call_args, message in refusals:
+            self.assertRefused(message, lambda: f(*call_args), nn.Module(), *call_args)
+        listed = [str(check) for check in distinct.checks if check.kind == "same"]
+        self.assertEqual(listed, ["same          args[0], args[1], args[2]: 3 distinct tensors, as at capture (fn may branch on identity)"])
+
+    @parametrize("backend", BACKENDS)
+    def test_multihead_self_attention_is_captured_as_self_attention(self, backend):
+        """nn.MultiheadAttention branches on ``query is key is value`` (one packed projection)."""
+        torch.manual_seed(0)
+        attention, x = nn.MultiheadAttention(8, 2), torch.randn(5, 1, 8)
+        f = load(_artifact("self_attention", _attend, attention, x, x, x, backend=backend))
+        torch.testing.assert_close(f(attention, x, x, x), _attend(attention, x, x, x))
+        self.assertRefused(
+            r"args\[2\] must be the same tensor as args\[1\], as at capture: fn may branch on identity",
+            lambda: f(attention, x, x.clone(), x), attention, x,
+        )
+
+    @needs_mark_bounds
+    def test_one_tensor_passed_twice_with_marked_dims_is_refused_at_capture(self):
+        """The symbolic trace takes each input leaf as its own tensor: refused, naming both."""
+        x = torch.randn(4, 3)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        for fn in (_sum_rows, _scale_first):
+            with self.assertRaisesRegex(
+                PrecompileError, r"args\[1\] is args\[0\] \(one tensor\), and the example inputs have dims marked"
+            ):
+                torch_precompile.precompile(fn, x, x, backend="inductor")
 
 
 instantiate_parametrized_tests(TestHookGuards)

@@ -362,6 +362,52 @@ class TestInputTrees(TestCase):
             runnable(model, *ours)
         self.assertEqual(len(ours[0]), 2)
 
+    @parametrize("backend", BACKENDS)
+    def test_a_container_at_two_places_is_refused_where_fn_changes_inputs(self, backend):
+        """fn changes an input object: each argument is rebuilt from its pytree, so one list,
+        dict or node object at two places would be two; refused at capture and at a call."""
+        model = nn.Linear(4, 4)
+        x, shared, inner, box = torch.zeros(2), [torch.zeros(2)], [torch.zeros(2)], _Box(torch.randn(4))
+        refused_at_capture = (
+            (_bump_first_read_second, (shared, shared), r"args\[1\] is args\[0\] \(one list\)"),
+            (_append_and_count, (shared, shared), r"args\[1\] is args\[0\] \(one list\)"),
+            (_append_to_first_read_second, ([inner, inner],), r"args\[0\]\[1\] is args\[0\]\[0\] \(one list\)"),
+            (_advance_first_read_second, (model, box, box), r"args\[2\] is args\[1\] \(one _Box\)"),
+        )
+        for fn, example, where in refused_at_capture:
+            with self.subTest(fn.__name__), self.assertRaisesRegex(
+                PrecompileError, where + r", and fn changes an input object beyond its tensors' values: a change "
+                r"through one place would not reach the other as in eager. Pass distinct objects there"
+            ):
+                torch_precompile.precompile(fn, *example, backend=backend)
+        self.assertEqual((len(shared), len(inner)), (1, 1))
+        torch.testing.assert_close(shared[0], x)  # capture changed nothing
+        # Captured with distinct objects: a caller passing one object twice is refused, nothing changed.
+        first = load(ARTIFACTS("bump_first", _bump_first_read_second, [x], [x.clone()], backend=backend))
+        nested = load(ARTIFACTS("append_first", _append_to_first_read_second, [[x], [x.clone()]], backend=backend))
+        boxes = load(ARTIFACTS("advance_first", _advance_first_read_second, model, _Box(torch.randn(4)),
+                               _Box(torch.randn(4)), backend=backend))
+        a, b = _Box(torch.randn(4)), _Box(torch.randn(4))
+        with torch.no_grad():
+            for _ in range(2):  # args[1] as the first call wrote it: still checked against args[2]
+                torch.testing.assert_close(boxes(model, a, b), b.t.sum())
+        calls = (
+            (lambda: first(shared, shared), r"args\[1\] is args\[0\] \(one list\)", shared),
+            (lambda: nested([inner, inner]), r"args\[0\]\[1\] is args\[0\]\[0\] \(one list\)", inner),
+            (lambda: boxes(model, a, a), r"args\[2\] is args\[1\] \(one _Box\)", a),
+        )
+        for call, where, argument in calls:
+            before = copy.copy(vars(argument) if isinstance(argument, _Box) else argument)
+            with self.assertRaisesRegex(PrecompileError, where + r", but they were distinct objects at capture, and fn changes"):
+                call()
+            after = vars(argument) if isinstance(argument, _Box) else argument
+            self.assertEqual(len(after), len(before))
+            for key in before if isinstance(before, dict) else range(len(before)):
+                self.assertIs(after[key], before[key])
+        # fn changing no input object: one list at two places is only read, as in eager.
+        read = load(ARTIFACTS("add_firsts", _add_firsts, shared, shared, backend=backend))
+        torch.testing.assert_close(read(shared, shared), _add_firsts(shared, shared))
+
     def test_an_input_that_cannot_be_written_back_is_refused(self):
         def fn(model, pair):
             pair[1].append(model(pair[0]))
@@ -427,6 +473,30 @@ class _UnregisteredBox(_Box):
 def _advance(model, box):
     box.t = model(box.t)  # rebinds the tensor, leaves the structure as it was
     return box.t.sum()
+
+
+def _bump_first_read_second(a, b):
+    a[0] = a[0] + 1  # rebinds an element of the caller's list
+    return b[0] * 2
+
+
+def _append_and_count(a, b):
+    a.append(a[0] * 2)
+    return len(b)
+
+
+def _append_to_first_read_second(pair):
+    pair[0].append(pair[0][0] + 1)
+    return pair[1][-1]
+
+
+def _advance_first_read_second(model, a, b):
+    a.t = model(a.t)
+    return b.t.sum()
+
+
+def _add_firsts(a, b):
+    return a[0] + b[0]
 
 
 class TestArgumentsLeftAsWritten(TestCase):

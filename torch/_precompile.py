@@ -129,7 +129,17 @@ says who guarantees it and, where it is enforced, which tests (in
    output) and written back into the caller's object after every call,
    objects of the same type updated in place (``write_back``), so the
    caller's references stay valid as in eager; one that cannot be (a tuple,
-   an object without ``__dict__``) is refused at capture.  Where fn leaves
+   an object without ``__dict__``) is refused at capture.  The trace rebuilds
+   each argument from its pytree, so a mutable container (a list, a dict, a
+   registered node object) at two places of the arguments, across or within
+   them, would be two: where fn changes an input object such sharing is
+   REFUSED at capture and at every call (checked as the call flattens, where
+   the captured structure has two such containers), naming both paths
+   (test_precompile_llm.py
+   test_a_container_at_two_places_is_refused_where_fn_changes_inputs).
+   Where fn changes none, sharing is only read, as in eager, except by
+   identity (``a is b`` between containers fn did not change reads False in
+   the trace): the caller's responsibility, unchecked.  Where fn leaves
    its structure as it was (only tensors rebound), each new tensor is
    written where the old one sat (``leaf_places``), and the next call that
    finds the argument as that write left it (``LeftAsWritten``: dict
@@ -290,7 +300,7 @@ says who guarantees it and, where it is enforced, which tests (in
      except an input it writes in place, which eager refuses or records in
      autograd: REFUSED when it requires grad
      (test_written_input_that_requires_grad_is_refused).
-   - Aliasing: capture traces every tensor on its own clone, so the graph
+   - Aliasing: capture traces every distinct tensor on its own clone, so the graph
      assumes distinct memory.  Where the graph writes a tensor input in
      place, example tensors sharing memory with it are REFUSED at capture,
      and at every call a user input sharing memory (``torch._C._is_alias_of``,
@@ -298,13 +308,24 @@ says who guarantees it and, where it is enforced, which tests (in
      written user input sharing memory with any parameter/buffer or other
      input, is refused; parameters/buffers among themselves are CHECKED
      whenever the module cache is rebuilt.  Graphs that write no input do not
-     care (test_aliased_inputs_are_refused_when_written).  One tensor passed
-     for several arguments and written (``fn(x, x)`` with ``x.mul_(2)``) is
-     LIFTED as one: capture traces it again as one clone (fn runs twice) and
-     every call must pass one tensor there too (CHECKED by identity,
-     ``convention.same_inputs``; test_precompile_hook_guards.py
-     test_one_tensor_passed_twice_and_written); with marked dims it is
-     refused as above.  A module's own
+     care about memory (test_aliased_inputs_are_refused_when_written); identity
+     they may: one tensor passed for several arguments (``fn(x, x)``), written
+     or not, is LIFTED as one and traced as one clone, so a write through one
+     reaches the other and ``a is b`` is what eager sees
+     (nn.MultiheadAttention branches on ``query is key``).  The user tensors'
+     identity partition is CHECKED at every call (``convention.same_inputs``):
+     one object where capture had one, distinct objects where it had distinct
+     ones, a call that differs refused naming both paths (with two or more
+     tensor inputs; one count of distinct ids per call;
+     test_precompile_hook_guards.py test_one_tensor_passed_twice_and_written,
+     test_identity_between_tensor_inputs_is_as_captured,
+     test_multihead_self_attention_is_captured_as_self_attention).  With
+     marked dims it is REFUSED at capture: the symbolic trace takes each leaf
+     as its own tensor
+     (test_one_tensor_passed_twice_with_marked_dims_is_refused_at_capture).
+     Artifacts written before this recorded only written groups and run their
+     own driver, which checks only those.  Containers (lists, dicts, node
+     objects) at two places: invariant 5.  A module's own
      parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
      is REFUSED at capture: its gradient and writes would not reach the module's
      (test_state_passed_again_as_an_input_is_refused).

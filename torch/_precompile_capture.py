@@ -1229,16 +1229,19 @@ def _rebound_inputs(args: _Arguments, call_args: list, leaves: list) -> tuple:
     return tuple(rebound)
 
 
+def _refuse_shared_containers(args: _Arguments) -> None:
+    """fn changes an input object: the trace rebuilt each argument from its pytree, so a
+    container at two places of the example inputs was two (Note invariant 5)."""
+    arguments = [(f"args[{p}]", args.example_inputs[p]) for p in args.user_positions]
+    if runtime.first_shared_container(arguments) is not None:
+        raise runtime.shared_container_error(arguments, "")
+
+
 def _preorder_nodes(tree: Any) -> list:
     """Every node of ``tree``, leaves included, in the order of its TreeSpec's pre-order walk."""
     nodes: list = []
     pytree.tree_flatten(tree, is_leaf=lambda node: nodes.append(node))  # append returns None: never a leaf
     return nodes
-
-
-def _is_mutable_node(node: Any) -> bool:
-    """A pytree container whose identity a caller can observe (not None, a leaf or a tuple)."""
-    return node is not None and not isinstance(node, tuple) and not pytree.tree_is_leaf(node)
 
 
 def _returned_inputs(result: Any, call_args: list, user_positions: list, first: int) -> tuple:
@@ -1247,12 +1250,12 @@ def _returned_inputs(result: Any, call_args: list, user_positions: list, first: 
     owners = {}
     for position in user_positions:
         for index, node in enumerate(_preorder_nodes(call_args[position])):
-            if _is_mutable_node(node):
+            if runtime.is_mutable_node(node):
                 owners.setdefault(id(node), (position, index))
     return tuple(
         (first + index, *owners[id(node)])
         for index, node in enumerate(_preorder_nodes(result))
-        if _is_mutable_node(node) and id(node) in owners
+        if runtime.is_mutable_node(node) and id(node) in owners
     )
 
 
@@ -1674,7 +1677,9 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded, kept)
     num_inputs = len(args.lifted) + len(args.tensor_indices)
-    same = []
+    same = _same_tensor_inputs(args)
+    if same and free_dims:
+        _refuse_same_tensor_with_marks(args, same)
     with (
         _without_mkldnn(),
         _seen_as_export(),
@@ -1689,14 +1694,12 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
             return _trace_real(flat_fn, args, recorded, decompositions, same)
 
         graph, example, sizes, constants = trace()
-        if not free_dims:
-            same = _written_duplicates(args, _mutated_inputs(graph, num_inputs))
-            if same:  # the same tensor passed twice and written: trace it as one tensor, as eager runs it
-                graph, example, sizes, constants = trace()
         grads_none, grads_present = _grads_fn_tells_from_none(graph, args, recorded, len(sizes))
         if grads_none:  # traced again with their .grad None, as eager's step skips them
             recorded["grads_none"] = grads_none
             graph, example, sizes, constants = trace()
+        if recorded["rebound_inputs"]:
+            _refuse_shared_containers(args)
         grads_none = tuple(sorted((*grads_none, *frozen)))
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
@@ -1850,20 +1853,28 @@ def _mutated_inputs(graph: torch.fx.GraphModule, count: int) -> set:
     return mutated
 
 
-def _written_duplicates(args: _Arguments, mutated: set) -> list:
-    """(i, j): user tensor inputs i < j that are one tensor (fn(x, x)), one of them written in place.
+def _same_tensor_inputs(args: _Arguments) -> list:
+    """(first, other): user tensor inputs that are one tensor at capture (``fn(x, x)``), as
+    tensor graph input indices, every other member of a group paired with its first.
 
-    Traced on separate clones, the write would not reach the other argument as
-    in eager; traced as one tensor, every call must pass one tensor there too.
+    Traced as one clone, as eager runs them: fn may write through one and read the
+    other, or branch on ``a is b`` (nn.MultiheadAttention's ``query is key``).  Every
+    call must pass the same partition: one tensor there, distinct tensors elsewhere.
     """
     groups: dict[int, list] = {}
     for j, index in enumerate(args.tensor_indices, start=len(args.lifted)):
         groups.setdefault(id(args.input_leaves[index]), []).append(j)
-    return sorted(
-        (first, other)
-        for first, *others in groups.values()
-        if not mutated.isdisjoint([first, *others])
-        for other in others
+    return sorted((first, other) for first, *others in groups.values() for other in others)
+
+
+def _refuse_same_tensor_with_marks(args: _Arguments, same: list) -> None:
+    """One tensor passed twice where dims are marked: the symbolic trace gives each input
+    leaf its own fake tensor, so fn would see two tensors where eager sees one."""
+    first, other = same[0]
+    raise PrecompileError(
+        f"{_input_name(args, other)} is {_input_name(args, first)} (one tensor), and the example inputs have "
+        "dims marked with mark_unbacked, whose trace takes each input as a distinct tensor: fn may write "
+        "through one or branch on identity. Pass distinct tensors (e.g. .clone()), at capture and at every call"
     )
 
 

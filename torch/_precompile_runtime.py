@@ -1722,6 +1722,7 @@ class UserInputs:
         inputs = convention.inputs
         self.tensor_inputs = [i for i, leaf in enumerate(inputs) if leaf.tensor is not None]
         mutated, num_state = frozenset(convention.mutated), len(convention.state)
+        self._num_state = num_state
         self._written = frozenset(i for k, i in enumerate(self.tensor_inputs) if num_state + k in mutated)
         # requires_grad is checked where the graph runs autograd, else where fn read it.
         read = frozenset(convention.requires_grad_read)
@@ -1735,7 +1736,25 @@ class UserInputs:
         ]
         self._sizes = convention.sizes
         self._same_inputs = convention.same_inputs
+        groups = same_input_groups(self._same_inputs)
+        self._written_groups = frozenset(i for group in groups if not mutated.isdisjoint(group) for i in group)
+        # Capture traced the user tensors as this many objects, one per same_inputs group, and fn
+        # may branch on identity: a call passes as many (0: fewer than two tensors, nothing to count).
+        num_user = len(self.tensor_inputs)
+        self.distinct_tensors = num_user - sum(len(g) - 1 for g in groups) if num_user > 1 else 0
         self._input_alias_pairs = input_alias_pairs  # (i, j) tensor graph inputs, j a user input
+        # Invariant 5: fn changes an input object, which capture saw with no container at two
+        # places (rebuilt from its pytree, the places were distinct): a call passes none either,
+        # checked as it flattens where the captured structure has two such containers.
+        types = {p: mutable_node_types(spec) for p, spec in self.argument_specs.items()} if convention.rebound_inputs else {}
+        self._container_types = frozenset(t for position_types in types.values() for t in position_types)
+        self._checks_sharing = sum(map(len, types.values())) > 1
+        # An argument left as the last call wrote it is read there, not flattened, unless it
+        # could share a container with another argument (a node type in common).
+        self._read_as_written = frozenset(
+            p for p in self._user_positions
+            if not self._checks_sharing or not any(set(types[p]) & set(types[q]) for q in types if q != p)
+        )
         self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs)
 
     def flatten(self, user_args: tuple) -> list:
@@ -1744,7 +1763,8 @@ class UserInputs:
             if leaves is not None:
                 return leaves
         # The captured spec on the left: a ContextRepr in it compares first.
-        leaves, spec = pytree.tree_flatten(tuple(user_args))
+        nodes: list = []
+        leaves, spec = self._flatten_noting_containers(tuple(user_args), nodes)
         if self._input_spec != spec:
             leaves, spec = pytree.tree_flatten(self._conform_dict_order(user_args))
             if self._input_spec != spec:
@@ -1753,24 +1773,39 @@ class UserInputs:
             arguments = dict(zip(self._user_positions, spec.children()))
             for position, typed in self._typed_contexts.items():
                 check_contexts(f"args[{position}]", arguments[position], typed)
+        self._refuse_shared_containers(user_args, nodes)
         return leaves
+
+    def _flatten_noting_containers(self, tree: Any, nodes: list) -> tuple:
+        """``pytree.tree_flatten(tree)``, adding to ``nodes`` each container of a type that
+        could be shared where a call checks that none is (``_checks_sharing``)."""
+        if not self._checks_sharing:
+            return pytree.tree_flatten(tree)
+        types = self._container_types
+        return pytree.tree_flatten(tree, is_leaf=lambda node: type(node) in types and nodes.append(node))
+
+    def _refuse_shared_containers(self, user_args: tuple, nodes: list) -> None:
+        if nodes and len(set(map(id, nodes))) != len(nodes):
+            arguments = [(f"args[{p}]", argument) for p, argument in zip(self._user_positions, user_args)]
+            raise shared_container_error(arguments, ", but they were distinct objects at capture")
 
     def _flatten_unless_written(self, user_args: tuple) -> list | None:
         """The leaves, read where the last call wrote them for each argument nothing changed
         since (``LeftAsWritten``), the other arguments flattened; None where one of those has
         another structure (the full flatten conforms dict order or names the difference)."""
-        leaves, written, specs = [], self.written, self.argument_specs
+        leaves, written, specs, nodes = [], self.written, self.argument_specs, []
         for position, argument in zip(self._user_positions, user_args):
             entry = written.get(position)
-            if entry is not None and entry.unchanged(argument):
+            if entry is not None and position in self._read_as_written and entry.unchanged(argument):
                 leaves += entry.leaves()
                 continue
-            argument_leaves, spec = pytree.tree_flatten(argument)
+            argument_leaves, spec = self._flatten_noting_containers(argument, nodes)
             if specs[position] != spec:
                 return None
             if position in self._typed_contexts:
                 check_contexts(f"args[{position}]", spec, self._typed_contexts[position])
             leaves += argument_leaves
+        self._refuse_shared_containers(user_args, nodes)
         return leaves
 
     def _conform_dict_order(self, user_args: tuple) -> tuple:
@@ -1891,12 +1926,28 @@ class UserInputs:
                 )
 
     def _check_same_inputs(self, tensors: list) -> None:
+        """The user tensors that were one object at capture (``same_inputs``) are one now."""
         for i, j in self._same_inputs:
             if tensors[i] is not tensors[j]:
+                why = "fn writes one of them in place" if i in self._written_groups else "fn may branch on identity"
                 raise PrecompileError(
                     f"{self.tensor_path(j)} must be the same tensor as {self.tensor_path(i)}, as at "
-                    "capture: fn writes one of them in place and was traced with both as one tensor. "
+                    f"capture: {why} and was traced with both as one tensor. "
                     "Pass one tensor for both, or precompile again with distinct example tensors"
+                )
+
+    def raise_identity_differs(self, tensors: list) -> None:
+        """Where a call's user tensors are not as many objects as at capture (``distinct_tensors``):
+        names a group that is not one object, else two tensors that were distinct at capture."""
+        self._check_same_inputs(tensors)
+        one_tensor, first = pairs_within_groups(self._same_inputs), {}
+        for k in range(self._num_state, len(tensors)):
+            i = first.setdefault(id(tensors[k]), k)
+            if i != k and (i, k) not in one_tensor:
+                raise PrecompileError(
+                    f"{self.tensor_path(k)} is {self.tensor_path(i)} (one tensor), but they were distinct "
+                    "tensors at capture: fn may branch on identity (nn.MultiheadAttention does); pass "
+                    "distinct tensors, or precompile with one tensor there too"
                 )
 
     def build_guard(self, tensors: list):
@@ -1932,6 +1983,11 @@ class UserInputs:
             for index in sorted(paired & set(self.convention.mutated))
         ]
         checks += [Check("same", self.tensor_path(j), f"the same tensor as {self.tensor_path(i)}") for i, j in self._same_inputs]
+        if self.distinct_tensors:
+            paths = [self.input_path(index) for index in self.tensor_inputs]
+            subject = ", ".join(paths) if len(paths) <= 4 else f"{paths[0]}, ..., {paths[-1]} ({len(paths)} tensors)"
+            expected = f"{self.distinct_tensors} distinct tensors, as at capture (fn may branch on identity)"
+            checks.append(Check("same", subject, expected))
         checks += [
             Check("written", self.tensor_path(index), "no inference tensor, unless called under torch.inference_mode()")
             for index in self.convention.mutated
@@ -2013,6 +2069,7 @@ class PrecompiledFunction:
         self._inputs = UserInputs(convention, self._module_arguments.state_path, input_alias_pairs)
         self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written)
         self._flat_inputs = self._inputs.flat
+        self._distinct_inputs = self._inputs.distinct_tensors  # 0 with fewer than two tensor inputs
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
         sharded = bool(self._module_arguments.sharded)
         self._optimizers = [OptimizerArgument(spec, convention.backend, sharded) for spec in convention.optimizers]
@@ -2076,6 +2133,9 @@ class PrecompiledFunction:
             self._guard = guard
         elif cached.aliases:
             self._module_arguments.check_ties(args, cached, tensors)
+        # fn may branch on `a is b`: the user tensors are one object where they were at capture, else distinct.
+        if self._distinct_inputs and len(set(map(id, inputs))) != self._distinct_inputs:
+            self._inputs.raise_identity_differs(tensors)
         if self._bare:
             if grad_enabled:
                 _set_grad_enabled(False)
@@ -2829,6 +2889,63 @@ class OptimizerArgument:
 # ~~~~ driver part: input_objects ~~~~
 # Input objects fn rebinds or returns, as a cache (Note invariant 5).  Only in
 # artifacts whose fn does.
+
+
+def is_mutable_node(node: Any) -> bool:
+    """A pytree container whose identity a caller can observe (not None, a leaf or a tuple)."""
+    return node is not None and not isinstance(node, tuple) and not pytree.tree_is_leaf(node)
+
+
+def mutable_node_types(spec: pytree.TreeSpec) -> list:
+    """The type of each node of ``spec`` that ``is_mutable_node`` (a list, a dict, a registered
+    node object), pre-order; a namedtuple's spec type is no class."""
+    if spec.is_leaf():
+        return []
+    own = [spec.type] if isinstance(spec.type, type) and not issubclass(spec.type, tuple) else []
+    return own + [t for child in spec.children() for t in mutable_node_types(child)]
+
+
+def first_shared_container(arguments: list) -> tuple | None:
+    """(first path, other path, node): a mutable pytree container found at two places across
+    or within ``arguments`` (``(path, tree)`` pairs), the first repeat in pre-order; None if none.
+
+    Each node stays referenced until the walk ends: a ``flatten_fn`` may make its children
+    afresh, and a freed one's id could come back for another."""
+    first: dict = {}
+    pending = list(reversed(arguments))
+    while pending:
+        path, node = pending.pop()
+        if pytree.tree_is_leaf(node):  # None included
+            continue
+        if not isinstance(node, tuple):  # is_mutable_node
+            if id(node) in first:
+                return first[id(node)][0], path, node
+            first[id(node)] = (path, node)
+        handler = pytree.SUPPORTED_NODES.get(type(node))
+        if handler is None:  # a namedtuple or structseq: by position
+            children = [(f"[{i}]", child) for i, child in enumerate(node)]
+        elif handler.flatten_with_keys_fn is not None:
+            children = [(pytree.keystr((key,)), child) for key, child in handler.flatten_with_keys_fn(node)[0]]
+        else:
+            children = [(f"[{i}]", child) for i, child in enumerate(handler.flatten_fn(node)[0])]
+        pending.extend((path + key, child) for key, child in reversed(children))
+    return None
+
+
+def shared_container_error(arguments: list, since: str) -> PrecompileError:
+    """Names a container found at two places of ``arguments`` where fn changes an input object:
+    precompile rebuilds each place from its pytree, so a change through one would not reach the
+    other (nor a read through it see the change) as in eager; ``since``: what the trace saw."""
+    shared = first_shared_container(arguments)
+    where = "one container is at two places"
+    if shared is not None:
+        first, other, node = shared
+        where = f"{other} is {first} (one {type(node).__qualname__})"
+    return PrecompileError(
+        f"{where}{since}, and fn changes an input object beyond its tensors' values: a change through "
+        "one place would not reach the other as in eager. Pass distinct objects there (e.g. a copy), "
+        "at capture and at every call"
+    )
 
 
 def node_at(tree: Any, spec: pytree.TreeSpec, index: int) -> Any:

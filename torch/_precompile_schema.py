@@ -495,8 +495,11 @@ class CallingConvention(Record):
     # Tensor outputs that alias a tensor graph input (backend='inductor' only;
     # the eager graph returns the views itself), by increasing graph_output.
     output_views: tuple[OutputView, ...] = ()
-    # (i, j): user tensor graph inputs that were one tensor at capture, one of
-    # them written in place (fn(x, x)); traced as one, so every call passes one.
+    # (i, j): user tensor graph inputs that were one tensor at capture (fn(x, x)),
+    # traced as one, so every call passes one there; the other user tensors were
+    # distinct and every call passes distinct ones (fn may branch on ``a is b``).
+    # Artifacts written before this recorded only groups with a member written in
+    # place and check only those: their own driver reads the field as written.
     same_inputs: tuple[tuple[Count, Count], ...] = ()
     # Where fn read torch.is_grad_enabled() / is_inference_mode_enabled() and
     # got the captured answer (grad on, inference off), as " at file:line
