@@ -139,7 +139,10 @@ says who guarantees it and, where it is enforced, which tests (in
    test_a_container_at_two_places_is_refused_where_fn_changes_inputs).
    Where fn changes none, sharing is only read, as in eager, except by
    identity (``a is b`` between containers fn did not change reads False in
-   the trace): the caller's responsibility, unchecked.  Where fn leaves
+   the trace): the caller's responsibility, unchecked.  So is an attribute
+   fn sets on a registered node object outside what its flatten records
+   (``box.seen = True`` where the flatten keeps ``box.t``): pytree cannot
+   see it, the call does not repeat it.  Where fn leaves
    its structure as it was (only tensors rebound), each new tensor is
    written where the old one sat (``leaf_places``), and the next call that
    finds the argument as that write left it (``LeftAsWritten``: dict
