@@ -205,6 +205,47 @@ class TestSoundness(TestCase):
                 saved.backward()
 
     @parametrize("backend", BACKENDS)
+    def test_outputs_fn_computes_are_new_tensors(self, backend):
+        """``x + zeros`` is a new tensor in eager: a write to it must not reach x or a parameter
+        (Inductor's folding of uniform constants returned the operand itself)."""
+        def plus_zeros(m, x):
+            y = x * 2
+            return x + torch.zeros(2, 3), y, y + torch.zeros(2, 3), m.bias * torch.ones(3)
+
+        m, x = nn.Linear(3, 3), torch.randn(2, 3)
+        f = precompile.load(*precompile(plus_zeros, m, x, backend=backend))
+        bias, kept = m.bias.detach().clone(), x.clone()
+        a, y, b, c = f(m, x)
+        self.assertFalse(torch._C._is_alias_of(a, x))
+        self.assertFalse(torch._C._is_alias_of(b, y))
+        self.assertFalse(torch._C._is_alias_of(c, m.bias))
+        with torch.no_grad():
+            for out in (a, b, c):
+                out.zero_()
+        torch.testing.assert_close(x, kept)
+        torch.testing.assert_close(m.bias.detach(), bias)
+        torch.testing.assert_close(y, kept * 2)
+
+    @parametrize("backend", BACKENDS)
+    def test_writes_through_unsafe_split_pieces_reach_the_input(self, backend):
+        """unsafe_split / unsafe_chunk return views in eager, though their schema declares none."""
+        def scale_half(x):
+            _, second = x.unsafe_chunk(2)
+            second.mul_(3)
+            pieces = x.unsafe_split_with_sizes([1, 3])
+            pieces[0].add_(1)
+            return x.sum(), second
+
+        f = precompile.load(*precompile(scale_half, torch.ones(4, 3), backend=backend))
+        ours, eager = torch.ones(4, 3), torch.ones(4, 3)
+        (total, second), (eager_total, eager_second) = f(ours), scale_half(eager)
+        torch.testing.assert_close(ours, eager)
+        torch.testing.assert_close(total, eager_total)
+        second.zero_()  # a view of the input, as eager's
+        eager_second.zero_()
+        torch.testing.assert_close(ours, eager)
+
+    @parametrize("backend", BACKENDS)
     def test_written_inference_tensors_are_refused(self, backend):
         """Outside inference mode eager refuses to write an inference tensor in place (a cache
         filled under torch.inference_mode()); Inductor's kernels would write it."""

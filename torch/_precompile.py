@@ -344,7 +344,15 @@ says who guarantees it and, where it is enforced, which tests (in
      backend='inductor', are a lazily conjugated or negated view
      (``x.conj()``, ``x.mH``; test_lazily_conjugated_views) and a view of a
      ``.grad`` or of optimizer state (``m.weight.grad[0]``; the ``.grad``
-     itself is returned as eager returns it; test_views_of_a_grad).
+     itself is returned as eager returns it; test_views_of_a_grad).  An
+     output fn computes is a new tensor, never an input's memory (Inductor's
+     folding of uniform constants, which gave ``x + zeros`` back as ``x``
+     itself, is off: test_outputs_fn_computes_are_new_tensors).
+     ``unsafe_split`` / ``unsafe_chunk`` pieces are views as eager returns
+     them, though their schema declares none (traced as ``split``:
+     test_writes_through_unsafe_split_pieces_reach_the_input); a write
+     through one moves the input's version counter, which eager's unsafe
+     ops (and writes through ``x.data``) leave as it was.
    - Layout changes in place (``resize_``, ``squeeze_``, ``as_strided_``,
      ``t_``, an ``out=`` that resizes): honoured by backend='eager', which
      runs the ops; REFUSED at capture by backend='inductor', whose kernels
@@ -577,7 +585,9 @@ says who guarantees it and, where it is enforced, which tests (in
    the API's edits; and, on
    backend='inductor', indices out of range (``nn.Embedding``), which
    Inductor's CPU kernels check with an abort instead of an IndexError, as
-   under torch.compile: validate indices outside fn or use backend='eager'.
+   under torch.compile: validate indices outside fn or use backend='eager';
+   likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero,
+   which kills the process (SIGFPE) where eager raises.
    The fast path keeps this cheap: the global state is a few C calls, the
    module checks are C-level list comparisons (``benchmarks/soundness_overhead.py``),
    and the tensor guard (``runtime.tensor_guard``: the package's C++

@@ -935,6 +935,23 @@ def _advance(generator: torch.Generator, device: str) -> None:
         torch.empty(1, device=device).uniform_(generator=generator)
 
 
+# unsafe_split's schema declares no aliasing, while eager returns views of its
+# input (a write through a piece reaches it, as its docs allow): as split, whose
+# schema says so, the capture's write and view analyses and AOTAutograd see them.
+_UNSAFE_SPLITS = {
+    torch.ops.aten.unsafe_split.Tensor: torch.ops.aten.split.Tensor,
+    torch.ops.aten.unsafe_split_with_sizes.default: torch.ops.aten.split_with_sizes.default,
+}
+
+
+def _unsafe_splits_as_splits(graph: torch.fx.GraphModule) -> None:
+    found = [node for node in graph.graph.nodes if node.op == "call_function" and node.target in _UNSAFE_SPLITS]
+    for node in found:
+        node.target = _UNSAFE_SPLITS[node.target]
+    if found:
+        graph.recompile()
+
+
 def _drop_unused_copies(graph: torch.fx.GraphModule, copies: list) -> None:
     """The random numbers no recomputation replayed need no copy."""
     for node in copies:
@@ -1291,6 +1308,7 @@ def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositi
             raise
         raise _data_dependent_error(frames) from None
     _drop_unused_copies(graph, recorded["random_copies"])
+    _unsafe_splits_as_splits(graph)
     graph, constants = _enforce_contract(graph)
     example = [t.detach() for t in inputs] + constants
     placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -1410,6 +1428,7 @@ class _SymbolicAttempt:
             flat_fn, decomposition_table=decompositions, tracing_mode="symbolic", record_stack_traces=True
         )(*self.inputs, *self.sizes, *self.trailing)
         _drop_unused_copies(graph, recorded["random_copies"])
+        _unsafe_splits_as_splits(graph)
         assumed = [fact for fact in self.squeezed_facts(graph) if fact not in self.facts]
         if assumed:
             raise _AssumedSizeFacts(list(dict.fromkeys(assumed)))
@@ -3578,15 +3597,19 @@ def _inductor_config(capture: _Capture) -> dict:
     # epilogue ran once per thread at a load with eight (the loss divided eight times).
     config["cpp.threads"] = max(2, torch.get_num_threads())
     config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(_compute_scalars_once)
+    # Constant folding of uniform values rewrites `x + zeros` / `x * ones` (zeros
+    # made inside fn) to x itself after the outputs' aliasing was decided (its
+    # remove_no_ops has no output check, in 2.11-2.14): the artifact returned
+    # the caller's input or parameter where eager returns a new tensor, and a
+    # write to the result reached the caller's.  (With free dims it also asks
+    # `numel == 0`, which a mark without min=1 cannot decide.)
+    config["joint_graph_constant_folding"] = False
     if capture.convention.sizes:
         # Free (unbacked) dims.  Layout optimization makes convolutions
         # channels_last, and the stride Inductor predicts for their output is
         # then contiguous while the kernel returns channels_last: every call
-        # failed its stride assert.  Constant folding of uniform values
-        # (`ones_like(loss)` in backward) asks `numel == 0`, which a mark
-        # without min=1 cannot decide.
+        # failed its stride assert.
         config["layout_optimization"] = False
-        config["joint_graph_constant_folding"] = False
     return config
 
 
