@@ -117,8 +117,11 @@ says who guarantees it and, where it is enforced, which tests (in
    ``.grad`` exactly like eager (assign when None, else add; invariant 13).  Which
    parameters receive a gradient is fixed at capture.  A buffer or user input
    that would receive a gradient is refused.  The runnable's outputs carry no
-   autograd history: backward must happen inside fn.  Enforced (TestTraining,
-   test_precompile_zoo.py).
+   autograd history: backward must happen inside fn.  An output that is a view
+   of a parameter (``m.weight.t()``) is made with grad mode off, so after its
+   base is updated in place (an optimizer step) autograd refuses to use it
+   with grad mode on, where eager's view would record that use.  Enforced
+   (TestTraining, test_precompile_zoo.py).
 5. Side effects.  Effectful ops and control-flow higher-order ops are refused
    at capture, and so is rebinding a module attribute instead of updating it
    in place; in-place updates of buffers and inputs (BatchNorm running stats,
