@@ -21,6 +21,7 @@ import copy
 import gc
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -328,7 +329,7 @@ class TestInputTrees(TestCase):
     def test_disagreeing_flattens_are_refused_naming_the_type(self):
         with self.assertRaisesRegex(
             PrecompileError,
-            r"args\[1\] holds a test_precompile_llm.DisagreeingKeys, whose pytree registration flattens it to "
+            rf"args\[1\] holds a {re.escape(__name__)}.DisagreeingKeys, whose pytree registration flattens it to "
             r"2 leaves without keys but 1 with keys",
         ):
             torch_precompile.precompile(
