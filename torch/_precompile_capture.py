@@ -1325,6 +1325,9 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, record
     A data-dependent guard ``Eq(a, b)`` between two marked dims whose example
     sizes agree means the graph requires them equal: they are merged into one
     shape group (checked by the driver at every call) and the trace is redone.
+    A guard linear in the marked sizes becomes a size fact the example decides,
+    and so does what the trace decided without a guard (a squeeze, a size it
+    tied to others: _AssumedSizeFacts); the trace is redone with it assumed.
     Any other guard on a marked dim is refused.
     """
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -1339,7 +1342,10 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, record
             return graph, example, sizes, constants
         except _AssumedSizeFacts as assumed:
             if len(facts) + len(assumed.facts) > _MAX_SIZE_FACTS:
-                raise PrecompileError(f"fn needs more than {_MAX_SIZE_FACTS} facts about its marked dims' sizes") from None
+                raise PrecompileError(
+                    f"fn needs more than {_MAX_SIZE_FACTS} facts about its marked dims' sizes: it is not one graph "
+                    "over these sizes; mark fewer dims, or give the marks bounds that decide more"
+                ) from None
             facts += assumed.facts
         except GuardOnDataDependentSymNode as error:
             if not attempt.involves_free_dim(error.cond):  # `if x.sum() > 0:` after .item()
