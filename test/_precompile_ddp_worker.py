@@ -89,6 +89,17 @@ def step(model, x, y):
     return loss
 
 
+def step_with_no_grad_targets(model, x, y):
+    """Self-distillation: a second forward through the DDP model under no_grad() must leave the
+    first forward's gradient all-reduce pending, as eager DDP's reducer does."""
+    logits = model(x)
+    with torch.no_grad():
+        targets = model(x * 0.5).softmax(-1)
+    loss = F.cross_entropy(logits, y) - (logits.log_softmax(-1) * targets).sum(-1).mean()
+    loss.backward()
+    return loss
+
+
 def step_with_optimizer(model, optimizer, x, y):
     optimizer.zero_grad()
     loss = F.cross_entropy(model(x), y)
@@ -236,6 +247,7 @@ def precompile_all(backend: str, models: dict) -> dict:
     for name in ("bucket_view", "mixed"):
         pairs[name] = torch_precompile.precompile(step, models[name], x, y, backend=backend)
     pairs["batchnorm"] = torch_precompile.precompile(step, models["batchnorm"], x, y, backend=backend)
+    pairs["no_grad_targets"] = torch_precompile.precompile(step_with_no_grad_targets, ddp, x, y, backend=backend)
     return pairs
 
 
@@ -249,6 +261,7 @@ def run_all(runnables: dict, rank: int) -> dict:
         "bucket_view": run_plain(runnables["bucket_view"], rank, gradient_as_bucket_view=True),
         "mixed": run_plain(runnables["mixed"], rank, "mixed"),
         "batchnorm": run_plain(runnables["batchnorm"], rank, "batchnorm"),
+        "no_grad_targets": run_plain(runnables["no_grad_targets"], rank),
     }
 
 
@@ -355,7 +368,7 @@ def main(out_dir: str, backends: list) -> None:
             result["compiler_calls"] = f.read().splitlines()
     result["eager"] = run_all({"plain": step, "accumulate": step, "sgd": step_with_optimizer,
                                "adamw": step_with_optimizer, "unused": step, "batchnorm": step,
-                               "bucket_view": step, "mixed": step}, rank)
+                               "bucket_view": step, "mixed": step, "no_grad_targets": step_with_no_grad_targets}, rank)
     if rank == 0:
         result["capture_refusals"] = capture_refusals(backends[0], models)
         from torch_precompile._precompile_inspect import describe

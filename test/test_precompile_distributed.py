@@ -36,7 +36,7 @@ FSDP_EXAMPLE = os.path.join(REPO, "examples", "fsdp2_train.py")
 TP_WORKER = os.path.join(REPO, "test", "_precompile_tp_worker.py")
 STEPS, GLOBAL_BATCH, WORLD_SIZE = 3, 8, 2
 BACKENDS = ("eager", "inductor")
-RUNS = ("plain", "accumulate", "sgd", "adamw", "unused", "batchnorm", "bucket_view", "mixed")  # see _precompile_ddp_worker.run_all
+RUNS = ("plain", "accumulate", "sgd", "adamw", "unused", "batchnorm", "bucket_view", "mixed", "no_grad_targets")  # see _precompile_ddp_worker.run_all
 
 
 def _example_module():

@@ -743,8 +743,19 @@ says who guarantees it and, where it is enforced, which tests (in
    reducer is never left expecting a backward.  ``no_sync()`` is decided at
    DDP's forward, as in DDP: an artifact captured inside it does not
    all-reduce, and each artifact is refused in the other context (precompile
-   one step for each).  find_unused_parameters=True: parameters backward does
+   one step for each).  A forward inside fn that does not ask for a
+   reduction (under ``no_grad()``: a teacher's targets from the same model)
+   leaves an earlier forward's pending, as DDP's reducer does
+   (TestDataParallel, run ``no_grad_targets``).
+   find_unused_parameters=True: parameters backward does
    not reach keep their ``.grad`` and are not reduced, like eager DDP.
+   Caller's responsibility: the parameters reduced are those requiring grad
+   at capture, where DDP reduces those that did when it was constructed (a
+   parameter unfrozen after wrapping is averaged, where eager DDP leaves it
+   local); and every rank's call must pass the checks -- one rank refused
+   (another shape, a module attribute that differs by rank) leaves the
+   others waiting in the graph's first all-reduce until the process
+   group's timeout.
    The incoming ``.grad`` (invariant 13) is only read: backward's
    accumulation onto it is computed out of place (the sum is all-reduced and
    the result becomes ``.grad``; the old ``.grad`` tensor keeps its values),

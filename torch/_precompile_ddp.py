@@ -147,8 +147,11 @@ class _TracedDataParallel:
             _, broadcast, wait = _stand_in_ops()
             for buffer in self.buffers:  # in place: the artifact writes the module's buffers
                 buffer.copy_(wait(broadcast(buffer, 0, self.argument.spec.group_name)))
-        self.sync = torch.is_grad_enabled() and vars(ddp)["require_backward_grad_sync"]
-        self.forward_param_sync = self.sync  # as DDP's _post_forward sets it
+        asks = torch.is_grad_enabled() and vars(ddp)["require_backward_grad_sync"]
+        # A forward that does not ask (no_grad: a teacher's targets; no_sync()) leaves an earlier
+        # forward's reduction pending, as DDP's reducer does (only a forward that asks prepares it).
+        self.sync = self.sync or asks
+        self.forward_param_sync = asks  # as DDP's _post_forward sets it
         return ddp.module(*inputs, **kwargs)
 
     def on_gradient(self, param: torch.Tensor) -> None:
