@@ -2501,9 +2501,8 @@ class _ModuleState:
             new = self.values.get(name)
             if not compat.module_containers()[name] or not isinstance(new, dict):
                 continue
-            for key in [*old, *(key for key in new if key not in old)]:
-                if old.get(key, schema.MISSING) is not new.get(key, schema.MISSING):
-                    changes.append(_Change(self.path, name, key, old.get(key, schema.MISSING), new.get(key, schema.MISSING)))
+            for key in _changed_keys(old, new):
+                changes.append(_Change(self.path, name, key, old.get(key, schema.MISSING), new.get(key, schema.MISSING)))
         return changes
 
     def tensors(self) -> dict:
@@ -2535,6 +2534,12 @@ def _same_entries(container: Any, old: Any) -> bool:
     if not isinstance(container, dict):
         return container == old
     return len(container) == len(old) and all(k == j and v is w for (k, v), (j, w) in zip(container.items(), old.items()))
+
+
+def _changed_keys(before: dict, after: dict) -> list:
+    """The keys added, removed or rebound between two states of one dict, ``before``'s order first."""
+    keys = [*before, *(k for k in after if k not in before)]
+    return [k for k in keys if before.get(k, schema.MISSING) is not after.get(k, schema.MISSING)]
 
 
 def _equal_values(old: Any, new: Any, caller_tensors: dict) -> bool:
@@ -3013,10 +3018,10 @@ class _CallerOptimizer:
                 "artifact would not do that: change the optimizer's groups outside fn and precompile again"
             )
         for g, (group, original) in enumerate(zip(self.groups, self.before)):
-            key = _changed_key(original, group)
-            if key is not None:
+            changed = _changed_keys(original, group)
+            if changed:
                 raise PrecompileError(
-                    f"fn writes {self.where}.param_groups[{g}][{key!r}] through another reference than "
+                    f"fn writes {self.where}.param_groups[{g}][{changed[0]!r}] through another reference than "
                     f"{self.where}.param_groups (a closure or global); the artifact never writes the group: "
                     "set it outside fn, e.g. with an LR scheduler stepped between calls"
                 )
@@ -3028,12 +3033,6 @@ class _CallerOptimizer:
         for group, original in zip(self.groups, self.before):  # undo writes through another reference
             group.clear()
             group.update(original)
-
-
-def _changed_key(before: dict, after: dict) -> Any:
-    """A key added, removed or rebound between two states of one dict, or None."""
-    keys = [*before, *(k for k in after if k not in before)]
-    return next((k for k in keys if before.get(k, schema.MISSING) is not after.get(k, schema.MISSING)), None)
 
 
 def _caller_is_fn() -> bool:

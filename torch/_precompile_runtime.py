@@ -2917,7 +2917,7 @@ def first_shared_container(arguments: list) -> tuple | None:
         path, node = pending.pop()
         if pytree.tree_is_leaf(node):  # None included
             continue
-        if not isinstance(node, tuple):  # is_mutable_node
+        if is_mutable_node(node):
             if id(node) in first:
                 return first[id(node)][0], path, node
             first[id(node)] = (path, node)
