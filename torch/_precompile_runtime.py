@@ -2055,12 +2055,10 @@ class PrecompiledFunction:
         num_tensors = num_state + sum(leaf.tensor is not None for leaf in convention.inputs)
         mutated = frozenset(convention.mutated)
         one_tensor = pairs_within_groups(convention.same_inputs)  # checked by identity instead
-        pairs = [
-            (i, j)
-            for i in range(num_tensors)
-            for j in range(i + 1, num_tensors)
-            if (i in mutated or j in mutated) and (i, j) not in one_tensor
-        ]
+        # From the written tensors' side: O(written x tensors), not every pair of a large model's tensors.
+        pairs = sorted(
+            {(min(i, j), max(i, j)) for i in mutated for j in range(num_tensors) if j != i} - one_tensor
+        )
         self._state_alias_pairs = [(i, j) for i, j in pairs if j < num_state]
         self._module_arguments = ModuleArguments(convention, self._state_alias_pairs)
         self._pick_modules = self._module_arguments.pick
