@@ -237,7 +237,11 @@ says who guarantees it and, where it is enforced, which tests (in
    ``torch._dynamo`` (TestInductorCache); on a GPU they import no Triton
    either: each cubin is launched from the record precompile kept of its
    autotuned config (test_precompile_cuda.py).  A CUDA artifact is refused
-   before anything runs where the process has no such GPU.
+   before anything runs where the process has no such GPU.  Inductor's C++
+   is written for the capturing host's vector ISA (its width sets the loops'
+   step), which the header records (INDUCTOR_VEC_ISA): compiled from
+   python_code, by load or run alone, it is compiled for that ISA, or refused
+   where this machine does not run it (test_precompile.py TestVectorISA).
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.

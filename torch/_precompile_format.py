@@ -380,8 +380,9 @@ class _CacheUnusable(PrecompileError):
 _AST_LOCK = threading.Lock()
 
 _REQUIRED_CONSTANTS = ("CALLING_CONVENTION",)
-# Recorded after the kernels are harvested; absent in artifacts of older versions.
-_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256", "BYTECODE_SHA256")
+# Absent in artifacts of older versions: KERNEL_SHA256 and BYTECODE_SHA256, recorded
+# after the kernels are harvested, and INDUCTOR_VEC_ISA (backend='inductor').
+_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256", "BYTECODE_SHA256", "INDUCTOR_VEC_ISA")
 
 
 def _parse(source: str) -> ast.Module:
