@@ -1308,18 +1308,29 @@ class TestInductorCache(TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self._check(out)
 
-    def test_other_environment_warns_once_and_jit_compiles(self):
+    def _check_built_elsewhere(self, field, value):
+        """A cache whose build_env has ``field`` = ``value``: its kernels are ignored (one warning naming it) and compiled."""
         envelope = format_module._read_envelope(open(self.paths["a.cache"], "rb").read())
-        envelope["build_env"] = dict(envelope["build_env"], cpu_capability="SOME_OTHER_ISA")
-        other = os.path.join(self.tmp.name, "other.cache")
+        envelope["build_env"] = dict(envelope["build_env"], **{field: value})
+        other = os.path.join(self.tmp.name, f"other_{field}.cache")
         with open(other, "wb") as f:
             f.write(format_module._pack_envelope(envelope))
-        out = os.path.join(self.tmp.name, "other.pt")
+        out = os.path.join(self.tmp.name, f"other_{field}.pt")
         result = self._child(out, cache_file=other)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stderr.count("were built for"), 1, result.stderr)
-        self.assertIn("SOME_OTHER_ISA", result.stderr)
+        self.assertIn(value, result.stderr)
         self._check(out)
+
+    def test_other_environment_warns_once_and_jit_compiles(self):
+        self._check_built_elsewhere("cpu_capability", "SOME_OTHER_ISA")
+
+    def test_cpu_with_other_extensions_jit_compiles(self):
+        # Inductor builds with -march=native: a CPU of the same capability (AVX512) lacking
+        # an extension the builder had would fault on the cached kernels (SIGILL).
+        built = format_module._read_envelope(open(self.paths["a.cache"], "rb").read())["build_env"]
+        self.assertEqual(built["cpu_features"], format_module._cpu_features())
+        self._check_built_elsewhere("cpu_features", built["cpu_features"] + " some_future_extension")
 
     def test_four_processes_share_one_cache_dir(self):
         shared = tempfile.mkdtemp(dir=self.tmp.name)

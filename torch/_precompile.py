@@ -230,7 +230,8 @@ says who guarantees it and, where it is enforced, which tests (in
    test_what_the_trace_leaves_in_a_module_is_undone;
    test_precompile_llm.py test_hidden_states_hooks_are_removed_when_capture_refuses).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
-   environment (torch, Python, platform, CPU capability; for Triton kernels
+   environment (torch, Python, platform, CPU capability and, as the kernels
+   are built with -march=native, the CPU's extensions; for Triton kernels
    also the GPU architecture and Triton version) equals this process's;
    otherwise ``load`` warns once and compiles from python_code.  Warm loads
    run no compiler and import neither ``torch._inductor`` nor
