@@ -745,9 +745,9 @@ def inductor_extern_kernels() -> Any:
 def inductor_vec_isa() -> list:
     """[name, bit width] of the vector ISA Inductor generates CPU kernels for in this process.
 
-    Its C++ is written for that ISA's vector width, so the driver compiles it
-    for the same one (``_inductor_compile_kernel``).  torch._inductor.cpu_vec_isa
-    is private in 2.11-2.14.
+    Its C++ is written for that ISA's vector width, so the driver's
+    ``jit_compile_kernel`` compiles it for the same one.
+    torch._inductor.cpu_vec_isa is private in 2.11-2.14.
     """
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
