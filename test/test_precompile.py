@@ -1308,18 +1308,29 @@ class TestInductorCache(TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self._check(out)
 
-    def test_other_environment_warns_once_and_jit_compiles(self):
+    def _check_built_elsewhere(self, field, value):
+        """A cache whose build_env has ``field`` = ``value``: its kernels are ignored (one warning naming it) and compiled."""
         envelope = format_module._read_envelope(open(self.paths["a.cache"], "rb").read())
-        envelope["build_env"] = dict(envelope["build_env"], cpu_capability="SOME_OTHER_ISA")
-        other = os.path.join(self.tmp.name, "other.cache")
+        envelope["build_env"] = dict(envelope["build_env"], **{field: value})
+        other = os.path.join(self.tmp.name, f"other_{field}.cache")
         with open(other, "wb") as f:
             f.write(format_module._pack_envelope(envelope))
-        out = os.path.join(self.tmp.name, "other.pt")
+        out = os.path.join(self.tmp.name, f"other_{field}.pt")
         result = self._child(out, cache_file=other)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stderr.count("were built for"), 1, result.stderr)
-        self.assertIn("SOME_OTHER_ISA", result.stderr)
+        self.assertIn(value, result.stderr)
         self._check(out)
+
+    def test_other_environment_warns_once_and_jit_compiles(self):
+        self._check_built_elsewhere("cpu_capability", "SOME_OTHER_ISA")
+
+    def test_cpu_with_other_extensions_jit_compiles(self):
+        # Inductor builds with -march=native: a CPU of the same capability (AVX512) lacking
+        # an extension the builder had would fault on the cached kernels (SIGILL).
+        built = format_module._read_envelope(open(self.paths["a.cache"], "rb").read())["build_env"]
+        self.assertEqual(built["cpu_features"], format_module._cpu_features())
+        self._check_built_elsewhere("cpu_features", built["cpu_features"] + " some_future_extension")
 
     def test_four_processes_share_one_cache_dir(self):
         shared = tempfile.mkdtemp(dir=self.tmp.name)
@@ -1340,6 +1351,96 @@ class TestInductorCache(TestCase):
             self._check(out)
         so_files = os.listdir(os.path.join(shared, "precompile_kernels"))
         self.assertTrue(so_files and all(name.endswith(".so") for name in so_files), so_files)
+
+
+def _scaled_relu(m, x):
+    return torch.relu(m(x) * 2 + 1)
+
+
+class TestVectorISA(TestCase):
+    """Inductor's C++ is written for the capturing host's vector ISA; compiled elsewhere it is
+    compiled for that ISA or refused.  Another host is simulated with ATEN_CPU_CAPABILITY."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.TemporaryDirectory()
+        torch.manual_seed(0)
+        # Widths that are no multiple of 16: AVX512 code compiled for AVX2 skips half of each vector.
+        cls.model = nn.Sequential(nn.Linear(16, 40), nn.ReLU(), nn.Linear(40, 24))
+        cls.x = torch.randn(7, 16)
+        cls.data = os.path.join(cls.tmp.name, "data.pt")
+        torch.save({"model": cls.model, "x": cls.x}, cls.data)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+        super().tearDownClass()
+
+    def _child(self, capability, script):
+        env = {"ATEN_CPU_CAPABILITY": capability, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.tmp.name)}
+        prelude = f"import torch, torch_precompile\ndata = torch.load({self.data!r}, weights_only=False)\n"
+        result = _run_python(prelude + textwrap.dedent(script), env=env)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+
+    def _capture(self, capability):
+        stem = os.path.join(self.tmp.name, f"captured_{capability}")
+        self._child(
+            capability,
+            f"""
+            def scaled_relu(m, x):  # _scaled_relu
+                return torch.relu(m(x) * 2 + 1)
+
+            code, cache = torch_precompile.precompile(scaled_relu, data["model"], data["x"], backend="inductor")
+            open({stem + ".py"!r}, "w").write(code)
+            open({stem + ".cache"!r}, "wb").write(cache)
+            """,
+        )
+        return stem
+
+    def _check_loaded_and_run_alone(self, stem, capability):
+        """load() and exec(python_code) where the CPU capability is ``capability`` compute eager's result."""
+        out = f"{stem}_on_{capability}.pt"
+        self._child(
+            capability,
+            f"""
+            m, x = data["model"], data["x"]
+            code = open({stem + ".py"!r}).read()
+            f = torch_precompile.load(code, open({stem + ".cache"!r}, "rb").read())
+            alone = {{}}
+            exec(code, alone)
+            torch.save({{"load": f(m, x), "exec": alone["forward"](m, x)}}, {out!r})
+            """,
+        )
+        expected = _scaled_relu(self.model, self.x)
+        for how, result in torch.load(out).items():
+            torch.testing.assert_close(result, expected, msg=lambda message: f"{how}: {message}")
+
+    @unittest.skipUnless(torch.backends.cpu.get_cpu_capability() == "AVX512", "needs an AVX512 host")
+    def test_avx512_kernels_compiled_where_avx2_is_picked(self):
+        # Compiled with AVX2's 8-wide vectors, they computed wrong results.
+        self._check_loaded_and_run_alone(self._capture("avx512"), "avx2")
+
+    @unittest.skipUnless(torch.backends.cpu.get_cpu_capability() == "AVX512", "needs an AVX512 host")
+    def test_avx2_kernels_compiled_where_avx512_is_picked(self):
+        # Compiled with AVX512's 16-wide vectors, they wrote past their buffers (heap corruption).
+        self._check_loaded_and_run_alone(self._capture("avx2"), "avx512")
+
+    def test_isa_this_machine_lacks_is_refused(self):
+        code, _ = _artifact("scaled_relu", _scaled_relu, self.model, self.x, backend="inductor")
+        (line,) = [line for line in code.splitlines() if line.startswith("INDUCTOR_VEC_ISA = ")]
+        for recorded, message in (
+            ("['no_such_isa', 1024]", r"'no_such_isa' \(1024-bit\).*does not support.*precompile again on this machine"),
+            ("['avx2', 512]", r"'avx2' \(512-bit\).*does not support"),  # an edited width
+            ("'avx2'", r"INDUCTOR_VEC_ISA is malformed"),
+        ):
+            edited = code.replace(line, f"INDUCTOR_VEC_ISA = {recorded}")
+            with self.subTest(recorded=recorded), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the empty cache
+                with self.assertRaisesRegex(PrecompileError, message):
+                    torch_precompile.load(edited, b"")
+                with self.assertRaisesRegex(PrecompileError, message):
+                    exec(edited, {})
 
 
 def _marked(tensor, dim, **kwargs):

@@ -44,7 +44,8 @@ def _read(pair: str) -> tuple[str, bytes]:
 def _made_here(python_code: str, cache: bytes) -> bool:
     """Whether this host could use the pair's cache as is: its kernels' build environment and its Python."""
     artifact = format_module.read_artifact(python_code, cache)
-    return artifact.envelope["build_env"] == format_module._build_environment() and bool(artifact.compiled)
+    built = artifact.envelope["build_env"]
+    return built == format_module._host_environment(built) and bool(artifact.compiled)
 
 
 def _generated_by_another_torch(cache: bytes) -> bool:

@@ -230,14 +230,19 @@ says who guarantees it and, where it is enforced, which tests (in
    test_what_the_trace_leaves_in_a_module_is_undone;
    test_precompile_llm.py test_hidden_states_hooks_are_removed_when_capture_refuses).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
-   environment (torch, Python, platform, CPU capability; for Triton kernels
+   environment (torch, Python, platform, CPU capability and, as the kernels
+   are built with -march=native, the CPU's extensions; for Triton kernels
    also the GPU architecture and Triton version) equals this process's;
    otherwise ``load`` warns once and compiles from python_code.  Warm loads
    run no compiler and import neither ``torch._inductor`` nor
    ``torch._dynamo`` (TestInductorCache); on a GPU they import no Triton
    either: each cubin is launched from the record precompile kept of its
    autotuned config (test_precompile_cuda.py).  A CUDA artifact is refused
-   before anything runs where the process has no such GPU.
+   before anything runs where the process has no such GPU.  Inductor's C++
+   is written for the capturing host's vector ISA (its width sets the loops'
+   step), which the header records (INDUCTOR_VEC_ISA): compiled from
+   python_code, by load or run alone, it is compiled for that ISA, or refused
+   where this machine does not run it (test_precompile.py TestVectorISA).
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.

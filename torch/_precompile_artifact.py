@@ -30,6 +30,7 @@ from ._precompile_format import (
     _CACHED_PARTS,
     _code_hash,
     _has_gpu_kernels,
+    _host_environment,
     _is_installed_driver,
     _kernel_digests,
     _marker,
@@ -170,7 +171,7 @@ def _usable_kernels(artifact: Artifact) -> dict:
     if not artifact.kernels:
         return {}
     built = artifact.envelope["build_env"]
-    here = _build_environment(gpu=isinstance(built, dict) and "gpu" in built)
+    here = _host_environment(built)
     if built != here:
         _warn_once(
             f"torch.compiler.precompile: the cache's kernels were built for {built!r}, "

@@ -3506,6 +3506,7 @@ def _constant_spec(t: torch.Tensor) -> ConstantSpec:
 class _Lowered:
     graph_code: str  # python_code section that defines the graph
     bind_code: str  # statements binding `_run_graph(list_of_inputs) -> outputs`
+    header_code: str = ""  # header constants the graph section depends on
 
 
 def _lower_eager(capture: _Capture) -> _Lowered:
@@ -3925,10 +3926,12 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         f"{_DEFERRED_KERNELS}\n\n{source}"
     )
     bind = (
-        '_kernel_loader = _driver["bind_inductor_graph"](globals(), EXTERN_KERNELS, _kernel_files)\n'
+        '_kernel_loader = _driver["bind_inductor_graph"](globals(), EXTERN_KERNELS, _kernel_files, INDUCTOR_VEC_ISA)\n'
         "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
     )
-    return _Lowered(graph_code, bind)
+    # The vector ISA (name, bit width) Inductor wrote the C++ kernels for: compiled
+    # elsewhere, they are compiled for it or refused (jit_compile_kernel).
+    return _Lowered(graph_code, bind, f"INDUCTOR_VEC_ISA = {compat.inductor_vec_isa()!r}\n")
 
 
 # Stands in for Inductor's AsyncCompile while the graph section runs, before the
@@ -4031,7 +4034,7 @@ def _render(convention: CallingConvention, lowered: _Lowered) -> str:
 
 {_NO_BYTECODE}
 CALLING_CONVENTION = {pprint.pformat(convention.to_literal(), width=100, sort_dicts=False)}
-"""
+{lowered.header_code}"""
     forward = (
         "# Binds the graph to the driver.  load() passes its driver (the installed\n"
         "# torch._precompile_runtime when it is the driver section's exact text), the\n"

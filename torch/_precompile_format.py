@@ -193,11 +193,13 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same artifact gives
 _ZIP_READ_OPTIONS = {"metadata_encoding": "utf-8"} if sys.version_info >= (3, 11) else {}
 
 
-def _build_environment(gpu: bool = False) -> dict[str, str]:
+def _build_environment(gpu: bool = False, cpu_features: bool = True) -> dict[str, str]:
     """What compiled kernels depend on; they are loaded only on an exact match.
 
     ``gpu``: the cache holds Triton kernels, whose cubins also depend on the
     GPU architecture and on the Triton that built them (its launch ABI).
+    ``cpu_features``: the CPU's instruction-set extensions, which Inductor's
+    -march=native lets its C++ kernels use (caches before it do not record them).
     """
     environment = {
         "torch": str(torch.__version__),
@@ -205,9 +207,36 @@ def _build_environment(gpu: bool = False) -> dict[str, str]:
         "platform": f"{sys.platform}-{platform.machine()}",
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
+    if cpu_features:
+        environment["cpu_features"] = _cpu_features()
     if gpu:
         environment["gpu"] = _gpu_environment()
     return environment
+
+
+def _host_environment(built: Any) -> dict[str, str]:
+    """This process's build environment, with the optional fields ``built`` (a cache's build_env) records."""
+    recorded = built if isinstance(built, dict) else {}
+    return _build_environment(gpu="gpu" in recorded, cpu_features="cpu_features" in recorded)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_features() -> str:
+    """The CPU's instruction-set extensions (cpuinfo's), e.g. 'aes amx_bf16 ... avx512_f ... sse4_2'.
+
+    Two CPUs of one ``cpu_capability`` (AVX512: Skylake-X, Sapphire Rapids)
+    differ in these, and a kernel built for one may not run on the other.
+    """
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # absent in torch builds that predate it
+    if capabilities is None:
+        return "unknown"
+    return " ".join(
+        sorted(
+            name if value is True else f"{name}={value}"
+            for name, value in capabilities().items()
+            if value is True or (name.endswith("_max_length") and type(value) is int)  # SVE / SME vector lengths
+        )
+    )
 
 
 def _gpu_environment() -> str:
@@ -380,8 +409,9 @@ class _CacheUnusable(PrecompileError):
 _AST_LOCK = threading.Lock()
 
 _REQUIRED_CONSTANTS = ("CALLING_CONVENTION",)
-# Recorded after the kernels are harvested; absent in artifacts of older versions.
-_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256", "BYTECODE_SHA256")
+# Absent in artifacts of older versions: KERNEL_SHA256 and BYTECODE_SHA256, recorded
+# after the kernels are harvested, and INDUCTOR_VEC_ISA (backend='inductor').
+_HEADER_CONSTANTS = (*_REQUIRED_CONSTANTS, "KERNEL_SHA256", "BYTECODE_SHA256", "INDUCTOR_VEC_ISA")
 
 
 def _parse(source: str) -> ast.Module:

@@ -241,7 +241,7 @@ def _outputs_report(convention: CallingConvention) -> list[dict[str, Any]]:
 
 
 def _build_environment_report(built: Any, num_kernels: int) -> dict[str, Any]:
-    host = _format._build_environment(gpu=isinstance(built, dict) and "gpu" in built)
+    host = _format._host_environment(built)
     built_dict = built if isinstance(built, dict) else {}
     differs = sorted(k for k in set(host) | set(built_dict) if built_dict.get(k) != host.get(k))
     matches = isinstance(built, dict) and not differs

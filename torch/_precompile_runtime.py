@@ -160,7 +160,7 @@ _KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 _KERNEL_DATA_PTR = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
 # What Inductor's generated module imports from torch._inductor (private in
 # 2.13), for the stand-ins at the end of this file: ALIGN_BYTES of
-# torch._inductor.utils._align, and the cold path's compiler and extern kernels.
+# torch._inductor.utils._align, and the cold path's compiler, its vector ISA and extern kernels.
 _INDUCTOR_ALIGN_BYTES = 64
 
 
@@ -168,6 +168,29 @@ def _inductor_compile_kernel(argtypes: list[str], source: str) -> Callable:
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     return CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+
+
+def _inductor_vec_isas() -> tuple[tuple[str, int], dict[str, int]]:
+    """(name, bit width) of the vector ISA Inductor picks here, and name -> bit width of those this machine runs."""
+    from torch._inductor.cpu_vec_isa import invalid_vec_isa, pick_vec_isa, valid_vec_isa_list
+
+    picked = pick_vec_isa()
+    runnable = {str(isa): isa.bit_width() for isa in (*valid_vec_isa_list(), invalid_vec_isa)}
+    return (str(picked), picked.bit_width()), runnable
+
+
+@contextlib.contextmanager
+def _inductor_simdlen(width: int):
+    """Inductor compiles for this machine's first ISA of ``width`` bits (cpp.simdlen; 0: none).
+
+    Among the ISAs a machine runs, that one has the recorded ISA's width and
+    vector macros (x86: AMX and VNNI extend AVX512's flags, and -march=native
+    already enables them), so the C++ compiles as it was generated.
+    """
+    from torch._inductor import config
+
+    with config.patch({"cpp.simdlen": width}):
+        yield
 
 
 def _inductor_extern_kernels() -> Any:
@@ -3186,9 +3209,44 @@ def load_kernel_library(key: str, path: str) -> Callable:
     return module.kernel
 
 
-def jit_compile_kernel(argtypes: list[str], source: str) -> Callable:
-    """Compile one kernel with Inductor (the cold path: imports torch._inductor)."""
-    return _inductor_compile_kernel(argtypes, source)
+def jit_compile_kernel(argtypes: list[str], source: str, vec_isa: Any = None) -> Callable:
+    """Compile one kernel with Inductor (the cold path: imports torch._inductor).
+
+    ``vec_isa``: [name, bit width] of the vector ISA its C++ was generated for
+    (python_code's INDUCTOR_VEC_ISA; None in artifacts that predate it).
+    """
+    if vec_isa is None:
+        return _inductor_compile_kernel(argtypes, source)
+    with _VEC_ISA_LOCK:  # the ISA is picked from Inductor's process-wide config
+        with _inductor_simdlen(_check_vec_isa(vec_isa)):
+            return _inductor_compile_kernel(argtypes, source)
+
+
+# Held while a kernel is compiled for a recorded ISA, so no other artifact's compile
+# in this process sees the config set for it.
+_VEC_ISA_LOCK = threading.Lock()
+
+
+def _check_vec_isa(vec_isa: Any) -> int:
+    """The bit width to compile for: ``vec_isa``'s, if this machine runs that ISA, else PrecompileError.
+
+    The C++ is written for that width (its loops step by it): compiled for
+    another ISA it computes wrong results or writes past its buffers.
+    """
+    if not (isinstance(vec_isa, list) and len(vec_isa) == 2 and type(vec_isa[0]) is str and type(vec_isa[1]) is int):
+        raise PrecompileError(
+            f"python_code: INDUCTOR_VEC_ISA is malformed (expected [name, bit width], got {vec_isa!r}); it was edited"
+        )
+    name, width = vec_isa
+    picked, runnable = _inductor_vec_isas()
+    if runnable.get(name) != width:
+        raise PrecompileError(
+            f"this artifact's C++ kernels were generated for the vector ISA {name!r} ({width}-bit) "
+            f"(python_code's INDUCTOR_VEC_ISA), which this machine does not support (Inductor picks "
+            f"{picked[0]!r} ({picked[1]}-bit) here), and its cache has no kernels usable here: "
+            "precompile again on this machine"
+        )
+    return width
 
 
 def triton_kernel_key(kernel_name: str, source: str) -> str:
@@ -3277,8 +3335,9 @@ class KernelLoader:
     can harvest it).
     """
 
-    def __init__(self, kernel_files: dict[str, str]):
+    def __init__(self, kernel_files: dict[str, str], vec_isa: Any = None):
         self.kernel_files = kernel_files
+        self.vec_isa = vec_isa  # what its C++ kernels were generated for (jit_compile_kernel)
         self.compiled: dict[str, str] = {}  # key -> .so path of JIT-compiled kernels
         self.compiled_triton: dict[str, Any] = {}  # key -> Inductor's autotuner of JIT-compiled Triton kernels
 
@@ -3318,7 +3377,9 @@ class KernelLoader:
                     f"{error}); compiling it from python_code instead"
                 )
         try:
-            kernel = jit_compile_kernel(argtypes, source)
+            kernel = jit_compile_kernel(argtypes, source, self.vec_isa)
+        except PrecompileError:
+            raise
         except Exception as error:
             raise PrecompileError(
                 f"compiling a kernel of this artifact failed ({type(error).__name__}: {error}); "
@@ -3372,15 +3433,16 @@ def _run_intermediate_hooks(name: str, value: Any) -> None:
 
 
 def bind_inductor_graph(
-    namespace: dict, extern_table: dict[str, str], kernel_files: dict[str, str]
+    namespace: dict, extern_table: dict[str, str], kernel_files: dict[str, str], vec_isa: Any = None
 ) -> KernelLoader:
     """Give Inductor's generated module (the artifact's graph section) what it imports from Inductor.
 
     The section requested its kernels from a deferred ``AsyncCompile`` (the
     driver runs after it); each ``PendingKernel`` it left in ``namespace`` is
-    replaced by the kernel, loaded from the cache's files or compiled.
+    replaced by the kernel, loaded from the cache's files or compiled for
+    ``vec_isa`` (python_code's INDUCTOR_VEC_ISA).
     """
-    loader = KernelLoader(kernel_files)
+    loader = KernelLoader(kernel_files, vec_isa)
     pending, pending_triton = namespace["PendingKernel"], namespace.get("PendingTritonKernel")
     for name, value in list(namespace.items()):
         if type(value) is pending:
