@@ -8,6 +8,7 @@ test process and written to a shared directory.
 
 import ast
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -15,16 +16,18 @@ import pprint
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import torch
 import torch.nn as nn
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 import torch_precompile
+import torch_precompile._precompile_files as files_module
 import torch_precompile._precompile_format as format_module
 import torch_precompile._precompile_runtime as runtime
 import torch_precompile._precompile_schema as schema
-from torch_precompile._precompile_inspect import describe, format_report, main, report
+from torch_precompile._precompile_inspect import describe, format_report, main, NO_CACHE, OWN_DRIVER, report
 from torch_precompile import precompile, PrecompileError
 
 
@@ -408,6 +411,7 @@ class TestReader(InspectTestCase):
         """The report lists what a loaded runnable checks (f.checks), read without executing python_code."""
         code_file, cache_file = _files("inductor")
         code, cache = _read(code_file).decode(), _read(cache_file)
+        self.assertEqual(describe(code, cache)["driver"], "installed")
         listed = describe(code, cache)["checks"]
         self.assertEqual(listed, [str(check) for check in torch_precompile.load(code, cache).checks])
         text = _main(code_file, cache_file).stdout
@@ -416,6 +420,78 @@ class TestReader(InspectTestCase):
         full = _main(code_file, cache_file, "--checks").stdout
         for line in listed:
             self.assertIn(f"\n                      {line}\n", full)
+
+    def test_checks_of_an_artifact_with_its_own_driver_are_not_listed(self):
+        # load runs the artifact's driver, not the installed one: this older golden pair's
+        # driver checks no torch function mode, which the installed one does.
+        golden = os.path.join(REPO, "test", "precompile_golden", "convention-11-cache-11", "forward_eager")
+        with gzip.open(golden + ".py.gz", "rt") as f:
+            code = f.read()
+        with gzip.open(golden + ".cache.gz", "rb") as f:
+            cache = f.read()
+        # A current artifact whose driver section was edited is another such pair.
+        current, current_cache = _read(_files("eager")[0]).decode(), _read(_files("eager")[1])
+        marker = format_module._marker("driver")
+        edited = current.replace(marker, marker + "# an edit\n", 1)
+        for name, (python_code, pair_cache) in {"golden": (code, cache), "edited": (edited, current_cache)}.items():
+            with self.subTest(name):
+                described = describe(python_code, pair_cache)
+                self.assertEqual((described.get("driver"), described["checks"]), ("own", None))
+                self.assertIn(f"  checks              {OWN_DRIVER}\n", format_report(described, checks=True))
+                summary = files_module.PrecompileSummary._of(python_code, pair_cache)
+                self.assertIsNone(summary.checks)
+                self.assertIn(f"checked at every call: {OWN_DRIVER}", str(summary))
+        self.assertFalse(any("torch function" in str(c) for c in torch_precompile.load(code, cache).checks))
+
+    def test_named_classes_are_not_imported(self):
+        # `python -m` puts the working directory on sys.path: a module shipped next to a
+        # downloaded artifact would run if the inspector imported the classes it names.
+        with tempfile.TemporaryDirectory() as directory:
+            marker = os.path.join(directory, "IMPORTED")
+            with open(os.path.join(directory, "shipped_module.py"), "w") as f:
+                f.write(textwrap.dedent(f"""
+                    import collections
+                    open({marker!r}, "w").close()
+                    Pair = collections.namedtuple("Pair", ["x", "scale"])
+                """))
+            sys.path.insert(0, directory)
+            try:
+                import shipped_module
+
+                example = shipped_module.Pair(torch.randn(3, 4), torch.tensor(2.0))
+                code, cache = precompile(lambda m, p: m(p.x) * p.scale, nn.Linear(4, 2), example, backend="eager")
+            finally:
+                sys.path.remove(directory)
+                sys.modules.pop("shipped_module", None)
+            os.unlink(marker)
+            for name, data in (("a.py", code.encode()), ("a.cache", cache)):
+                with open(os.path.join(directory, name), "wb") as f:
+                    f.write(data)
+            command = [sys.executable, "-m", "torch_precompile", "inspect", "a.py", "a.cache"]
+            text = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=300)
+            as_json = subprocess.run([*command, "--json"], cwd=directory, capture_output=True, text=True, timeout=300)
+            self.assertFalse(os.path.exists(marker), "the inspector imported shipped_module")
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("  class               shipped_module.Pair: named by import path, not imported here", text.stdout)
+        self.assertEqual(json.loads(as_json.stdout)["unimported_classes"], ["shipped_module.Pair"])
+
+    def test_empty_cache_is_no_cache_as_for_load(self):
+        code_file, _ = _files("inductor")
+        code = _read(code_file).decode()
+        described = describe(code, b"")
+        self.assertEqual(described["pair"], {
+            "belongs_together": True, "problem": None, "backend_matches": None, "code_hash_matches": None,
+        })  # fmt: skip
+        self.assertEqual(described["build_environment"]["consequence"], NO_CACHE)
+        self.assertEqual((described["kernels"]["count"], described["format_version"]["cache"]), (0, None))
+        result = _main(code_file, _write("empty.cache", b""))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"  build environment   {NO_CACHE}\n", result.stdout)
+        with self.assertWarnsRegex(UserWarning, "ignoring the cache"):
+            f = torch_precompile.load(code, b"")
+        model, x, extra = _example()
+        reference, _, _ = _example()
+        torch.testing.assert_close(f(model, x, extra)["loss"], _step(reference, x, extra)["loss"])
 
     def test_outputs_with_free_dims(self):
         x = torch.randn(6, 4)
@@ -473,7 +549,6 @@ class TestInspectBadFiles(InspectTestCase):
         for i, (path, fragment) in enumerate((
             (_write("truncated.cache", cache[: len(cache) // 2]), "damaged"),
             (_write("random.cache", os.urandom(4096)), "damaged"),
-            (_write("empty.cache", b""), "damaged"),
             (code_file, "damaged"),  # the code file passed as the cache
             (tampered, "sha256"),
         )):

@@ -249,6 +249,93 @@ class TestUntrustedStore(_StoreTestCase):
         self.assert_uses_fallback(f"lies in {self.root}, owned by uid {NOBODY}")
 
 
+    def test_store_reached_through_a_symlink_into_a_writable_directory_not_used(self):
+        # The symlink is this user's, but its target sits in a directory anyone can
+        # write (not sticky): another user could rename the target away and put theirs.
+        shared = os.path.join(self.tmp, "shared")
+        os.makedirs(os.path.join(shared, "cache"), mode=0o700)
+        os.chmod(shared, 0o777)
+        os.symlink(os.path.join(shared, "cache"), self.root)
+        self.assert_uses_fallback(f"lies in {re.escape(shared)}, which group or others can write")
+
+    def test_store_behind_another_users_symlink_not_used(self):
+        # /tmp/torchinductor_<user> planted by another user as a symlink to a directory
+        # of ours: the check passes through it, but its owner can re-point it at any time.
+        if not _is_root():
+            self.skipTest("needs root to give a symlink to another user")
+        sticky = os.path.join(self.tmp, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        os.symlink(tempfile.mkdtemp(dir=self.tmp), os.path.join(sticky, "link"))
+        os.lchown(os.path.join(sticky, "link"), NOBODY, NOBODY)
+        self.root = os.path.join(sticky, "link")
+        self.store = os.path.join(self.root, "precompile_kernels")
+        with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": self.root}):
+            self.assert_uses_fallback(f"lies in {re.escape(self.root)}, owned by uid {NOBODY}")
+
+    def test_store_behind_own_symlink_is_used(self):
+        os.symlink(tempfile.mkdtemp(dir=self.tmp), self.root)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            files = artifact_module._prime_kernels(self.kernels())
+        self.assert_store_holds_exactly_the_kernels(files)
+
+
+class TestFallbackDirectory(_StoreTestCase):
+    """The private directory load uses where the store is not private: checked at every use."""
+
+    def setUp(self):
+        super().setUp()
+        patcher = mock.patch.object(kernel_store, "_fallback", None)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        os.makedirs(self.store)
+        os.chmod(self.store, 0o777)  # not private: every load uses the fallback
+
+    def test_removed_directory_is_made_anew(self):
+        first = kernel_store.fallback_directory()
+        shutil.rmtree(first)  # a tmp cleaner
+        self.assert_uses_fallback("writable by group or others")
+        self.assertNotEqual(kernel_store.fallback_directory(), first)
+        self.assertFalse(os.path.exists(first))
+
+    def test_directory_made_again_by_someone_else_is_not_used(self):
+        first = kernel_store.fallback_directory()
+        shutil.rmtree(first)
+        os.mkdir(first)
+        os.chmod(first, 0o777)  # re-created, by another user where root can chown it
+        if _is_root():
+            os.chown(first, NOBODY, NOBODY)
+        self.assert_uses_fallback("writable by group or others")
+        self.assertNotEqual(kernel_store.fallback_directory(), first)
+        self.assertEqual(os.listdir(first), [])
+
+    def test_forked_child_leaves_the_parents_directory(self):
+        # A child that exits normally runs the atexit handlers it inherited; the
+        # directory is removed only when the process that made it exits.
+        script = textwrap.dedent(
+            """
+            import os, sys
+            import torch_precompile._precompile_kernel_store as kernel_store
+            directory = kernel_store.fallback_directory()
+            pid = os.fork()
+            if pid == 0:
+                child = kernel_store.fallback_directory()  # its own, removed at its exit
+                print(child, flush=True)
+                sys.exit(0)
+            os.waitpid(pid, 0)
+            print(directory, os.path.isdir(directory), kernel_store.fallback_directory() == directory)
+            """
+        )
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        child, parent = result.stdout.splitlines()
+        directory, exists, reused = parent.split()
+        self.assertEqual((exists, reused), ("True", "True"))
+        self.assertNotEqual(child, directory)
+        self.assertFalse(os.path.exists(child))
+        self.assertFalse(os.path.exists(directory))  # removed when the parent exited
+
 class TestStoreLocation(TestCase):
     def test_store_sits_in_inductors_cache_directory(self):
         # Mirrors Inductor's default cache_dir() (getpass.getuser() and tempfile.gettempdir(),
@@ -324,9 +411,7 @@ class TestUnwritableStore(_StoreTestCase):
 
     def test_no_writable_location_is_a_precompile_error(self):
         with self.tmpfs("size=1m,mode=0700,ro"):
-            kernel_store.fallback_directory.cache_clear()
-            self.addCleanup(kernel_store.fallback_directory.cache_clear)
-            with mock.patch.object(tempfile, "tempdir", self.root):
+            with mock.patch.object(tempfile, "tempdir", self.root), mock.patch.object(kernel_store, "_fallback", None):
                 with self.assertRaisesRegex(
                     PrecompileError,
                     f"neither to the kernel store \\({self.root}.*Read-only file system\\) "

@@ -162,7 +162,8 @@ says who guarantees it and, where it is enforced, which tests (in
    and the sections' compiled Python (marshalled for the Python that built
    them) by the sha256 python_code records for it.  A damaged, foreign or
    other-version cache is ignored with a warning; one bound to other code
-   raises.  Kernels run only from verified files in a private store.
+   raises.  Kernels run only from verified files in a private store, checked
+   at every load (nothing on the way to it another user's, symlinks included).
    Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
    test_precompile_kernel_store.py).  Layout: a header of literal constants
    (the calling convention, whose ``format_version`` and ``backend`` are the
@@ -190,7 +191,9 @@ says who guarantees it and, where it is enforced, which tests (in
    ``ast`` (or, warm, takes the cache's copy that python_code pins) and the
    cache's JSON envelope and raw entries (no unpickling) before executing
    anything but the imports of the classes an input/output structure names
-   by import path (invariant 3), and warns at every load (TestLoad).  Trusting the
+   by import path (invariant 3; the inspector, for pairs not yet trusted,
+   imports none: test_named_classes_are_not_imported), and warns at every
+   load (TestLoad).  Trusting the
    pair is the caller's responsibility.  The convention's records
    (``_precompile_schema.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the

@@ -39,7 +39,7 @@ from ._precompile_format import (
     _payload_hash,
     _pin_line,
     _read_constants,
-    _SECTIONS,
+    _split_sections,
     _text_hashes,
     Artifact,
     CACHE_FORMAT,
@@ -270,24 +270,6 @@ def _exec_artifact(
         namespace["__precompile_convention__"] = convention
     exec(code("forward"), namespace)
     return namespace
-
-
-def _split_sections(python_code: str) -> dict[str, tuple[int, str]]:
-    """Section name -> (where its text starts in python_code, its text)."""
-    starts = []
-    for name in _SECTIONS:
-        at = python_code.find(_marker(name), starts[-1][1] if starts else 0)
-        if at < 0:
-            raise PrecompileError(
-                f"python_code has no {name} section (marker {_marker(name).strip()!r}); it was edited"
-            )
-        starts.append((name, at))
-    ends = [at for _, at in starts[1:]] + [len(python_code)]
-    sections = {}
-    for (name, at), end in zip(starts, ends):
-        body = at + len(_marker(name))
-        sections[name] = (body, python_code[body:end])
-    return sections
 
 
 def _compile_section_of(python_code: str, filename: str, start: int, text: str) -> Any:

@@ -284,7 +284,9 @@ class PrecompileSummary:
     outputs: int
     grad_parameters: int  # parameters whose .grad each call writes
     kernels: int  # compiled kernels in the cache (0 for backend="eager")
-    checks: tuple[str, ...]  # what the driver checks before every call, one line each (f.checks)
+    # What the driver checks before every call, one line each (f.checks); None where the
+    # artifact carries a driver other than the installed one (inspect_artifact.OWN_DRIVER).
+    checks: tuple[str, ...] | None
     report: dict = dataclasses.field(repr=False, compare=False)
 
     @classmethod
@@ -306,7 +308,7 @@ class PrecompileSummary:
             outputs=len(report["outputs"]),
             grad_parameters=len(report["grad_params"]),
             kernels=report["kernels"]["count"],
-            checks=tuple(report["checks"]),  # the driver's own list, as f.checks gives it
+            checks=None if report["checks"] is None else tuple(report["checks"]),  # as f.checks gives it
             report=report,
         )
 
@@ -317,8 +319,11 @@ class PrecompileSummary:
             f"  {self.parameters} parameters, {self.buffers} buffers, {self.inputs} input leaves, "
             f"{self.outputs} output leaves, .grad written for {self.grad_parameters} parameters"
         )
-        lines.append("  checked at every call:")
-        lines += [f"    {check}" for check in self.checks]
+        if self.checks is None:
+            lines.append(f"  checked at every call: {inspect_artifact.OWN_DRIVER}")
+        else:
+            lines.append("  checked at every call:")
+            lines += [f"    {check}" for check in self.checks]
         return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ module imports its importer (test_precompile.py TestImportGraph).
 """
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -88,6 +89,23 @@ def _marker(section: str) -> str:
     return f"\n# {'=' * 20} {section} {'=' * 20}\n"
 
 
+def _split_sections(python_code: str) -> dict[str, tuple[int, str]]:
+    """Section name -> (where its text starts in python_code, its text)."""
+    starts = []
+    for name in _SECTIONS:
+        at = python_code.find(_marker(name), starts[-1][1] if starts else 0)
+        if at < 0:
+            raise PrecompileError(
+                f"python_code has no {name} section (marker {_marker(name).strip()!r}); it was edited"
+            )
+        starts.append((name, at))
+    ends = [at for _, at in starts[1:]] + [len(python_code)]
+    sections = {}
+    for (name, at), end in zip(starts, ends):
+        body = at + len(_marker(name))
+        sections[name] = (body, python_code[body:end])
+    return sections
+
 # The driver is the schema (torch/_precompile_schema.py) and the runtime
 # (torch/_precompile_runtime.py), whose text is a core and optional parts, each
 # opened by a marker line and running to the next.  An artifact's driver section
@@ -137,6 +155,12 @@ def _is_installed_driver(section: str) -> bool:
     core, parts = _split_driver(section)
     installed_core, installed = _installed_driver()
     return core == installed_core and all(installed.get(name) == text for name, text in parts.items())
+
+
+def runs_installed_driver(python_code: str) -> bool:
+    """Whether ``load`` runs the installed driver for python_code (else the artifact's own,
+    whose checks only executing it could list: another version's, or edited)."""
+    return _is_installed_driver(_split_sections(python_code)["driver"][1])
 
 
 def describe_arguments(convention: CallingConvention) -> list[str]:
@@ -647,12 +671,16 @@ class Artifact(schema.Record):
         return self.pair_error or self.version_error
 
 
-def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = False) -> Artifact:
+def read_artifact(
+    python_code: str, cache: bytes, *, header_from_cache: bool = False, import_classes: bool = True
+) -> Artifact:
     """Read ``(python_code, cache)`` without executing either: the envelope (JSON and
     raw entries), the header (``ast``), the pairing, version and payload checks.
 
     ``header_from_cache`` is load()'s warm path: the header's constants are
     the cache's copy that python_code pins, when it does (``_pinned_header``).
+    ``import_classes=False`` (the inspector) imports not even the classes an
+    input/output structure names: they stay ``NamedClass``es (``classes_by_name``).
     """
     if not isinstance(python_code, str):
         raise PrecompileError(f"python_code: expected str, got {type(python_code).__name__}")
@@ -666,7 +694,8 @@ def read_artifact(python_code: str, cache: bytes, *, header_from_cache: bool = F
         _pinned_header(python_code, envelope, source_hash) if header_from_cache and envelope is not None else None
     )
     constants = pinned[0] if pinned else _read_constants(python_code)
-    convention = _convention_from(constants)
+    with contextlib.nullcontext() if import_classes else schema.classes_by_name():
+        convention = _convention_from(constants)
     hashes, bytecode_hash = _kernel_hashes(constants), _bytecode_hash(constants)  # malformed: refused first
     kernels, digests, compiled, compiled_problem, pair_error, version_error = {}, {}, {}, None, None, None
     if envelope is not None:

@@ -18,7 +18,11 @@ Nothing in the artifact is executed: the pair is read by
 (``python_code``'s header with ``ast``, the cache's JSON envelope and raw
 entries, the pairing, version and payload checks; see
 Note [precompile programming model], invariants 6 and 7, in
-``torch/_precompile.py``).
+``torch/_precompile.py``), and nothing is imported: a class an input/output
+structure names stays its import path unless its module is already imported
+(``classes_by_name``).  The checks are listed by the installed driver, so only
+for an artifact whose driver section is its text; an empty cache is no cache,
+as for ``load``.
 
 Exit status: 0 the pair belongs together (``load`` accepts it); 1 a file is
 missing or is not a readable precompile artifact (one line on stderr); 2 bad
@@ -37,11 +41,11 @@ from typing import Any
 import torch.utils._pytree as pytree
 
 from . import _precompile_format as _format
-from ._precompile_runtime import _leaf_path, leaf_paths, PrecompiledFunction
-from ._precompile_schema import _dtype, CallingConvention, PrecompileError, TensorSpec
+from ._precompile_runtime import _leaf_path, _preorder, leaf_paths, PrecompiledFunction
+from ._precompile_schema import _dtype, CallingConvention, NamedClass, PrecompileError, TensorSpec
 
 
-__all__ = ["describe", "format_report", "main", "read", "report", "UnreadableArtifact"]
+__all__ = ["describe", "format_report", "main", "NO_CACHE", "OWN_DRIVER", "read", "report", "UnreadableArtifact"]
 
 EXIT_OK, EXIT_BAD_FILE, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 # What users run: the installed package, or torch._precompile in-tree.
@@ -71,10 +75,11 @@ def read(python_code: str, cache: bytes) -> _format.Artifact:
     if not isinstance(cache, (bytes, bytearray, memoryview)):
         raise UnreadableArtifact("cache", PrecompileError(f"cache: expected bytes, got {type(cache).__name__}"))
     try:
-        artifact = _format.read_artifact(python_code, cache)
+        artifact = _format.read_artifact(python_code, cache, import_classes=False)
         # read_artifact parses only the header; load() would also fail on
-        # a syntax error further down.  Compiling executes nothing.
+        # a syntax error further down, or a missing section.  Compiling executes nothing.
         compile(python_code, "<precompile artifact>", "exec", dont_inherit=True)
+        _format._split_sections(python_code)
     except SyntaxError as error:
         raise UnreadableArtifact(
             "python_code", PrecompileError(f"python_code is not valid Python ({error}); it is damaged or was edited")
@@ -87,18 +92,21 @@ def read(python_code: str, cache: bytes) -> _format.Artifact:
 def report(artifact: _format.Artifact) -> dict[str, Any]:
     """``describe``'s report on an artifact ``read_artifact`` read.
 
-    Raises ``UnreadableArtifact`` if the cache cannot be read or its payload is damaged.
+    Raises ``UnreadableArtifact`` if the cache cannot be read or its payload is damaged;
+    an empty cache is no cache, as load takes it (it compiles from python_code), and
+    its fields in the report are None.
     """
-    if artifact.cache_error is not None:
+    if artifact.cache_error is not None and artifact.cache_size:
         raise UnreadableArtifact("cache", artifact.cache_error)
     python_code, convention, envelope, kernels = (
         artifact.python_code,
         artifact.convention,
-        artifact.envelope,
+        artifact.envelope or dict.fromkeys(("version", "backend", "code_hash", "build_env")),
         artifact.kernels,
     )
     problem = artifact.pair_problem
     state = convention.state
+    installed_driver = _format.runs_installed_driver(python_code)
     return {
         "format_version": {
             "python_code": convention.format_version,
@@ -112,12 +120,15 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         "pair": {
             "belongs_together": problem is None,
             "problem": None if problem is None else _one_line(str(problem)),
-            "backend_matches": envelope["backend"] == convention.backend,
-            "code_hash_matches": envelope["code_hash"] == _format._text_hashes(python_code)[1],
+            "backend_matches": None if artifact.envelope is None else envelope["backend"] == convention.backend,
+            "code_hash_matches": (
+                None if artifact.envelope is None else envelope["code_hash"] == _format._text_hashes(python_code)[1]
+            ),
         },
         "build_environment": _build_environment_report(envelope["build_env"], len(kernels)),
         "call": _call_text(convention),
-        "checks": _checks_report(convention),
+        "driver": "installed" if installed_driver else "own",
+        "checks": _checks_report(convention) if installed_driver else None,
         "arity": convention.arity,
         "modules": [
             {"position": m.position, "parameters": len(m.parameters), "buffers": len(m.buffers)}
@@ -128,6 +139,7 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
         "buffers": _state_report(convention, "buffer"),
         "tied": [[_state_name(convention, n) for n in s.names] for s in state if len(s.names) > 1],
         "inputs": _inputs_report(convention),
+        "unimported_classes": _unimported_classes(convention),
         "size_facts": _size_facts_report(convention),
         "rebound_inputs": [f"args[{position}]" for position in convention.rebound_inputs],
         "outputs": _outputs_report(convention),
@@ -147,9 +159,17 @@ def report(artifact: _format.Artifact) -> dict[str, Any]:
 def _checks_report(convention: CallingConvention) -> list[str]:
     """What a runnable of this convention checks at every call, one line each (``PrecompiledFunction.checks``).
 
-    Listed by the installed driver, on records decoded without executing python_code.
+    Listed by the installed driver, on records decoded without executing python_code:
+    only for an artifact that load runs with it (its driver section is that text).
     """
     return [str(check) for check in PrecompiledFunction(convention, run_graph=None, constants=[]).checks]
+
+
+def _unimported_classes(convention: CallingConvention) -> list[str]:
+    """The classes fn's input/output structure names by import path whose modules this
+    process has not imported: the inspector shows their paths, load imports them."""
+    nodes = _preorder(convention.input_spec) + _preorder(convention.output_spec)
+    return sorted({repr(c) for node in nodes for c in (node.type, node.context) if isinstance(c, NamedClass)})
 
 
 def _call_text(convention: CallingConvention) -> str:
@@ -245,7 +265,9 @@ def _build_environment_report(built: Any, num_kernels: int) -> dict[str, Any]:
     built_dict = built if isinstance(built, dict) else {}
     differs = sorted(k for k in set(host) | set(built_dict) if built_dict.get(k) != host.get(k))
     matches = isinstance(built, dict) and not differs
-    if num_kernels == 0:
+    if built is None:
+        differs, consequence = [], NO_CACHE
+    elif num_kernels == 0:
         consequence = "no compiled kernels in the cache: the build environment does not matter"
     elif matches:
         consequence = "the cached kernels load directly on this host (no compiler needed)"
@@ -297,6 +319,14 @@ def _tensor_text(entry: dict) -> str:
 
 
 _NAMES_SHOWN = 3  # parameters / buffers named in the text report
+NO_CACHE = (
+    "none (an empty cache file): load ignores it with a warning and compiles from python_code "
+    "(slower first call; backend inductor needs a C++ compiler)"
+)
+OWN_DRIVER = (
+    "not listed: the artifact carries a driver different from the installed one (another version's, or "
+    "edited), and load runs that one; its checks cannot be listed without executing it"
+)
 
 
 def format_report(report: dict[str, Any], code_file: str = "", cache_file: str = "", checks: bool = False) -> str:
@@ -317,29 +347,37 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
     row(
         "format version",
         "{} (cache {}; this torch reads {}..{} and caches {}..{})".format(
-            version["python_code"], version["cache"], *version["supported"]["python_code"], *version["supported"]["cache"]
+            version["python_code"],
+            "none" if version["cache"] is None else version["cache"],
+            *version["supported"]["python_code"],
+            *version["supported"]["cache"],
         ),
     )
-    row("backend", backend["python_code"] + ("" if pair["backend_matches"] else f" (cache: {backend['cache']})"))
+    cache_backend = "" if pair["backend_matches"] is not False else f" (cache: {backend['cache']})"
+    row("backend", backend["python_code"] + cache_backend)
     row("pair", "belongs together" if pair["belongs_together"] else f"DOES NOT belong together: {pair['problem']}")
     built = env["cache"]
-    built_text = (
-        ", ".join(f"{k} {v}" for k, v in built.items()) if isinstance(built, dict) else repr(built)
-    )
-    row("build environment", built_text)
-    if env["matches_host"]:
-        row("", "matches this host")
+    if built is None:
+        row("build environment", env["consequence"])
     else:
-        here = ", ".join(f"{k} {env['host'].get(k)}" for k in env["differs"])
-        row("", f"DIFFERS from this host ({here})")
-    row("", env["consequence"])
+        built_text = ", ".join(f"{k} {v}" for k, v in built.items()) if isinstance(built, dict) else repr(built)
+        row("build environment", built_text)
+        if env["matches_host"]:
+            row("", "matches this host")
+        else:
+            here = ", ".join(f"{k} {env['host'].get(k)}" for k in env["differs"])
+            row("", f"DIFFERS from this host ({here})")
+        row("", env["consequence"])
     row("calling convention", report["call"])
-    kinds = collections.Counter(line.split(" ", 1)[0] for line in report["checks"])
-    listed = "" if checks else "; --checks lists them"
-    row("checks", f"{len(report['checks'])} at every call ({_counts_text(kinds)}){listed}")
-    if checks:
-        for line in report["checks"]:
-            row("", line)
+    if report["checks"] is None:
+        row("checks", OWN_DRIVER)
+    else:
+        kinds = collections.Counter(line.split(" ", 1)[0] for line in report["checks"])
+        listed = "" if checks else "; --checks lists them"
+        row("checks", f"{len(report['checks'])} at every call ({_counts_text(kinds)}){listed}")
+        if checks:
+            for line in report["checks"]:
+                row("", line)
     for module in report["modules"]:
         row("module", f"args[{module['position']}]: {module['parameters']} parameters, {module['buffers']} buffers")
         ddp = module.get("data_parallel")
@@ -365,6 +403,8 @@ def format_report(report: dict[str, Any], code_file: str = "", cache_file: str =
     for entry in report["inputs"]:
         detail = _tensor_text(entry) if entry["kind"] == "tensor" else f"value {entry['value']} (baked)"
         row("input", f"{entry['path']}: {detail}")
+    for path in report["unimported_classes"]:
+        row("class", f"{path}: named by import path, not imported here (load imports it)")
     for fact in report["size_facts"]:
         row("size fact", fact)
     for path in report["rebound_inputs"]:

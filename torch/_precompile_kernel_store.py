@@ -5,10 +5,10 @@ private store).
 A kernel is loaded (dlopen) from a file, so the file must hold exactly the bytes python_code
 pinned when the library is opened.  The store is ``precompile_kernels`` under Inductor's cache
 directory (``TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>``), used only if no
-other local user can change it or any directory above it; otherwise a private temporary
-directory of this process.  Files are named by their sha256, written atomically (readers never
-see half a file), and rewritten where they do not hold exactly the expected bytes (missing,
-planted, damaged, a symlink).  Only the standard library: ``load`` imports this before torch's
+other local user can change it or any directory or symlink on the way to it; otherwise a
+private temporary directory of this process.  Either is checked again at every load.  Files
+are named by their sha256, written atomically (readers never see half a file), and rewritten
+where they do not hold exactly the expected bytes (missing, planted, damaged, a symlink).  Only the standard library: ``load`` imports this before torch's
 compilers, and an artifact never does.
 """
 
@@ -88,11 +88,15 @@ def _make_private_dirs(path: str) -> None:
 def _untrusted_reason(path: str) -> str | None:
     """Why another local user could change what ``path`` holds; None if nobody can.
 
-    The store must be ours and writable only by us, and every directory above
-    it ours or root's and, if others can write it, sticky (like /tmp): else
-    someone could swap a verified file, or the whole store, before it loads.
+    The store must be ours and writable only by us, and every directory and
+    symlink that reaching it goes through ours or root's, each such directory,
+    if others can write it, sticky (like /tmp): else someone could swap a
+    verified file, or the whole store, before it loads.
     """
     uid = os.geteuid()
+    problem = _resolution_reason(os.path.dirname(path), uid)
+    if problem is not None:
+        return problem
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         return "is a symlink"
@@ -102,16 +106,43 @@ def _untrusted_reason(path: str) -> str | None:
         return f"is owned by uid {info.st_uid}, not this user ({uid})"
     if _writable_by_others(info):
         return f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
-    parent = os.path.dirname(path)
+    return None
+
+
+_MAX_SYMLINKS = 40  # Linux's limit on the symlinks one lookup follows (ELOOP)
+
+
+def _resolution_reason(directory: str, uid: int) -> str | None:
+    """Why another user could change the directory that ``directory`` (absolute) resolves to.
+
+    Resolves it one component at a time as the kernel does, with lstat: a
+    symlink counts by its own owner, who can re-point it at any time (os.stat
+    would judge its target instead), and its target is then checked the same way.
+    Where nothing on the way is another user's to change, what was checked stays
+    what later opens and dlopens reach (only root and this user could change it).
+    """
+    current, pending, followed = os.sep, directory.split(os.sep), 0
     while True:
-        info = os.stat(parent)
+        info = os.lstat(current)
         if info.st_uid not in (uid, 0):
-            return f"lies in {parent}, owned by uid {info.st_uid}"
+            return f"lies in {current}, owned by uid {info.st_uid}"
+        if stat.S_ISLNK(info.st_mode):
+            followed += 1
+            if followed > _MAX_SYMLINKS:
+                return f"lies in {current}, a symlink loop"
+            target = os.readlink(current)
+            pending[:0] = target.split(os.sep)
+            current = os.sep if os.path.isabs(target) else os.path.dirname(current)
+            continue
         if _writable_by_others(info) and not info.st_mode & stat.S_ISVTX:
-            return f"lies in {parent}, which group or others can write"
-        if parent == os.path.dirname(parent):
+            return f"lies in {current}, which group or others can write"
+        while pending and pending[0] in ("", "."):
+            pending.pop(0)
+        if not pending:
             return None
-        parent = os.path.dirname(parent)
+        name = pending.pop(0)
+        # current holds no symlink, so its lexical parent is its real one.
+        current = os.path.dirname(current) if name == ".." else os.path.join(current, name)
 
 
 def _writable_by_others(info: os.stat_result) -> bool:
@@ -138,15 +169,40 @@ def _is_private_group(gid: int) -> bool:
     return group.gr_name == user and set(group.gr_mem) <= {user}
 
 
-@functools.lru_cache(maxsize=None)
+_fallback: tuple[int, str] | None = None  # (pid of the process that made it, path)
+
+
 def fallback_directory() -> str:
-    """A private directory for this process, removed at exit."""
+    """This process's private directory, removed at its exit.
+
+    Checked at every use and made anew where it is gone or no longer private
+    (a tmp cleaner removed it, then another user made that name) or belongs to
+    the parent of a fork()ed child, which removes it at its own exit.
+    """
+    global _fallback
+    if _fallback is not None and _fallback[0] == os.getpid() and _is_private(_fallback[1]):
+        return _fallback[1]
     try:
         directory = tempfile.mkdtemp(prefix="torch_precompile_kernels_")
     except OSError as error:
         raise StoreUnusable(f"{error.filename or tempfile.gettempdir()}: {error.strerror or error}") from None
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    atexit.register(_remove_own_directory, os.getpid(), directory)
+    _fallback = (os.getpid(), directory)
     return directory
+
+
+def _is_private(directory: str) -> bool:
+    try:
+        return _untrusted_reason(directory) is None
+    except OSError:
+        return False
+
+
+def _remove_own_directory(creator: int, directory: str) -> None:
+    # A fork()ed child inherits atexit handlers: only the creator removes the
+    # directory, and only while it is still its own (not a stranger's re-creation).
+    if os.getpid() == creator and _is_private(directory):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def place_kernels(directory: str, kernels: dict) -> dict[str, str]:

@@ -13,12 +13,15 @@ on nothing but the standard library and torch (installed, it also imports
 
 import ast
 import base64
+import contextlib
+import contextvars
 import enum
 import functools
 import importlib.util
 import inspect
 import math
 import operator
+import sys
 import types
 from typing import Any, Callable, Literal, NewType, Union, get_args, get_origin
 
@@ -1171,31 +1174,101 @@ class ContextRepr:
         return self.text
 
 
+class NamedClass:
+    """A class a named structure records by import path, left unimported (``classes_by_name``)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.__name__ = path.replace(":", ".")  # what TreeSpec's repr shows of a node type
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, NamedClass) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+# False inside classes_by_name(): named structures then import nothing.
+_importing_classes = contextvars.ContextVar("_importing_classes", default=True)
+
+
+@contextlib.contextmanager
+def classes_by_name():
+    """Decode named structures without importing: a class is looked up only in the modules
+    already imported (``builtins:tuple``, torch's), and else stays a NamedClass.
+
+    load imports them (Note invariant 7: its caller trusts the pair); the
+    inspector reads pairs not yet trusted, and an import runs the module's
+    code (with ``python -m``, even a .py file lying next to the artifact).
+    """
+    token = _importing_classes.set(False)
+    try:
+        yield
+    finally:
+        _importing_classes.reset(token)
+
+
 def _decode_named_node(literal: str, node: Any) -> pytree.TreeSpec:
     if node is None:
         return pytree.treespec_leaf()
     if type(node) is not tuple or len(node) != 4 or type(node[0]) is not str or type(node[3]) is not list:
         raise _Malformed(literal, "a named pytree structure")
     type_path, kind, context, children = node
-    node_type = _import(type_path)
-    if node_type not in pytree.SUPPORTED_NODES:
-        raise PrecompileError(
-            f"fn's input or output structure holds the pytree node type {type_path.replace(':', '.')}, which "
-            "this process cannot import or has not registered with torch.utils._pytree: import the module "
-            "that defines (and registers) it before load()"
-        )
+    node_type = _named_node_type(type_path)
     if kind == "class" and type(context) is str:
-        context = _import(context)
-        if not isinstance(context, type):
-            raise PrecompileError(
-                f"fn's input or output structure holds the class {node[2].replace(':', '.')}, which this process "
-                "cannot import: import its module (or define it again at module level) before load()"
-            )
+        context = _named_class(context)
     elif kind == "repr" and type(context) is str:
         context = ContextRepr(context)
     elif kind != "literal":
         raise _Malformed(literal, "a named pytree structure")
     return pytree.TreeSpec(node_type, context, [_decode_named_node(literal, child) for child in children])
+
+
+def _named_node_type(path: str) -> Any:
+    node_type = _resolve(path)
+    if isinstance(node_type, NamedClass):
+        return node_type
+    if node_type not in pytree.SUPPORTED_NODES:
+        raise PrecompileError(
+            f"fn's input or output structure holds the pytree node type {path.replace(':', '.')}, which "
+            "this process cannot import or has not registered with torch.utils._pytree: import the module "
+            "that defines (and registers) it before load()"
+        )
+    return node_type
+
+
+def _named_class(path: str) -> Any:
+    found = _resolve(path)
+    if not isinstance(found, (type, NamedClass)):
+        raise PrecompileError(
+            f"fn's input or output structure holds the class {path.replace(':', '.')}, which this process "
+            "cannot import: import its module (or define it again at module level) before load()"
+        )
+    return found
+
+
+def _resolve(path: str) -> Any:
+    """The object at ``module:qualname``: imported, or inside ``classes_by_name`` a NamedClass
+    unless its module is already imported."""
+    if _importing_classes.get():
+        return _import(path)
+    found = _already_imported(path)
+    return NamedClass(path) if found is None else found
+
+
+def _already_imported(path: str) -> Any:
+    module, _, qualname = path.partition(":")
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        # Only the namespaces of modules and classes: getattr could run a
+        # module's __getattr__ (a lazy import) or a descriptor.
+        if not isinstance(found, (types.ModuleType, type)):
+            return None
+        found = vars(found).get(part)
+    return found
 
 
 def _dtype(name: str) -> torch.dtype:
