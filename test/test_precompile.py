@@ -842,6 +842,23 @@ class TestLoad(TestCase):
         with self.assertRaisesRegex(PrecompileError, "CALLING_CONVENTION is not a plain literal"):
             precompile.load(code, self.cache)
 
+    def test_header_statements_other_than_the_constants_are_refused(self):
+        # Standalone exec would run them; load() only reads the constants: refused so the two agree.
+        marker = "\n# ==================== graph ====================\n"
+        self.assertIn(marker, self.code)
+        for statement, shown in (
+            ("CALLING_CONVENTION['inputs'][0]['tensor']['shape'] = [5, 8]", r"CALLING_CONVENTION\['inputs'\]"),
+            ("print('header statement ran')", r"print\('header statement ran'\)"),
+            ("OTHER = 1", "OTHER = 1"),
+        ):
+            edited = self.code.replace(marker, f"\n{statement}\n{marker}", 1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the empty cache is ignored with a warning
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"header .* may only assign literals .* but line \d+ is .{shown}.*the header was edited"
+                ):
+                    precompile.load(edited, b"")
+
     def test_newer_and_older_format_refused(self):
         low, high = format_module.MIN_CONVENTION_VERSION, format_module.CONVENTION_VERSION
         supported = rf"supports \({low}\.\.{high}\)"

@@ -190,8 +190,11 @@ says who guarantees it and, where it is enforced, which tests (in
    ``ast`` (or, warm, takes the cache's copy that python_code pins) and the
    cache's JSON envelope and raw entries (no unpickling) before executing
    anything but the imports of the classes an input/output structure names
-   by import path (invariant 3), and warns at every load (TestLoad).  Trusting the
-   pair is the caller's responsibility.  The convention's records
+   by import path (invariant 3), and warns at every load (TestLoad).  A
+   header statement other than those constants' literal assignments, which
+   a standalone ``exec`` would run and ``load`` would not, is refused as an
+   edit (test_header_statements_other_than_the_constants_are_refused).
+   Trusting the pair is the caller's responsibility.  The convention's records
    (``_precompile_schema.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the
    cross-references are checked (``validate_convention``); an artifact whose
