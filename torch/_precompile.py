@@ -389,10 +389,11 @@ says who guarantees it and, where it is enforced, which tests (in
      module cache is rebuilt (test_precompile_hook_guards.py
      test_weights_tied_after_capture_are_refused).
    - Structure: submodule names and classes CHECKED (a ReLU swapped for a
-     Tanh is refused).  Edits that bypass nn.Module's registration hooks are
-     still seen: ``del model.fc2``, ``del model.layers[1]``, ``del`` +
-     ``insert`` reorders, ``del model.lin.bias`` (a reorder with equal
-     names and shapes is honoured; a missing one is refused), and a
+     Tanh is refused), classes by import path (module and qualname).  Edits
+     that bypass nn.Module's registration hooks are still seen:
+     ``del model.fc2``, ``del model.layers[1]``, ``del`` + ``insert``
+     reorders, ``del model.lin.bias`` (a reorder with equal names and
+     shapes is honoured; a missing one is refused), and a
      submodule replaced by a write into ``_modules`` (as Dynamo's replay of
      ``model[2] = ...`` in a torch.compile'd function does): each
      ``_modules`` dict's submodules are compared by identity
@@ -560,12 +561,14 @@ says who guarantees it and, where it is enforced, which tests (in
    printing, setting a plain module attribute fn does not read, stepping an
    LR scheduler) happen once, at capture, as under any tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
-   is what code reads outside the arguments: fn's closure cells and
-   globals, the model code's module globals, class attributes read through
-   ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
-   arguments, and torch's other process settings (anomaly mode, thread
-   count, matmul precision): a Python value there is baked (pass it as an
-   argument to have it checked); a user input's own ``.grad`` (the trace
+   are the modules' classes: a class redefined under the same import path (a
+   re-run notebook cell, an upgraded library) passes the class check and
+   the call runs the captured code; and so is what code reads outside the
+   arguments: fn's closure cells and globals, the model code's module
+   globals, class attributes read through ``type(self)`` or a classmethod,
+   a held ``functools.partial``'s bound arguments, and torch's other
+   process settings (anomaly mode, thread count, matmul precision): a
+   Python value there is baked (pass it as an argument to have it checked); a user input's own ``.grad`` (the trace
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the
    graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
