@@ -268,7 +268,13 @@ says who guarantees it and, where it is enforced, which tests (in
    traces (torch.compile in the same process would guard on it and recompile
    at every call of a model that registers modules in its forward, as HF
    decoders do; test_precompile_llm.py TestTorchCompileCoexists), registered once per process
-   on nn.Module's global registration hooks and shared by every artifact.  The
+   on nn.Module's global registration hooks and shared by every artifact.
+   Called inside torch.compile, a loaded artifact is a graph break: Dynamo
+   runs it eagerly with its checks instead of inlining them as guards, and
+   ``fullgraph=True`` refuses it.  ``copy.copy`` and ``copy.deepcopy`` give
+   the runnable itself, as for a function (it holds code and caches valid
+   for any caller), so a model holding one deep-copies; pickling it is
+   refused: save the pair (test_precompile.py TestLoadedRunnable).  The
    private torch internals all this relies on (a path per release, 2.11-2.14) are listed in
    ``torch/_precompile_compat.py`` (the driver's in its own marked section) and
    pinned by test_precompile_compat.py.
