@@ -842,6 +842,23 @@ class TestLoad(TestCase):
         with self.assertRaisesRegex(PrecompileError, "CALLING_CONVENTION is not a plain literal"):
             precompile.load(code, self.cache)
 
+    def test_header_statements_other_than_the_constants_are_refused(self):
+        # Standalone exec would run them; load() only reads the constants: refused so the two agree.
+        marker = "\n# ==================== graph ====================\n"
+        self.assertIn(marker, self.code)
+        for statement, shown in (
+            ("CALLING_CONVENTION['inputs'][0]['tensor']['shape'] = [5, 8]", r"CALLING_CONVENTION\['inputs'\]"),
+            ("print('header statement ran')", r"print\('header statement ran'\)"),
+            ("OTHER = 1", "OTHER = 1"),
+        ):
+            edited = self.code.replace(marker, f"\n{statement}\n{marker}", 1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the empty cache is ignored with a warning
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"header .* may only assign literals .* but line \d+ is .{shown}.*the header was edited"
+                ):
+                    precompile.load(edited, b"")
+
     def test_newer_and_older_format_refused(self):
         low, high = format_module.MIN_CONVENTION_VERSION, format_module.CONVENTION_VERSION
         supported = rf"supports \({low}\.\.{high}\)"
@@ -1175,6 +1192,44 @@ class TestRuntimeChecks(TestCase):
             f(m, {"x": [torch.randn(2, 8)], "bias": torch.zeros(4)})
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: input structure differs"):
             f(m, {"x": x, "bias": torch.zeros(4)})
+
+
+class TestLoadedRunnable(TestCase):
+    """The loaded runnable among Python's and torch's tools: torch.compile, copy, pickle."""
+
+    @staticmethod
+    def _bn_forward(backend):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).eval()
+        x = torch.randn(3, 8)
+        return m, x, load(_artifact("bn_forward", _forward, m, x, backend=backend))
+
+    @parametrize("backend", BACKENDS)
+    def test_torch_compile_runs_it_eagerly_with_its_checks(self, backend):
+        # Dynamo graph-breaks around the call instead of inlining the driver (its checks
+        # would become guards): the artifact runs eagerly and still refuses what it refuses.
+        m, x, f = self._bn_forward(backend)
+        compiled = torch.compile(lambda m, x: f(m, x) * 2, backend="eager")
+        torch.testing.assert_close(compiled(m, x), m(x) * 2)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\]: expected shape \(3, 8\), got \(5, 8\)"):
+            compiled(m, torch.randn(5, 8))
+        whole = torch.compile(lambda m, x: f(m, x) * 2, backend="eager", fullgraph=True)
+        with self.assertRaisesRegex(torch._dynamo.exc.Unsupported, "precompile artifact runs eagerly"):
+            whole(m, x)
+
+    @parametrize("backend", BACKENDS)
+    def test_copies_are_the_runnable_and_pickling_is_refused(self, backend):
+        # Like a function: what it holds besides code are caches valid for any caller.
+        m, x, f = self._bn_forward(backend)
+        self.assertIs(copy.copy(f), f)
+        self.assertIs(copy.deepcopy(f), f)
+        holder = nn.Module()
+        holder.net, holder.run = m, f  # e.g. an EMA copy of a model holding its artifact
+        twin = copy.deepcopy(holder)
+        self.assertIs(twin.run, f)
+        torch.testing.assert_close(twin.run(twin.net, x), m(x))
+        with self.assertRaisesRegex(PrecompileError, r"cannot be pickled.*save its \(python_code, cache\) pair and load"):
+            pickle.dumps(f)
 
 
 class TestIntrospection(TestCase):
@@ -1785,6 +1840,7 @@ instantiate_parametrized_tests(TestTraining)
 instantiate_parametrized_tests(TestArtifact)
 instantiate_parametrized_tests(TestLoad)
 instantiate_parametrized_tests(TestRuntimeChecks)
+instantiate_parametrized_tests(TestLoadedRunnable)
 instantiate_parametrized_tests(TestIntrospection)
 
 

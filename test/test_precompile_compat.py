@@ -57,6 +57,7 @@ PRIVATE_NAMES = {
     "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
     "_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_post_accumulate_grad_hooks",
     "_set_grad_enabled", "_is_any_autocast_enabled", "_disabled_torch_function_impl",
+    "_torchdynamo_disable", "_torchdynamo_disable_msg", "_FrameAction", "_FrameExecStrategy", "set_code_exec_strategy",
     "_top_saved_tensors_default_hooks",
     "_is_torch_function_mode_enabled", "_len_torch_function_stack", "_get_function_stack_at",
     "_len_torch_dispatch_stack", "_get_dispatch_stack_at",
@@ -137,7 +138,7 @@ class TestQuarantine(TestCase):
         for name in ("_TensorGuards", "_is_alias_of", "_set_grad_enabled", "_is_any_autocast_enabled",
                      "_is_torch_function_mode_enabled", "_len_torch_dispatch_stack",
                      "_KERNEL_DATA_PTR_ENV", "_owner_dict", "_MODULE_HOOKS", "_TENSOR_HOOKS",
-                     "accumulate_grad_hooks"):
+                     "accumulate_grad_hooks", "opaque_to_dynamo"):
             (definition,) = [i for i, line in enumerate(source.splitlines(), 1)
                              if re.match(rf"(def )?{name}\b", line)]
             self.assertIn(definition, section, name)
@@ -164,6 +165,20 @@ class TestDriverInternals(TestCase):
             guard.check()
         self.assertFalse(runtime.guard_passes(guard, []))
         self.assertIs(runtime._TensorGuards, torch._C._dynamo.guards.TensorGuards)
+
+    def test_opaque_to_dynamo_sets_what_dynamo_reads(self):
+        # The attribute torch._dynamo.disable sets on its wrapper (Dynamo then graph-breaks
+        # instead of inlining), and the exec strategy its skip_code sets (SKIP), here recursive.
+        import torch._dynamo
+
+        self.assertIs(torch._dynamo.disable(lambda: None)._torchdynamo_disable, True)
+        call = runtime.PrecompiledFunction.__call__
+        self.assertIs(call._torchdynamo_disable, True)
+        self.assertIn("precompile artifact", call._torchdynamo_disable_msg)
+        eval_frame = torch._C._dynamo.eval_frame
+        self.assertIs(torch._dynamo.types.FrameAction, eval_frame._FrameAction)
+        skip = eval_frame._FrameAction.SKIP
+        self.assertIsNotNone(eval_frame._FrameExecStrategy(skip, skip))
 
     @unittest.skipUnless(hasattr(torch._C, "_StaticCudaLauncher"), "a CPU-only torch build has no CUDA launcher")
     def test_static_cuda_launcher_loads_and_launches(self):

@@ -12,6 +12,7 @@ import ast
 import copy
 import inspect
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -273,6 +274,17 @@ class TestLoad(_FilesTestCase):
             self.assertEqual(runnable(model, x), model(x))
         with self.assertRaisesRegex(PrecompileError, "unload\\(\\) was called"):
             runnable(model, x)
+
+    def test_copies_share_the_loaded_artifact_and_pickling_is_refused(self):
+        model, x = small_mlp(), torch.randn(3, 8)
+        with self.capture(lambda m, x: m(x)) as cap:
+            cap(model, x)
+        runnable = files.load(self.code_path, self.cache_path)
+        twin = copy.deepcopy(runnable)
+        twin.unload()  # each copy has its own unload()
+        self.assertEqual(runnable(model, x), model(x))
+        with self.assertRaisesRegex(PrecompileError, r"cannot be pickled.*save its \(python_code, cache\) pair"):
+            pickle.dumps(runnable)
 
     def test_unreadable_files_name_the_argument(self):
         model, x = small_mlp(), torch.randn(3, 8)

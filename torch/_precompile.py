@@ -193,8 +193,11 @@ says who guarantees it and, where it is enforced, which tests (in
    anything but the imports of the classes an input/output structure names
    by import path (invariant 3; the inspector, for pairs not yet trusted,
    imports none: test_named_classes_are_not_imported), and warns at every
-   load (TestLoad).  Trusting the
-   pair is the caller's responsibility.  The convention's records
+   load (TestLoad).  A header statement other than those constants' literal
+   assignments, which a standalone ``exec`` would run and ``load`` would
+   not, is refused as an edit
+   (test_header_statements_other_than_the_constants_are_refused).
+   Trusting the pair is the caller's responsibility.  The convention's records
    (``_precompile_schema.CallingConvention`` and the specs it holds) are
    their own schema: each field is decoded by its annotation, then the
    cross-references are checked (``validate_convention``); an artifact whose
@@ -273,7 +276,13 @@ says who guarantees it and, where it is enforced, which tests (in
    traces (torch.compile in the same process would guard on it and recompile
    at every call of a model that registers modules in its forward, as HF
    decoders do; test_precompile_llm.py TestTorchCompileCoexists), registered once per process
-   on nn.Module's global registration hooks and shared by every artifact.  The
+   on nn.Module's global registration hooks and shared by every artifact.
+   Called inside torch.compile, a loaded artifact is a graph break: Dynamo
+   runs it eagerly with its checks instead of inlining them as guards, and
+   ``fullgraph=True`` refuses it.  ``copy.copy`` and ``copy.deepcopy`` give
+   the runnable itself, as for a function (it holds code and caches valid
+   for any caller), so a model holding one deep-copies; pickling it is
+   refused: save the pair (test_precompile.py TestLoadedRunnable).  The
    private torch internals all this relies on (a path per release, 2.11-2.14) are listed in
    ``torch/_precompile_compat.py`` (the driver's in its own marked section) and
    pinned by test_precompile_compat.py.
@@ -394,10 +403,11 @@ says who guarantees it and, where it is enforced, which tests (in
      module cache is rebuilt (test_precompile_hook_guards.py
      test_weights_tied_after_capture_are_refused).
    - Structure: submodule names and classes CHECKED (a ReLU swapped for a
-     Tanh is refused).  Edits that bypass nn.Module's registration hooks are
-     still seen: ``del model.fc2``, ``del model.layers[1]``, ``del`` +
-     ``insert`` reorders, ``del model.lin.bias`` (a reorder with equal
-     names and shapes is honoured; a missing one is refused), and a
+     Tanh is refused), classes by import path (module and qualname).  Edits
+     that bypass nn.Module's registration hooks are still seen:
+     ``del model.fc2``, ``del model.layers[1]``, ``del`` + ``insert``
+     reorders, ``del model.lin.bias`` (a reorder with equal names and
+     shapes is honoured; a missing one is refused), and a
      submodule replaced by a write into ``_modules`` (as Dynamo's replay of
      ``model[2] = ...`` in a torch.compile'd function does): each
      ``_modules`` dict's submodules are compared by identity
@@ -565,12 +575,14 @@ says who guarantees it and, where it is enforced, which tests (in
    printing, setting a plain module attribute fn does not read, stepping an
    LR scheduler) happen once, at capture, as under any tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
-   is what code reads outside the arguments: fn's closure cells and
-   globals, the model code's module globals, class attributes read through
-   ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
-   arguments, and torch's other process settings (anomaly mode, thread
-   count, matmul precision): a Python value there is baked (pass it as an
-   argument to have it checked); a user input's own ``.grad`` (the trace
+   are the modules' classes: a class redefined under the same import path (a
+   re-run notebook cell, an upgraded library) passes the class check and
+   the call runs the captured code; and so is what code reads outside the
+   arguments: fn's closure cells and globals, the model code's module
+   globals, class attributes read through ``type(self)`` or a classmethod,
+   a held ``functools.partial``'s bound arguments, and torch's other
+   process settings (anomaly mode, thread count, matmul precision): a
+   Python value there is baked (pass it as an argument to have it checked); a user input's own ``.grad`` (the trace
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the
    graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph

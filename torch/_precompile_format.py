@@ -455,29 +455,45 @@ def _read_constants(python_code: str) -> dict[str, Any]:
         raise PrecompileError(
             f"python_code is nested too deeply to parse ({type(error).__name__}); it is not a precompile artifact"
         ) from None
-    constants = {}
+    constants, others = {}, []
     for node in module.body:
-        if (
+        if not (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
             and node.targets[0].id in _HEADER_CONSTANTS
         ):
-            if node.targets[0].id in constants:
-                raise PrecompileError(f"python_code assigns {node.targets[0].id} twice; it was edited")
-            try:
-                constants[node.targets[0].id] = ast.literal_eval(node.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
-                raise PrecompileError(
-                    f"python_code: {node.targets[0].id} is not a plain literal ({error})"
-                ) from error
+            others.append(node)
+            continue
+        if node.targets[0].id in constants:
+            raise PrecompileError(f"python_code assigns {node.targets[0].id} twice; it was edited")
+        try:
+            constants[node.targets[0].id] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
+            raise PrecompileError(
+                f"python_code: {node.targets[0].id} is not a plain literal ({error})"
+            ) from error
     missing = set(_REQUIRED_CONSTANTS) - set(constants)
     if missing:
         raise PrecompileError(
             f"python_code is missing the calling-convention metadata {sorted(missing)}; "
             "it is not a precompile artifact"
         )
+    if others:
+        _refuse_header_statement(others[0])
     return constants
+
+
+def _refuse_header_statement(node: ast.stmt) -> None:
+    # load() reads the header's constants without running it; exec would run any
+    # other statement, so the two would disagree on the same text.
+    text = ast.unparse(node)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    raise PrecompileError(
+        f"python_code's header (above the graph section) may only assign literals to {', '.join(_HEADER_CONSTANTS)}, "
+        f"but line {node.lineno} is {shown!r}: the header was edited; "
+        "load the python_code precompile() returned, or precompile again"
+    )
 
 
 def _read_convention(python_code: str) -> CallingConvention:

@@ -360,6 +360,24 @@ def local_shard_of(tensor: torch.Tensor) -> torch.Tensor:
 _DDP_BUFFER_SYNC = ("forward_sync_buffers", "broadcast_buffers")
 
 
+# Under torch.compile a loaded artifact's call is opaque: its checks must run,
+# not become Dynamo guards.  ``_torchdynamo_disable`` (what torch._dynamo.disable
+# sets on its wrapper) makes a traced call graph-break instead of inlining the
+# driver, and the code's exec strategy SKIP/SKIP runs that call and every frame
+# under it eagerly.  Both are set on the function itself, so no wrapper is on the
+# per-call path and torch._dynamo is not imported.  Private in 2.11-2.14.
+def opaque_to_dynamo(function: Callable) -> Callable:
+    function._torchdynamo_disable = True
+    function._torchdynamo_disable_msg = (
+        "a loaded torch.compiler.precompile artifact runs eagerly, with its own checks; "
+        "call it outside fullgraph=True code"
+    )
+    eval_frame = torch._C._dynamo.eval_frame
+    skip = eval_frame._FrameAction.SKIP
+    eval_frame.set_code_exec_strategy(function.__code__, eval_frame._FrameExecStrategy(skip, skip))
+    return function
+
+
 # --- end of torch 2.11-2.14 internals ---
 
 
@@ -2119,6 +2137,7 @@ class PrecompiledFunction:
 
     # -- the call ------------------------------------------------------------
 
+    @opaque_to_dynamo
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._arity:
             args = self._binding.bind(args, kwargs)
@@ -2302,6 +2321,22 @@ class PrecompiledFunction:
                 )
             grads.append(grad)
         return grads
+
+    # -- copies: a loaded artifact is code, which copy keeps as one object ------
+    # What it holds besides code are caches valid for any caller (one runnable
+    # serves any model and any thread), so a copied model may share it.
+
+    def __copy__(self) -> "PrecompiledFunction":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "PrecompiledFunction":
+        return self
+
+    def __reduce__(self) -> Any:
+        raise PrecompileError(
+            "a loaded precompile artifact cannot be pickled: it holds compiled code, not data; "
+            "save its (python_code, cache) pair and load() them again where it is needed"
+        )
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.
