@@ -87,6 +87,12 @@ def _self_or_sum(a, b, c):
     return a + b + c
 
 
+def _self_or_both(a, b, x):
+    if a is b:  # a "shared encoder" shortcut
+        return x * 2
+    return a(x) + b(x)
+
+
 def _attend(attention, q, k, v):
     return attention(q, k, v, need_weights=False)[0]
 
@@ -421,6 +427,30 @@ class TestHookGuards(TestCase):
             self.assertRefused(message, lambda: f(*call_args), nn.Module(), *call_args)
         listed = [str(check) for check in distinct.checks if check.kind == "same"]
         self.assertEqual(listed, ["same          args[0], args[1], args[2]: 3 distinct tensors, as at capture (fn may branch on identity)"])
+
+    @parametrize("backend", BACKENDS)
+    def test_identity_between_module_arguments_is_as_captured(self, backend):
+        """Modules with no tensors have no tie to check: the module arguments' identity
+        partition is checked itself (fn may branch on ``a is b``), as the tensors' is."""
+        act, other, x = nn.ReLU(), nn.ReLU(), torch.tensor([-1.0, 2.0])
+        same = load(_artifact("self_or_both_same", _self_or_both, act, act, x, backend=backend))
+        torch.testing.assert_close(same(act, act, x), _self_or_both(act, act, x))
+        distinct = load(_artifact("self_or_both_distinct", _self_or_both, act, other, x, backend=backend))
+        torch.testing.assert_close(distinct(other, act, x), _self_or_both(other, act, x))
+        refusals = (
+            (same, (act, other), r"args\[1\] must be the same module as args\[0\], as at capture: fn may branch on "
+                                 r"identity and was traced with both as one module\. Pass one module for both"),
+            (distinct, (act, act), r"args\[1\] is args\[0\] \(one module\), but they were distinct modules at capture: "
+                                   r"fn may branch on identity\. Pass distinct modules"),
+        )
+        for f, modules, message in refusals:
+            self.assertRefused(message, lambda: f(*modules, x), nn.Module(), x)
+        self.assertEqual(same.convention.same_modules, ((0, 1),))
+        listed = [str(check) for check in same.checks if check.kind == "same"]
+        self.assertEqual(listed, [
+            "same          args[1]: the same module as args[0]",
+            "same          args[0], args[1]: 1 distinct modules, as at capture (fn may branch on identity)",
+        ])
 
     @parametrize("backend", BACKENDS)
     def test_multihead_self_attention_is_captured_as_self_attention(self, backend):

@@ -330,7 +330,12 @@ says who guarantees it and, where it is enforced, which tests (in
      as its own tensor
      (test_one_tensor_passed_twice_with_marked_dims_is_refused_at_capture).
      Artifacts written before this recorded only written groups and run their
-     own driver, which checks only those.  Containers (lists, dicts, node
+     own driver, which checks only those.  The module arguments' identity
+     partition (``fn(m, m)``) is CHECKED alike (``convention.same_modules``,
+     when the module cache entry, keyed on their ids, is built: a module
+     with no tensor has no tie to show it; older artifacts check none;
+     test_precompile_hook_guards.py
+     test_identity_between_module_arguments_is_as_captured).  Containers (lists, dicts, node
      objects) at two places: invariant 5.  A module's own
      parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
      is REFUSED at capture: its gradient and writes would not reach the module's
