@@ -93,6 +93,49 @@ def _self_or_both(a, b, x):
     return a(x) + b(x)
 
 
+class _Same(nn.Module):
+    def forward(self, x):
+        return x
+
+    def right_inverse(self, x):
+        return x
+
+
+class _Counted(nn.Module):
+    """Reads a weight (parametrized or not) and writes a buffer in place, as a running statistic."""
+
+    def __init__(self, parametrized=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = nn.Linear(4, 4, bias=False)
+        self.register_buffer("count", torch.zeros(4, 4))
+        if parametrized:
+            nn.utils.parametrize.register_parametrization(self.l, "weight", _Same())
+
+    def forward(self, x):
+        self.count.add_(1.0)
+        return self.l(x)
+
+
+def _share_by_set(model):
+    with torch.no_grad():
+        model.l.weight.set_(model.count)
+
+
+def _share_by_parametrize(model):
+    model.l.weight = model.count  # runs right_inverse, then original.set_(count)
+
+
+def _share_by_swapping_load(model):
+    shared = torch.randn(4, 4)
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # load_state_dict(assign=True) swap_tensors
+    try:
+        model.load_state_dict({"l.weight": shared, "count": shared}, assign=True)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+
+
 def _attend(attention, q, k, v):
     return attention(q, k, v, need_weights=False)[0]
 
@@ -451,6 +494,27 @@ class TestHookGuards(TestCase):
             "same          args[1]: the same module as args[0]",
             "same          args[0], args[1]: 1 distinct modules, as at capture (fn may branch on identity)",
         ])
+
+    @parametrize("backend", BACKENDS)
+    def test_state_made_to_share_memory_past_the_hooks_is_refused(self, backend):
+        """``set_``, parametrize's assignment (``original.set_``) and load_state_dict(assign=True)
+        under swap_tensors make a parameter share the memory of a buffer the graph writes
+        without a registration hook: refused at every call, the module cache's walk long done."""
+        x = torch.randn(2, 4)
+        for parametrized, share, name in (
+            (False, _share_by_set, "l.weight"),
+            (True, _share_by_parametrize, r"l\.parametrizations\.weight\.original"),
+            (False, _share_by_swapping_load, "l.weight"),
+        ):
+            f = load(_artifact(f"counted_{parametrized}", _forward, _Counted(parametrized), x, backend=backend))
+            model, reference = _Counted(parametrized), _Counted(parametrized)
+            torch.testing.assert_close(f(model, x), reference(x))  # walks the modules, arms the fast path
+            share(model)
+            self.assertRefused(
+                rf"args\[0\]\.{name} \(parameter\) and args\[0\]\.count \(buffer\) share memory, but they were "
+                r"distinct tensors at capture and the graph writes args\[0\]\.count \(buffer\) in place",
+                lambda: f(model, x), model, x,
+            )
 
     @parametrize("backend", BACKENDS)
     def test_multihead_self_attention_is_captured_as_self_attention(self, backend):

@@ -312,8 +312,12 @@ says who guarantees it and, where it is enforced, which tests (in
      and at every call a user input sharing memory (``torch._C._is_alias_of``,
      i.e. the same storage, overlapping or not) with a written tensor, or a
      written user input sharing memory with any parameter/buffer or other
-     input, is refused; parameters/buffers among themselves are CHECKED
-     whenever the module cache is rebuilt.  Graphs that write no input do not
+     input, is refused; parameters/buffers among themselves are CHECKED at
+     every call of a graph that writes one (one pass over their storages'
+     data pointers: ``p.set_(buf)``, parametrize's ``m.weight = buf`` and
+     ``swap_tensors`` share memory past every registration hook;
+     test_precompile_hook_guards.py
+     test_state_made_to_share_memory_past_the_hooks_is_refused).  Graphs that write no input do not
      care about memory (test_aliased_inputs_are_refused_when_written); identity
      they may: one tensor passed for several arguments (``fn(x, x)``), written
      or not, is LIFTED as one and traced as one clone, so a write through one

@@ -1392,9 +1392,9 @@ class ModuleArguments:
     objects and cached (``_ModuleCache``, walked again when the structure counter or a watched
     entry moves), checked against the convention's module specs (parameter, buffer and
     submodule names, order and classes; the training flags and plain values fn read; DDP
-    settings; tied weights; state tensors that must not share memory; which module arguments
-    are one object) and scanned for hooks whenever one was registered anywhere.  The
-    runnable's per-call path reads ``cache``."""
+    settings; tied weights; which module arguments are one object) and scanned for hooks
+    whenever one was registered anywhere.  The runnable's per-call path reads ``cache``, and
+    where the graph writes a parameter or buffer, has ``refuse_shared_memory`` check the state."""
 
     def __init__(self, convention: CallingConvention, state_alias_pairs: list):
         self.convention = convention
@@ -1554,11 +1554,18 @@ class ModuleArguments:
         state = _lifted_tensors(cached)
         if len(set(map(id, state))) != len(state):
             self._raise_tied(state)
-        if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
-            raise_if_aliased(state, self._state_alias_pairs, self.state_path, self.convention.mutated)
         if snapshot_checked:  # otherwise the next call walks again
             self.cache[key] = cached
         return cached
+
+    def refuse_shared_memory(self, state: list) -> None:
+        """No two of ``state`` (the graph's parameters and buffers) that must stay distinct share memory.
+
+        Called at every call of a graph that writes one: ``p.set_(buf)``, parametrize's
+        assignment and swap_tensors share memory past every hook the module cache watches.
+        """
+        if not _distinct_storages(state):  # one pass instead of every pair
+            raise_if_aliased(state, self._state_alias_pairs, self.state_path, self.convention.mutated)
 
     def _check_identity(self, modules: tuple) -> None:
         """fn may branch on ``a is b``: the module arguments are one object where they were at
@@ -2082,9 +2089,9 @@ class PrecompiledFunction:
         self._default_dtype = self._global_state.default_dtype
         self._reads_global_state = self._global_state.reads_more
         # Memory shared with a tensor the graph writes changes what it computes.
-        # Pairs of tensor graph inputs that must not share memory: those with
-        # a user input are checked at every call, state-only ones whenever
-        # the module cache is rebuilt.
+        # Pairs of tensor graph inputs that must not share memory, checked at every
+        # call: state-only ones in one pass over the storages (set_ and swap_tensors
+        # share memory without changing anything the module cache watches).
         num_state = self._num_state = len(convention.state)
         num_tensors = num_state + sum(leaf.tensor is not None for leaf in convention.inputs)
         mutated = frozenset(convention.mutated)
@@ -2185,6 +2192,8 @@ class PrecompiledFunction:
         state = grad_owners = tensors[: self._num_state]
         if self._sharded:  # fully_shard's parameters: the graph takes their local shards
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
+        if self._state_alias_pairs:  # the graph writes a parameter or buffer
+            self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
         if self._writes_tensors and not _is_inference_mode_enabled():
@@ -2368,6 +2377,8 @@ class PrecompiledFunction:
         grad_owners = state
         if self._sharded:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
+        if self._state_alias_pairs:
+            self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
         if self._checks_grads:
             self._check_grads_kept(grad_owners)
         return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
