@@ -87,6 +87,55 @@ def _self_or_sum(a, b, c):
     return a + b + c
 
 
+def _self_or_both(a, b, x):
+    if a is b:  # a "shared encoder" shortcut
+        return x * 2
+    return a(x) + b(x)
+
+
+class _Same(nn.Module):
+    def forward(self, x):
+        return x
+
+    def right_inverse(self, x):
+        return x
+
+
+class _Counted(nn.Module):
+    """Reads a weight (parametrized or not) and writes a buffer in place, as a running statistic."""
+
+    def __init__(self, parametrized=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = nn.Linear(4, 4, bias=False)
+        self.register_buffer("count", torch.zeros(4, 4))
+        if parametrized:
+            nn.utils.parametrize.register_parametrization(self.l, "weight", _Same())
+
+    def forward(self, x):
+        self.count.add_(1.0)
+        return self.l(x)
+
+
+def _share_by_set(model):
+    with torch.no_grad():
+        model.l.weight.set_(model.count)
+
+
+def _share_by_parametrize(model):
+    model.l.weight = model.count  # runs right_inverse, then original.set_(count)
+
+
+def _share_by_swapping_load(model):
+    shared = torch.randn(4, 4)
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # load_state_dict(assign=True) swap_tensors
+    try:
+        model.load_state_dict({"l.weight": shared, "count": shared}, assign=True)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+
+
 def _attend(attention, q, k, v):
     return attention(q, k, v, need_weights=False)[0]
 
@@ -421,6 +470,51 @@ class TestHookGuards(TestCase):
             self.assertRefused(message, lambda: f(*call_args), nn.Module(), *call_args)
         listed = [str(check) for check in distinct.checks if check.kind == "same"]
         self.assertEqual(listed, ["same          args[0], args[1], args[2]: 3 distinct tensors, as at capture (fn may branch on identity)"])
+
+    @parametrize("backend", BACKENDS)
+    def test_identity_between_module_arguments_is_as_captured(self, backend):
+        """Modules with no tensors have no tie to check: the module arguments' identity
+        partition is checked itself (fn may branch on ``a is b``), as the tensors' is."""
+        act, other, x = nn.ReLU(), nn.ReLU(), torch.tensor([-1.0, 2.0])
+        same = load(_artifact("self_or_both_same", _self_or_both, act, act, x, backend=backend))
+        torch.testing.assert_close(same(act, act, x), _self_or_both(act, act, x))
+        distinct = load(_artifact("self_or_both_distinct", _self_or_both, act, other, x, backend=backend))
+        torch.testing.assert_close(distinct(other, act, x), _self_or_both(other, act, x))
+        refusals = (
+            (same, (act, other), r"args\[1\] must be the same module as args\[0\], as at capture: fn may branch on "
+                                 r"identity and was traced with both as one module\. Pass one module for both"),
+            (distinct, (act, act), r"args\[1\] is args\[0\] \(one module\), but they were distinct modules at capture: "
+                                   r"fn may branch on identity\. Pass distinct modules"),
+        )
+        for f, modules, message in refusals:
+            self.assertRefused(message, lambda: f(*modules, x), nn.Module(), x)
+        self.assertEqual(same.convention.same_modules, ((0, 1),))
+        listed = [str(check) for check in same.checks if check.kind == "same"]
+        self.assertEqual(listed, [
+            "same          args[1]: the same module as args[0]",
+            "same          args[0], args[1]: 1 distinct modules, as at capture (fn may branch on identity)",
+        ])
+
+    @parametrize("backend", BACKENDS)
+    def test_state_made_to_share_memory_past_the_hooks_is_refused(self, backend):
+        """``set_``, parametrize's assignment (``original.set_``) and load_state_dict(assign=True)
+        under swap_tensors make a parameter share the memory of a buffer the graph writes
+        without a registration hook: refused at every call, the module cache's walk long done."""
+        x = torch.randn(2, 4)
+        for parametrized, share, name in (
+            (False, _share_by_set, "l.weight"),
+            (True, _share_by_parametrize, r"l\.parametrizations\.weight\.original"),
+            (False, _share_by_swapping_load, "l.weight"),
+        ):
+            f = load(_artifact(f"counted_{parametrized}", _forward, _Counted(parametrized), x, backend=backend))
+            model, reference = _Counted(parametrized), _Counted(parametrized)
+            torch.testing.assert_close(f(model, x), reference(x))  # walks the modules, arms the fast path
+            share(model)
+            self.assertRefused(
+                rf"args\[0\]\.{name} \(parameter\) and args\[0\]\.count \(buffer\) share memory, but they were "
+                r"distinct tensors at capture and the graph writes args\[0\]\.count \(buffer\) in place",
+                lambda: f(model, x), model, x,
+            )
 
     @parametrize("backend", BACKENDS)
     def test_multihead_self_attention_is_captured_as_self_attention(self, backend):

@@ -329,8 +329,12 @@ says who guarantees it and, where it is enforced, which tests (in
      and at every call a user input sharing memory (``torch._C._is_alias_of``,
      i.e. the same storage, overlapping or not) with a written tensor, or a
      written user input sharing memory with any parameter/buffer or other
-     input, is refused; parameters/buffers among themselves are CHECKED
-     whenever the module cache is rebuilt.  Graphs that write no input do not
+     input, is refused; parameters/buffers among themselves are CHECKED at
+     every call of a graph that writes one (one pass over their storages'
+     data pointers: ``p.set_(buf)``, parametrize's ``m.weight = buf`` and
+     ``swap_tensors`` share memory past every registration hook;
+     test_precompile_hook_guards.py
+     test_state_made_to_share_memory_past_the_hooks_is_refused).  Graphs that write no input do not
      care about memory (test_aliased_inputs_are_refused_when_written); identity
      they may: one tensor passed for several arguments (``fn(x, x)``), written
      or not, is LIFTED as one and traced as one clone, so a write through one
@@ -347,7 +351,12 @@ says who guarantees it and, where it is enforced, which tests (in
      as its own tensor
      (test_one_tensor_passed_twice_with_marked_dims_is_refused_at_capture).
      Artifacts written before this recorded only written groups and run their
-     own driver, which checks only those.  Containers (lists, dicts, node
+     own driver, which checks only those.  The module arguments' identity
+     partition (``fn(m, m)``) is CHECKED alike (``convention.same_modules``,
+     when the module cache entry, keyed on their ids, is built: a module
+     with no tensor has no tie to show it; older artifacts check none;
+     test_precompile_hook_guards.py
+     test_identity_between_module_arguments_is_as_captured).  Containers (lists, dicts, node
      objects) at two places: invariant 5.  A module's own
      parameter or buffer passed again as an input (``fn(m, x, list(m.parameters()))``)
      is REFUSED at capture: its gradient and writes would not reach the module's

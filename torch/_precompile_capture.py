@@ -1816,6 +1816,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         signature=_signature_record(fn, args.example_inputs),
         output_views=output_views,
         same_inputs=tuple(same),
+        same_modules=tuple(_same_objects(args.modules)),  # fn may branch on `a is b` (Note invariant 11)
         rebound_inputs=recorded["rebound_inputs"],
         parallel_hooks=tuple(args.parallel_hooks),
         fully_shard_policies=tuple(args.fully_shard_policies),
@@ -1886,9 +1887,15 @@ def _same_tensor_inputs(args: _Arguments) -> list:
     other, or branch on ``a is b`` (nn.MultiheadAttention's ``query is key``).  Every
     call must pass the same partition: one tensor there, distinct tensors elsewhere.
     """
+    return _same_objects([args.input_leaves[index] for index in args.tensor_indices], start=len(args.lifted))
+
+
+def _same_objects(objects: list, start: int = 0) -> list:
+    """(first, other): indices (counted from ``start``) of ``objects`` that are one object,
+    every other member of a group paired with its first."""
     groups: dict[int, list] = {}
-    for j, index in enumerate(args.tensor_indices, start=len(args.lifted)):
-        groups.setdefault(id(args.input_leaves[index]), []).append(j)
+    for j, value in enumerate(objects, start=start):
+        groups.setdefault(id(value), []).append(j)
     return sorted((first, other) for first, *others in groups.values() for other in others)
 
 

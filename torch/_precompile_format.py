@@ -57,7 +57,8 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # (parameters fully_shard sharded, invariant 17); an older convention reads as one
 # without it.  Fields added since, with defaults (an older convention reads as one
 # without them; a driver that lacks one refuses a convention that sets it):
-# fully_shard_policies, grads_none / grads_present, requires_grad_read, and eager
+# fully_shard_policies, grads_none / grads_present, requires_grad_read, same_modules
+# (an older artifact's own driver checks no module identity), and eager
 # artifacts' TensorSpec.stride (None before: not checked).
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11

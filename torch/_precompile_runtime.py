@@ -1433,8 +1433,9 @@ class ModuleArguments:
     objects and cached (``_ModuleCache``, walked again when the structure counter or a watched
     entry moves), checked against the convention's module specs (parameter, buffer and
     submodule names, order and classes; the training flags and plain values fn read; DDP
-    settings; tied weights; state tensors that must not share memory) and scanned for hooks
-    whenever one was registered anywhere.  The runnable's per-call path reads ``cache``."""
+    settings; tied weights; which module arguments are one object) and scanned for hooks
+    whenever one was registered anywhere.  The runnable's per-call path reads ``cache``, and
+    where the graph writes a parameter or buffer, has ``refuse_shared_memory`` check the state."""
 
     def __init__(self, convention: CallingConvention, state_alias_pairs: list):
         self.convention = convention
@@ -1443,6 +1444,12 @@ class ModuleArguments:
         self._one_module = len(self.positions) == 1
         self._state_slots, self._alias_slots = self._locate_state()
         self._state_alias_pairs = state_alias_pairs  # state tensors that must not share memory
+        # Per module argument, the first one it was one object with at capture (itself where
+        # none), compared when an entry is walked: its cache key, the ids, fixes the partition.
+        first = list(range(len(self.positions)))
+        for i, j in convention.same_modules:
+            first[j] = i
+        self._first_same = first if len(first) > 1 else None
         self.sharded = [(index, spec.sharded) for index, spec in enumerate(convention.state) if spec.sharded is not None]
         self.parallel_hooks = frozenset(convention.parallel_hooks)
         # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
@@ -1502,6 +1509,8 @@ class ModuleArguments:
     def walk(self, modules: tuple, key: Any) -> _ModuleCache:
         """Walk the module arguments, check them against the convention, cache the result."""
         generation = _STRUCTURE[0]  # read first: a change while walking re-walks next call
+        if self._first_same is not None:
+            self._check_identity(modules)
         walked = [self._walk_module(index, module) for index, module in enumerate(modules)]
         accessors = [walked[m][0][slot] for m, slot in self._state_slots]
         submodules = [sub for _, named, _, _ in walked for _, sub in named]
@@ -1586,11 +1595,38 @@ class ModuleArguments:
         state = _lifted_tensors(cached)
         if len(set(map(id, state))) != len(state):
             self._raise_tied(state)
-        if self._state_alias_pairs and not _distinct_storages(state):  # one pass instead of every pair
-            raise_if_aliased(state, self._state_alias_pairs, self.state_path, self.convention.mutated)
         if snapshot_checked:  # otherwise the next call walks again
             self.cache[key] = cached
         return cached
+
+    def refuse_shared_memory(self, state: list) -> None:
+        """No two of ``state`` (the graph's parameters and buffers) that must stay distinct share memory.
+
+        Called at every call of a graph that writes one: ``p.set_(buf)``, parametrize's
+        assignment and swap_tensors share memory past every hook the module cache watches.
+        """
+        if not _distinct_storages(state):  # one pass instead of every pair
+            raise_if_aliased(state, self._state_alias_pairs, self.state_path, self.convention.mutated)
+
+    def _check_identity(self, modules: tuple) -> None:
+        """fn may branch on ``a is b``: the module arguments are one object where they were at
+        capture (``same_modules``), else distinct."""
+        seen: dict[int, int] = {}
+        for k, module in enumerate(modules):
+            i, want = seen.setdefault(id(module), k), self._first_same[k]
+            if i == want:
+                continue
+            where, first = f"args[{self.positions[k]}]", f"args[{self.positions[i]}]"
+            if i == k:
+                raise PrecompileError(
+                    f"{where} must be the same module as args[{self.positions[want]}], as at capture: fn may "
+                    "branch on identity and was traced with both as one module. Pass one module for both, "
+                    "or precompile again with distinct modules"
+                )
+            raise PrecompileError(
+                f"{where} is {first} (one module), but they were distinct modules at capture: fn may branch "
+                "on identity. Pass distinct modules, or precompile with one module there too"
+            )
 
     def _walk_module(self, index: int, module: Any) -> tuple[list, list, list, list]:
         """(owner dict, name) of each parameter and buffer, (name, submodule) of each submodule,
@@ -1700,6 +1736,11 @@ class ModuleArguments:
     def checks(self) -> list[Check]:
         """A ``Check`` per fact of each module argument this walk compares, its hook scan, and tied weights."""
         checks = [check for spec in self.convention.modules for check in self._spec_checks(spec)]
+        if self._first_same is not None:
+            paths = [f"args[{position}]" for position in self.positions]
+            distinct = len(set(self._first_same))
+            checks += [Check("same", paths[k], f"the same module as {paths[i]}") for k, i in enumerate(self._first_same) if i != k]
+            checks.append(Check("same", ", ".join(paths), f"{distinct} distinct modules, as at capture (fn may branch on identity)"))
         for index, spec in enumerate(self.convention.state):
             for module_index, name in spec.names[1:]:
                 tied = f"args[{self.positions[module_index]}].{name}"
@@ -2089,9 +2130,9 @@ class PrecompiledFunction:
         self._default_dtype = self._global_state.default_dtype
         self._reads_global_state = self._global_state.reads_more
         # Memory shared with a tensor the graph writes changes what it computes.
-        # Pairs of tensor graph inputs that must not share memory: those with
-        # a user input are checked at every call, state-only ones whenever
-        # the module cache is rebuilt.
+        # Pairs of tensor graph inputs that must not share memory, checked at every
+        # call: state-only ones in one pass over the storages (set_ and swap_tensors
+        # share memory without changing anything the module cache watches).
         num_state = self._num_state = len(convention.state)
         num_tensors = num_state + sum(leaf.tensor is not None for leaf in convention.inputs)
         mutated = frozenset(convention.mutated)
@@ -2191,6 +2232,8 @@ class PrecompiledFunction:
         state = grad_owners = tensors[: self._num_state]
         if self._sharded:  # fully_shard's parameters: the graph takes their local shards
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
+        if self._state_alias_pairs:  # the graph writes a parameter or buffer
+            self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
         if self._writes_tensors and not _is_inference_mode_enabled():
@@ -2390,6 +2433,8 @@ class PrecompiledFunction:
         grad_owners = state
         if self._sharded:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
+        if self._state_alias_pairs:
+            self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
         if self._checks_grads:
             self._check_grads_kept(grad_owners)
         return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]

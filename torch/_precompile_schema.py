@@ -504,6 +504,11 @@ class CallingConvention(Record):
     # Artifacts written before this recorded only groups with a member written in
     # place and check only those: their own driver reads the field as written.
     same_inputs: tuple[tuple[Count, Count], ...] = ()
+    # (i, j): module arguments (indices into ``modules``) that were one object at capture
+    # (fn(m, m)); the others were distinct, and every call passes the same partition (fn
+    # may branch on ``a is b``).  Older conventions read as all distinct: their own driver
+    # checks no module identity.
+    same_modules: tuple[tuple[Count, Count], ...] = ()
     # Where fn read torch.is_grad_enabled() / is_inference_mode_enabled() and
     # got the captured answer (grad on, inference off), as " at file:line
     # (code)"; empty when it never did.  The graph follows that answer, so the
@@ -1027,6 +1032,9 @@ def validate_convention(c: "CallingConvention") -> None:
     for pair in c.same_inputs:
         if not len(c.state) <= pair[0] < pair[1] < num_tensors:
             fail("same_inputs", pair, f"expected user tensor inputs i < j in [{len(c.state)}, {num_tensors})")
+    for pair in c.same_modules:
+        if not 0 <= pair[0] < pair[1] < len(c.modules):
+            fail("same_modules", pair, f"expected module arguments i < j in [0, {len(c.modules)})")
     for index, v in enumerate(c.output_views):
         if v.base >= num_tensors or (v.shape is not None and len(v.stride) != len(v.shape)):
             fail(f"output_views[{index}]", v, f"expected a tensor graph input < {num_tensors} and one stride per dim")
