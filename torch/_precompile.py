@@ -313,7 +313,13 @@ says who guarantees it and, where it is enforced, which tests (in
      i.e. the same storage, overlapping or not) with a written tensor, or a
      written user input sharing memory with any parameter/buffer or other
      input, is refused; parameters/buffers among themselves are CHECKED
-     whenever the module cache is rebuilt.  Graphs that write no input do not
+     whenever the module cache is rebuilt.  On backend='inductor', an
+     incoming ``.grad`` the graph takes (fn reads it) sharing memory
+     (overlapping spans) with another ``.grad`` or tensor input, where the
+     graph writes either, is refused (``m.a.grad = m.b.grad = g`` before a
+     ``zero_grad(set_to_none=False)`` step; views of one flat buffer are
+     fine), checked again when a ``.grad`` or parameter is another object
+     (test_grads_sharing_memory_read_inside_the_graph).  Graphs that write no input do not
      care about memory (test_aliased_inputs_are_refused_when_written); identity
      they may: one tensor passed for several arguments (``fn(x, x)``), written
      or not, is LIFTED as one and traced as one clone, so a write through one
@@ -622,7 +628,13 @@ says who guarantees it and, where it is enforced, which tests (in
    to its own graph input (the caller's ``.grad``, zeros when None), so
    what fn does with it is in the graph, and each parameter's ``.grad`` is
    written the way eager's would be: backward's plain accumulation is left
-   to the runnable (assign when None, else add in place, with grad mode off
+   to the runnable (when None, what AccumulateGrad makes: the graph's
+   gradient itself where it is contiguous like the parameter and capture saw
+   no other output or input share it, the common step's one C check, else a
+   copy in the parameter's strides, so ``(a + b)``'s one gradient, a
+   ``backward(gradient=g)``'s ``g``, a returned tensor, ``p.sum()``'s expanded
+   or a transposed gradient become .grad as in eager:
+   test_new_grad_is_accumulate_grads; else add in place, with grad mode off
    like the autograd engine: the common step passes no extra input; onto a
    sparse ``.grad``, ``new + old``, a dense tensor, as eager's AccumulateGrad
    does: test_precompile_soundness.py test_sparse_grad_accumulates_like_eager); when
