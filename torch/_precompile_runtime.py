@@ -1190,7 +1190,7 @@ class ResultWriter:
             if index in assigned:
                 param.grad = grad
             elif old is None:
-                if index in kept_if_contiguous and grad.is_contiguous() or index in self._sharded:  # the common case: one C call
+                if (index in kept_if_contiguous and grad.is_contiguous()) or index in self._sharded:  # common: one C call
                     param.grad = grad
                 else:
                     param.grad = new_grad(grad, param, index in self._grads_owned)
