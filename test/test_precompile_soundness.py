@@ -156,6 +156,37 @@ def _state(*objects):
     return copies
 
 
+class _PairOfParameters(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 8))
+        self.b = nn.Parameter(torch.randn(4, 8))
+
+
+def _shared_gradient(m, x):  # a and b receive one gradient tensor
+    ((m.a + m.b) * x).sum().backward()
+
+
+def _caller_gradient(m, x, g):  # a's gradient is the caller's g
+    (m.a + x).backward(gradient=g)
+    return g
+
+
+def _returned_gradient(m, x):  # a's gradient is fn's result
+    t = x * 2
+    (m.a + x).backward(gradient=t)
+    return t
+
+
+def _layouts_of_gradients(m, x):  # a's gradient expanded (stride 0), b's transposed
+    (m.a.sum() + (m.b.t().contiguous() * x.t()).sum()).backward()
+
+
+def _zeroed_step(m, x):
+    m.zero_grad(set_to_none=False)
+    (m.a * x + m.b * x * 3).sum().backward()
+
+
 class TestSoundness(TestCase):
     def assertRefused(self, regex, call, *touched):
         """``call()`` raises a PrecompileError matching ``regex`` and writes nothing."""
@@ -745,6 +776,87 @@ class TestSoundness(TestCase):
             self.assertTrue(t.equal(before[name]), f"a refused call changed {name}")
         self.assertIs(model[0].weight.grad, sparse)
         self.assertTrue(all(p.grad is None for name, p in model.named_parameters() if name != "0.weight"))
+
+    def _assert_grads_like_eager(self, model, reference):
+        """Each .grad as eager's AccumulateGrad leaves it: values, strides, and which are one tensor."""
+        params, expected = dict(model.named_parameters()), dict(reference.named_parameters())
+        for name, p in params.items():
+            torch.testing.assert_close(p.grad, expected[name].grad, msg=name)
+            if p.grad is not None:
+                self.assertEqual(p.grad.stride(), expected[name].grad.stride(), msg=name)
+        for (a, p), (b, q) in zip(params.items(), list(params.items())[1:]):
+            self.assertEqual(p.grad is q.grad, expected[a].grad is expected[b].grad, msg=f"{a}.grad is {b}.grad")
+
+    @parametrize("backend", BACKENDS)
+    def test_new_grad_is_accumulate_grads(self, backend):
+        """A None .grad becomes what eager's AccumulateGrad makes of the gradient (Note invariant
+        13): a copy where something else holds it (two parameters' one gradient, the caller's
+        gradient=, a returned tensor), in the parameter's strides (p.sum()'s expanded gradient,
+        a transposed one), so the next call accumulates as eager does."""
+        torch.manual_seed(0)
+        model, x, g = _PairOfParameters(), torch.randn(4, 8), torch.randn(4, 8)
+        cases = ((_shared_gradient, (x,)), (_caller_gradient, (x, g)), (_returned_gradient, (x,)), (_layouts_of_gradients, (x,)))
+        for fn, args in cases:
+            f = _runnable(fn.__name__, fn, copy.deepcopy(model), *args, backend=backend)
+            compiled, reference = copy.deepcopy(model), copy.deepcopy(model)
+            passed, results = [a.clone() for a in args], []
+            for _ in range(2):
+                results.append(f(compiled, *passed))
+                torch.testing.assert_close(results[-1], fn(reference, *args))
+                self._assert_grads_like_eager(compiled, reference)
+                held = [*passed, *(r for r in results if r is not None)]
+                self.assertTrue(all(p.grad is not t for p in compiled.parameters() for t in held), fn.__name__)
+            torch.testing.assert_close(passed, list(args))  # the caller's gradient= untouched
+            if results[0] is not None:  # the first call's result, untouched by the second
+                torch.testing.assert_close(results[0], fn(copy.deepcopy(model), *args))
+
+    @parametrize("backend", BACKENDS)
+    def test_fresh_gradients_are_kept_as_grad(self, backend):
+        """The plain step's fresh, distinct, contiguous gradients are the new .grad as they are,
+        as AccumulateGrad steals them (no copy on the fast path)."""
+        f = _train_runnable(backend)
+        self.assertEqual(f.convention.grads_owned, f.convention.grad_state)
+        model, x, y = _linear(), torch.randn(3, 4), torch.randn(3, 2)
+        copies = []
+        original = runtime.new_grad
+        runtime.new_grad = lambda *a: copies.append(a) or original(*a)
+        try:
+            f(model, x, y)
+        finally:
+            runtime.new_grad = original
+        self.assertEqual(copies, [])
+        self.assertTrue(all(p.grad.is_contiguous() for p in model.parameters()))
+
+    @parametrize("backend", BACKENDS)
+    def test_grads_sharing_memory_read_inside_the_graph(self, backend):
+        """Parameters whose .grad is one tensor, with fn reading the grads (zero_grad
+        set_to_none=False): eager accumulates both into it; Inductor's graph took them as
+        distinct memory, so the call is refused before anything is written.  Views of one
+        flat buffer that do not overlap are fine on both backends."""
+        torch.manual_seed(0)
+        model, x = _PairOfParameters(), torch.randn(4, 8)
+        f = _runnable("zeroed step", _zeroed_step, copy.deepcopy(model), x, backend=backend)
+        compiled, reference = copy.deepcopy(model), copy.deepcopy(model)
+        for m in (compiled, reference):
+            m.a.grad = m.b.grad = torch.ones(4, 8)
+        if backend == "inductor":
+            shared = compiled.a.grad
+            self.assertRefused(r"^args\[0\]\.a\.grad shares memory with args\[0\]\.b\.grad, but backend='inductor'",
+                               lambda: f(compiled, x), compiled)
+            self.assertIs(compiled.b.grad, shared)
+            self.assertEqual(shared, torch.ones(4, 8))
+        else:
+            f(compiled, x), _zeroed_step(reference, x)
+            torch.testing.assert_close(compiled.a.grad, reference.a.grad)
+            torch.testing.assert_close(compiled.b.grad, reference.b.grad)
+        compiled, reference = copy.deepcopy(model), copy.deepcopy(model)
+        for m in (compiled, reference):
+            flat = torch.ones(64)
+            m.a.grad, m.b.grad = flat[:32].view(4, 8), flat[32:].view(4, 8)
+        for _ in range(2):
+            f(compiled, x), _zeroed_step(reference, x)
+            torch.testing.assert_close(compiled.a.grad, reference.a.grad)
+            torch.testing.assert_close(compiled.b.grad, reference.b.grad)
 
 
 instantiate_parametrized_tests(TestSoundness)

@@ -334,7 +334,13 @@ says who guarantees it and, where it is enforced, which tests (in
      data pointers: ``p.set_(buf)``, parametrize's ``m.weight = buf`` and
      ``swap_tensors`` share memory past every registration hook;
      test_precompile_hook_guards.py
-     test_state_made_to_share_memory_past_the_hooks_is_refused).  Graphs that write no input do not
+     test_state_made_to_share_memory_past_the_hooks_is_refused).  On backend='inductor', an
+     incoming ``.grad`` the graph takes (fn reads it) sharing memory
+     (overlapping spans) with another ``.grad`` or tensor input, where the
+     graph writes either, is refused (``m.a.grad = m.b.grad = g`` before a
+     ``zero_grad(set_to_none=False)`` step; views of one flat buffer are
+     fine), checked again when a ``.grad`` or parameter is another object
+     (test_grads_sharing_memory_read_inside_the_graph).  Graphs that write no input do not
      care about memory (test_aliased_inputs_are_refused_when_written); identity
      they may: one tensor passed for several arguments (``fn(x, x)``), written
      or not, is LIFTED as one and traced as one clone, so a write through one
@@ -651,7 +657,13 @@ says who guarantees it and, where it is enforced, which tests (in
    to its own graph input (the caller's ``.grad``, zeros when None), so
    what fn does with it is in the graph, and each parameter's ``.grad`` is
    written the way eager's would be: backward's plain accumulation is left
-   to the runnable (assign when None, else add in place, with grad mode off
+   to the runnable (when None, what AccumulateGrad makes: the graph's
+   gradient itself where it is contiguous like the parameter and capture saw
+   no other output or input share it, the common step's one C check, else a
+   copy in the parameter's strides, so ``(a + b)``'s one gradient, a
+   ``backward(gradient=g)``'s ``g``, a returned tensor, ``p.sum()``'s expanded
+   or a transposed gradient become .grad as in eager:
+   test_new_grad_is_accumulate_grads; else add in place, with grad mode off
    like the autograd engine: the common step passes no extra input; onto a
    sparse ``.grad``, ``new + old``, a dense tensor, as eager's AccumulateGrad
    does: test_precompile_soundness.py test_sparse_grad_accumulates_like_eager); when

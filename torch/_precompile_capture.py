@@ -1806,6 +1806,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         optimizers=optimizers,
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
+        grads_owned=grads["grads_owned"],
         grads_cleared=grads["grads_cleared"],
         grads_none=grads_none,
         grads_present=grads_present,
@@ -3354,13 +3355,35 @@ def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _
     output.args = (tuple(results),)
     read = [(i, node) for i, node in zip(_grad_candidates(args), placeholders) if node.users]
     read_only = _read_only(graph, [node for _, node in read])
+    accumulated = {index: results[first + k] for k, index in enumerate(grad_state) if index not in assigned}
     return {
         "grad_state": tuple(grad_state),
         "grads_assigned": tuple(assigned),
+        "grads_owned": _owned_gradients(graph, results, accumulated),
         "grads_cleared": tuple(recorded["grads_cleared"]),
         "grad_inputs": tuple(i for i, _ in read),
         "grad_inputs_read_only": tuple(i for i, node in read if node in read_only),
     }
+
+
+def _owned_gradients(graph: torch.fx.GraphModule, results: list, accumulated: dict) -> tuple:
+    """The parameters of ``accumulated`` (state index -> its gradient's output node) whose
+    gradient no other graph output or input shares (Note invariant 13).
+
+    Eager's AccumulateGrad keeps an incoming gradient as a None ``.grad`` only where
+    nothing else holds it; it copies one that is also another parameter's (``(a + b)``),
+    a returned tensor, or an input (``backward(gradient=g)``) or a view of one.
+    """
+    root, _ = _alias_sets(graph)
+    inputs = {root(node) for node in graph.graph.find_nodes(op="placeholder")}
+    held = collections.Counter(root(node) for node in results if isinstance(node, torch.fx.Node))
+    return tuple(
+        sorted(
+            index
+            for index, node in accumulated.items()
+            if isinstance(node, torch.fx.Node) and root(node) not in inputs and held[root(node)] == 1
+        )
+    )
 
 
 def _accumulate_out_of_place(incoming: torch.fx.Node, results: list) -> None:

@@ -1085,6 +1085,70 @@ def versions_bumped(run_graph: Callable[[list], Any], mutated: tuple[int, ...]) 
     return run
 
 
+def new_grad(grad: torch.Tensor, param: torch.Tensor, owned: bool) -> torch.Tensor:
+    """The ``.grad`` eager's AccumulateGrad makes of ``grad`` for ``param`` whose ``.grad`` is None:
+    ``grad`` itself where nothing else holds it (``owned``) and it obeys the layout contract,
+    else a copy that obeys it (torch/csrc/autograd/functions/accumulate_grad.h)."""
+    if grad.is_sparse:
+        return grad if owned else grad.clone()
+    dense = _non_overlapping_and_dense(param.shape, param.stride())
+    if owned and (_obeys_layout_contract(grad, param) if dense else grad.is_contiguous()):
+        return grad
+    if dense:
+        return grad.new_empty_strided(param.shape, param.stride()).copy_(grad)
+    return grad.clone(memory_format=torch.contiguous_format)
+
+
+def _obeys_layout_contract(grad: torch.Tensor, param: torch.Tensor) -> bool:
+    """torch's utils::obeys_layout_contract for a dense ``param``: ``grad`` has its strides
+    (a size-1 dim's stride is free, but not 0)."""
+    strides, own = grad.stride(), param.stride()
+    return strides == own or all(
+        stride != 0 if size == 1 else stride == expected for size, stride, expected in zip(grad.shape, strides, own)
+    )
+
+
+def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
+    """c10's compute_non_overlapping_and_dense (Tensor has no public method for it; the
+    Python one in torch._prims_common costs ~75 us)."""
+    expected = 1
+    for size, stride in sorted(((size, stride) for size, stride in zip(shape, strides) if size != 1), key=lambda d: d[1]):
+        if size == 0:
+            return True
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _contiguous(spec: TensorSpec) -> bool:
+    """Whether every tensor matching ``spec`` is contiguous (False where its strides are unchecked)."""
+    if spec.memory_format is not None:
+        return spec.memory_format == "contiguous_format"
+    if spec.stride is None:
+        return False
+    expected = 1
+    for size, stride in reversed(list(zip(spec.shape, spec.stride))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory ``a`` and ``b`` span (from their first to their last element) overlaps."""
+    if not _is_alias_of(a, b) or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.storage_offset() * t.element_size()
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) * t.element_size()
+        return start, start + last + t.element_size()
+
+    (a_start, a_end), (b_start, b_end) = span(a), span(b)
+    return a_start < b_end and b_start < a_end
+
+
 def raise_if_aliased(tensors: list, pairs: list, name: Callable[[int], str], mutated: Any) -> None:
     """A PrecompileError naming the first of ``pairs`` (indices into ``tensors``) whose
     tensors share memory: the graph writes one of each pair (``mutated``) in place."""
@@ -1125,7 +1189,7 @@ class ResultWriter:
     result, with the input objects fn rebinds or returns written into or taken from
     the caller's (invariant 5)."""
 
-    def __init__(self, convention: CallingConvention, argument_specs: dict, written: dict):
+    def __init__(self, convention: CallingConvention, argument_specs: dict, written: dict, sharded: frozenset):
         self.convention = convention
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
         self._returns_sizes = any(node.type is torch.Size for node in _preorder(self._output_spec))
@@ -1135,6 +1199,13 @@ class ResultWriter:
         self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
         self.writes_grads = bool(convention.grad_state or convention.grads_cleared)
         self._grads_assigned = frozenset(convention.grads_assigned)
+        # fully_shard's new .grad is its reduce-scatter's result, as is (no AccumulateGrad).
+        self._sharded = sharded
+        self._grads_owned = frozenset(convention.grads_owned)
+        # Owned gradients of parameters every call checks contiguous: kept where contiguous too.
+        self._grads_kept_if_contiguous = frozenset(
+            index for index in convention.grads_owned if _contiguous(convention.state[index].tensor)
+        )
         self._output_views = convention.output_views
         self._rebound_in_place = self._plan_rebound_writes()
         self.written = written  # UserInputs': the rebound arguments as the last call wrote them
@@ -1150,15 +1221,20 @@ class ResultWriter:
         return outputs
 
     def _write_grads(self, state: list, outputs: Any) -> None:
-        # Like eager backward() (AccumulateGrad): assign when None, else accumulate in place,
-        # but onto a sparse .grad out of place, `new + old` (a dense tensor), as eager does;
-        # grads_assigned: the graph's gradient is already the final .grad.
-        assigned = self._grads_assigned
+        # Like eager backward() (AccumulateGrad): a new .grad when None, else accumulate in
+        # place, but onto a sparse .grad out of place, `new + old` (a dense tensor), as eager
+        # does; grads_assigned: the graph's gradient is already the final .grad.
+        assigned, kept_if_contiguous = self._grads_assigned, self._grads_kept_if_contiguous
         for index, grad in zip(self.convention.grad_state, outputs[self._num_outputs :]):
             param = state[index]
             old = param.grad
-            if index in assigned or old is None:
+            if index in assigned:
                 param.grad = grad
+            elif old is None:
+                if (index in kept_if_contiguous and grad.is_contiguous()) or index in self._sharded:  # common: one C call
+                    param.grad = grad
+                else:
+                    param.grad = new_grad(grad, param, index in self._grads_owned)
             elif old.is_sparse:  # the graph's gradients are dense: add(sparse, dense) would raise
                 param.grad = grad + old
             else:
@@ -2147,7 +2223,8 @@ class PrecompiledFunction:
         self._state_cache = self._module_arguments.cache  # read by every call (_module_entry)
         input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._inputs = UserInputs(convention, self._module_arguments.state_path, input_alias_pairs)
-        self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written)
+        sharded_indices = frozenset(index for index, _ in self._module_arguments.sharded)
+        self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written, sharded_indices)
         self._flat_inputs = self._inputs.flat
         self._distinct_inputs = self._inputs.distinct_tensors  # 0 with fewer than two tensor inputs
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
@@ -2156,6 +2233,11 @@ class PrecompiledFunction:
         self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or convention.grad_inputs)
         self._read_only_grads = frozenset(convention.grad_inputs_read_only)
         self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
+        # Inductor's kernels take each graph input as memory of its own: the incoming .grad
+        # must share none with another graph input where the graph writes either.
+        self._checks_grads_apart = convention.backend == "inductor" and bool(convention.grad_inputs)
+        # (weak references to the incoming .grad and the state last found apart, their storages)
+        self._grads_apart: tuple[list, frozenset] | None = None
         self._copies_inputs = bool(self._constants or convention.output_views)
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
@@ -2340,9 +2422,11 @@ class PrecompiledFunction:
         The zeros for an input the graph only reads are made once and kept:
         their layout is the parameter's, which every call checked.
         """
-        grads = []
+        grads, incoming = [], []
         for index in self.convention.grad_inputs:
             param, grad = tensors[index], grad_owners[index].grad
+            if grad is not None:
+                incoming.append((index, grad))
             if grad is None:
                 grad = self._kept_zeros.get(index)
                 if grad is None:
@@ -2363,8 +2447,11 @@ class PrecompiledFunction:
                     "which needs the parameter's shape, dtype and strides: set it to None (opt.zero_grad())"
                 )
             grads.append(grad)
+        if self._checks_grads_apart and incoming:
+            self._refuse_shared_grads(incoming, tensors)
         return grads
 
+<<<<<<< HEAD
     # -- copies: a loaded artifact is code, which copy keeps as one object ------
     # What it holds besides code are caches valid for any caller (one runnable
     # serves any model and any thread), so a copied model may share it.
@@ -2380,6 +2467,43 @@ class PrecompiledFunction:
             "a loaded precompile artifact cannot be pickled: it holds compiled code, not data; "
             "save its (python_code, cache) pair and load() them again where it is needed"
         )
+=======
+    def _refuse_shared_grads(self, incoming: list, tensors: list) -> None:
+        """A PrecompileError where an incoming ``.grad`` (``incoming``: (state index, .grad))
+        shares memory with another graph input and the graph writes either of them.
+
+        Checked again only when the .grad or state tensors are other objects than at
+        the last check; the user inputs' storages are compared at every call.
+        """
+        objects = [grad for _, grad in incoming] + tensors[: self._num_state]
+        checked = self._grads_apart
+        if (
+            checked is None
+            or len(checked[0]) != len(objects)
+            or any(ref() is not tensor for ref, tensor in zip(checked[0], objects))
+        ):
+            self._grads_apart = None
+            self._raise_if_grads_overlap(incoming, tensors)
+            pointers = frozenset(grad.untyped_storage().data_ptr() for _, grad in incoming)
+            self._grads_apart = ([weakref.ref(tensor) for tensor in objects], pointers)
+        elif any(tensor.untyped_storage().data_ptr() in checked[1] for tensor in tensors[self._num_state :]):
+            self._raise_if_grads_overlap(incoming, tensors)
+
+    def _raise_if_grads_overlap(self, incoming: list, tensors: list) -> None:
+        written = set(self.convention.mutated)
+        read_only = frozenset(self.convention.grad_inputs_read_only)
+        named = [(f"{self._parameter(index)}.grad", grad, index not in read_only) for index, grad in incoming]
+        named += [(self._inputs.tensor_path(i), tensor, i in written) for i, tensor in enumerate(tensors)]
+        for k, (name, grad, grad_written) in enumerate(named[: len(incoming)]):
+            for other, tensor, other_written in named[k + 1 :]:
+                if (grad_written or other_written) and _overlap(grad, tensor):
+                    raise PrecompileError(
+                        f"{name} shares memory with {other}, but backend='inductor' compiled the graph, which "
+                        f"writes {name if grad_written else other}, for distinct tensors, so it would "
+                        "compute something else than eager: give each parameter a .grad of its own "
+                        "(p.grad = p.grad.clone()), or set them to None (opt.zero_grad())"
+                    )
+>>>>>>> fix-grads
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.
@@ -2406,7 +2530,8 @@ class PrecompiledFunction:
             checks.append(Check("optimizer", f"args[{spec.position}]", expected))
         if c.grad_inputs:
             grads = f".grad of {len(c.grad_inputs)} parameters"
-            checks.append(Check("grad", grads, "None, or of the parameter's shape, dtype and strides"))
+            apart = ", sharing no memory with another graph input where the graph writes either" if self._checks_grads_apart else ""
+            checks.append(Check("grad", grads, f"None, or of the parameter's shape, dtype and strides{apart}"))
         for index in c.grads_none:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
         for index in c.grads_present:

@@ -474,6 +474,10 @@ class CallingConvention(Record):
     # grad_state entries whose graph gradient is the final .grad (fn cleared or
     # read the incoming one): assigned; the others accumulate like backward().
     grads_assigned: tuple[Count, ...] = ()
+    # grad_state entries accumulated like backward() whose graph gradient no other graph
+    # output or input shares: a call keeps it as a None .grad's new tensor where it has the
+    # parameter's layout, as AccumulateGrad does; it copies the others into that layout.
+    grads_owned: tuple[Count, ...] = ()
     # Parameters whose .grad fn sets to None (zero_grad() after its backward).
     grads_cleared: tuple[Count, ...] = ()
     # Parameters whose .grad every call requires None / a tensor, as at capture:
@@ -1007,6 +1011,7 @@ def validate_convention(c: "CallingConvention") -> None:
     check_indices("grad_inputs", c.grad_inputs, parameters)
     check_indices("grad_inputs_read_only", c.grad_inputs_read_only, c.grad_inputs)
     check_indices("grads_assigned", c.grads_assigned, c.grad_state)
+    check_indices("grads_owned", c.grads_owned, set(c.grad_state) - set(c.grads_assigned))
     check_indices("grads_cleared", c.grads_cleared, set(parameters) - set(c.grad_state))
     check_indices("grads_none", c.grads_none, set(parameters) - set(c.grad_inputs))
     check_indices("grads_present", c.grads_present, c.grad_inputs)
