@@ -697,7 +697,7 @@ class _CaptureGuard(TorchDispatchMode):
         self._refuse_untracked_writes(func, args, kwargs)
         if torch.Tag.dynamic_output_shape in func.tags and _sized_by_values(func, args, kwargs):
             raise _data_dependent_size_error(func)
-        if not self.ran_autograd and compat.current_autograd_node() is not None:
+        if compat.current_autograd_node() is not None:
             self.ran_autograd = True
             _refuse_anomaly_detection()
         if torch.Tag.nondeterministic_seeded in func.tags:
@@ -1239,8 +1239,8 @@ class _GradReads(TorchFunctionMode):
             if id(leaf) not in self.incoming:
                 continue
             index, owner, grad = self.incoming[id(leaf)]
-            if grad is leaf and owner.grad is leaf and index not in self.reached:
-                self.used.setdefault(index, _user_line(traceback.extract_stack()))
+            if grad is leaf and owner.grad is leaf and index not in self.reached and index not in self.used:
+                self.used[index] = _user_line(traceback.extract_stack())
 
     def refuse_used_before_backward(self) -> None:
         """After fn: refuse a None ``.grad`` fn used as a tensor before backward reached it."""
@@ -1845,7 +1845,8 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
     named_state = _named_state(args.module_positions, args.lifted)
     _refuse_hooks((), (), [named_state[i] for i in grads["grad_state"]])
     if recorded["ran_autograd"]:  # the trace's clones of the inputs have no hooks: a gradient w.r.t. one skipped them
-        _refuse_hooks((), [(args.input_paths[i], args.input_leaves[i]) for i in args.tensor_indices if args.input_leaves[i].requires_grad])
+        inputs = [(args.input_paths[i], args.input_leaves[i]) for i in args.tensor_indices]
+        _refuse_hooks((), [(path, tensor) for path, tensor in inputs if tensor.requires_grad])
 
     outputs = []
     output_leaves = _unique_tensors(recorded["out_leaves"])
