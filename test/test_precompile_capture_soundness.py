@@ -623,6 +623,15 @@ class TestArgumentAutogradState(TestCase):
         for _ in range(2):  # .grad None, then a tensor
             torch.testing.assert_close(f(ours, x), zeroed(eager, x))
             torch.testing.assert_close(ours.weight.grad, eager.weight.grad)
+        # Captured with a .grad: a call where it is None is refused, as eager raises.
+        f = load(precompile(decay, ours, x, backend=backend))
+        f(ours, x)
+        decay(eager, x)
+        torch.testing.assert_close(ours.weight.grad, eager.weight.grad)
+        ours.weight.grad = None
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.weight\.grad is None, which was a tensor at capture"):
+            f(ours, x)
+        self.assertIsNone(ours.weight.grad)
 
     @parametrize("backend", BACKENDS)
     def test_a_frozen_parameters_grad_fn_reads(self, backend):

@@ -667,7 +667,8 @@ says who guarantees it and, where it is enforced, which tests (in
    test_precompile_capture_soundness.py test_a_frozen_parameters_grad_fn_reads).
    A None ``.grad`` fn uses as a tensor before backward reaches it
    (``p.grad.mul_(0.9)``, where eager raises; zeroing it is fine) is
-   REFUSED at capture (test_a_none_grad_used_as_a_tensor_is_refused).
+   REFUSED at capture; one that was a tensor at capture must stay one,
+   CHECKED at every call (test_a_none_grad_used_as_a_tensor_is_refused).
    A ``.grad`` fn leaves with autograd history (``backward(create_graph=True)``)
    is REFUSED at capture: the runnable's is a plain tensor
    (test_precompile_capture_soundness.py test_grads_with_autograd_history_are_refused).

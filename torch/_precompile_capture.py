@@ -1121,9 +1121,9 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
             ):
                 result = fn(*call_args)
                 recorded["grads_unreached"] = [i for i in watched if i not in reached]
-                recorded["frozen_grads_read"] = ()
+                recorded["frozen_grads_read"], recorded["grads_used_early"] = (), ()
                 if grad_reads is not None:
-                    grad_reads.refuse_used_before_backward()
+                    recorded["grads_used_early"] = grad_reads.used_before_backward()
                     recorded["frozen_grads_read"] = tuple(grad_reads.frozen_read)
                 recorded["requires_grad_read"] = _requires_grad_read(recorded["reads"], (*state, *tensors), whole)
                 guard.random_draws.finish()
@@ -1169,10 +1169,10 @@ def _grad_reads(args: _Arguments, state: tuple, whole: dict, watched: list, trac
     """The _GradReads for this trace, or None where no parameter's ``.grad`` differs from eager's."""
     plain = [i for i, e in enumerate(args.lifted) if e.kind == "parameter" and whole[i] is state[i]]
     frozen = {id(state[i]): (i, args.lifted[i].tensor.grad) for i in plain if not args.lifted[i].tensor.requires_grad}
-    unset = {id(state[i]): i for i in watched if i not in traced_none and args.lifted[i].tensor.grad is None}
-    if not frozen and not unset:
+    incoming = {id(state[i]): (i, args.lifted[i].tensor.grad is None) for i in watched if i not in traced_none}
+    if not frozen and not incoming:
         return None
-    return _GradReads([path for path, _ in _named_state(args.module_positions, args.lifted)], frozen, unset, reached)
+    return _GradReads([path for path, _ in _named_state(args.module_positions, args.lifted)], frozen, incoming, reached)
 
 
 def _named_stand_ins(args: _Arguments, state: tuple, whole: dict, tensors: tuple) -> list:
@@ -1194,17 +1194,18 @@ class _GradReads(TorchFunctionMode):
     - A parameter that does not require grad: its stand-in has no ``.grad``.  One the caller's
       parameter has is refused when fn reads it; the others are noted (``frozen_read``): their
       ``.grad`` must stay None at every call.
-    - A ``.grad`` None at capture, before backward reaches it: the trace's is the incoming
-      gradient (0 + g is g), eager's None.  Zeroing it is the same from either; another use
-      (``p.grad.mul_(0.9)``, which raises in eager) is refused once backward reached it (one
-      backward never reaches is traced again as None: _grads_fn_tells_from_none).
+    - A ``.grad`` before backward reaches it: the trace's is the incoming one, zeros where
+      the caller's is None (0 + g is g), eager's None.  Zeroing it is the same from either;
+      another use (``p.grad.mul_(0.9)``, which raises in eager) of one None at capture is
+      refused, of a tensor noted (``used_before_backward``): it must stay a tensor at every
+      call.  Only for a parameter backward reaches: the others are _grads_fn_tells_from_none's.
     """
 
-    def __init__(self, paths: list, frozen: dict, unset: dict, reached: set):
+    def __init__(self, paths: list, frozen: dict, watched: dict, reached: set):
         super().__init__()
         self.paths = paths  # state index -> args[0].fc.weight
         self.frozen = frozen  # id(stand-in) -> state index, its caller's .grad
-        self.unset = unset  # id(stand-in) -> state index
+        self.watched = watched  # id(stand-in) -> state index, whether its caller's .grad is None
         self.reached = reached  # the state indices backward accumulated into
         self.frozen_read: set = set()
         self.incoming: dict = {}  # id(.grad fn read) -> (state index, stand-in, that .grad)
@@ -1230,7 +1231,7 @@ class _GradReads(TorchFunctionMode):
                     "None before precompile and the calls (or requires_grad_(True))"
                 )
             self.frozen_read.add(index)
-        index = self.unset.get(id(owner))
+        index, _ = self.watched.get(id(owner), (None, None))
         if index is not None and grad is not None and index not in self.reached:
             self.incoming[id(grad)] = (index, owner, grad)
 
@@ -1242,15 +1243,18 @@ class _GradReads(TorchFunctionMode):
             if grad is leaf and owner.grad is leaf and index not in self.reached and index not in self.used:
                 self.used[index] = _user_line(traceback.extract_stack())
 
-    def refuse_used_before_backward(self) -> None:
-        """After fn: refuse a None ``.grad`` fn used as a tensor before backward reached it."""
-        for index, where in self.used.items():
-            if index in self.reached:
-                raise PrecompileError(
-                    f"fn uses {self.paths[index]}.grad as a tensor{where} before backward gives it a value, while "
-                    "it is None (eager raises AttributeError there, or takes another branch): run backward "
-                    "first, or precompile and call with a .grad there"
-                )
+    def used_before_backward(self) -> tuple:
+        """After fn: the parameters whose ``.grad`` fn used before backward reached it, a None one refused."""
+        used = tuple(sorted(index for index in self.used if index in self.reached))
+        none_at_capture = {index for index, none in self.watched.values() if none}
+        refused = [index for index in used if index in none_at_capture]
+        if refused:
+            raise PrecompileError(
+                f"fn uses {self.paths[refused[0]]}.grad as a tensor{self.used[refused[0]]} before backward gives "
+                "it a value, while it is None (eager raises AttributeError there, or takes another branch): run "
+                "backward first, or precompile and call with a .grad there"
+            )
+        return used
 
 
 class _ShardedGradients(TorchFunctionMode):
@@ -1835,6 +1839,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         if recorded["rebound_inputs"]:
             _refuse_shared_containers(args)
         grads_none = tuple(sorted({*grads_none, *frozen, *recorded["frozen_grads_read"]}))
+        grads_present = tuple(sorted({*grads_present, *recorded["grads_used_early"]}))
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
     if _is_distributed(args.lifted):

@@ -2261,9 +2261,9 @@ class PrecompiledFunction:
         for index in self.convention.grads_present:
             if params[index].grad is None:
                 raise PrecompileError(
-                    f"{self._parameter(index)}.grad is None, which was a tensor at capture; backward does not "
-                    "reach it and fn uses its .grad (eager's optimizer would skip it, the graph steps it): "
-                    "give it a .grad, or precompile with .grad None"
+                    f"{self._parameter(index)}.grad is None, which was a tensor at capture; fn uses its .grad "
+                    "where backward has not added to it (eager's optimizer would skip it, p.grad.mul_() would "
+                    "raise; the graph computes with zeros): give it a .grad, or precompile with .grad None"
                 )
 
     def _prior_grads(self, grad_owners: list, tensors: list) -> list:
