@@ -2609,7 +2609,7 @@ def _argument_autograd_kept(named: list):
     before = {id(tensor): (path, tensor, tensor.requires_grad, _gradient_hooks(tensor)) for path, tensor in named}
     yield
     for path, tensor, requires_grad, hooks in before.values():
-        if tensor.requires_grad != requires_grad:
+        if tensor.requires_grad != requires_grad and tensor.is_leaf:  # an in-place write with history makes a non-leaf
             raise PrecompileError(
                 f"fn sets {path}.requires_grad to {tensor.requires_grad} (it was {requires_grad}): eager's call "
                 "leaves the caller's tensor so, which no call of the artifact repeats. Set it outside fn, "
