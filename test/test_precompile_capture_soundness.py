@@ -514,7 +514,163 @@ class TestCaptureSoundness(TestCase):
                 self.assertIs(ours, x_run)
 
 
+class TestArgumentAutogradState(TestCase):
+    """fn's changes to its arguments' autograd state, and ``.grad`` the trace cannot see as eager
+    does: refused at capture, with the caller's tensors and torch settings as they were
+    (invariants 8 and 13)."""
+
+    @parametrize("backend", BACKENDS)
+    def test_gradient_hooks_fn_registers_are_refused(self, backend):
+        def on_weight(m, x):
+            m.weight.register_hook(lambda g: g * 2)
+            m(x).sum().backward()
+
+        def after_accumulation(m, x):
+            def halve(p):
+                p.grad.mul_(0.5)
+
+            m.weight.register_post_accumulate_grad_hook(halve)
+            m(x).sum().backward()
+
+        def on_input(m, x):
+            x.register_hook(lambda g: g * 2)
+            return torch.autograd.grad(m(x).sum(), x)[0]
+
+        for fn, what in (
+            (on_weight, r"a gradient hook on args\[0\]\.weight \(.*on_weight\.<locals>\.<lambda>\)"),
+            (after_accumulation, r"a post-accumulate-grad hook on args\[0\]\.weight \(.*after_accumulation\.<locals>\.halve\)"),
+            (on_input, r"a gradient hook on args\[1\] \(.*on_input\.<locals>\.<lambda>\)"),
+        ):
+            m, x = nn.Linear(4, 2), torch.randn(3, 4, requires_grad=True)
+            with self.assertRaisesRegex(PrecompileError, rf"fn registers {what}: eager's call leaves it"):
+                precompile(fn, m, x, backend=backend)
+            for tensor in (m.weight, x):
+                self.assertFalse(tensor._backward_hooks or tensor._post_accumulate_grad_hooks)
+
+    @parametrize("backend", BACKENDS)
+    def test_requires_grad_changed_by_fn_is_refused(self, backend):
+        def saliency(m, x):
+            x.requires_grad_()
+            return torch.autograd.grad(m(x).sum(), x)[0]
+
+        def freeze(m, x):
+            m.weight.requires_grad_(False)
+            m(x).sum().backward()
+
+        for fn, what in ((saliency, r"args\[1\]\.requires_grad to True"), (freeze, r"args\[0\]\.weight\.requires_grad to False")):
+            m, x = nn.Linear(4, 2), torch.randn(3, 4)
+            with self.assertRaisesRegex(PrecompileError, rf"fn sets {what} .*Set it outside fn"):
+                precompile(fn, m, x, backend=backend)
+            self.assertFalse(x.requires_grad)
+            self.assertTrue(m.weight.requires_grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_anomaly_detection_and_settings_are_restored_by_a_refused_capture(self, backend):
+        def backward_under_anomaly(m, x):
+            torch.autograd.set_detect_anomaly(True)
+            m(x).sum().backward()
+
+        def left_on(m, x):
+            torch.autograd.set_detect_anomaly(True)
+            return m(x)
+
+        def raises_with_float64(m, x):
+            torch.set_default_dtype(torch.float64)
+            return m(x) if m(x).sum() > 0 else -m(x)
+
+        m, x = nn.Linear(4, 2), torch.randn(3, 4)
+        for fn, message in (
+            (backward_under_anomaly, rf"fn runs backward with anomaly detection on at {THIS_FILE}:\d+"),
+            (left_on, r"fn leaves anomaly detection changed \(\(False, True\) -> \(True, True\); restored\)"),
+            (raises_with_float64, r"fn uses the value of a tensor as a Python value"),
+        ):
+            with self.assertRaisesRegex(PrecompileError, message):
+                precompile(fn, m, x, backend=backend)
+            self.assertFalse(torch.is_anomaly_enabled())
+            self.assertIs(torch.get_default_dtype(), torch.float32)
+
+    @parametrize("backend", BACKENDS)
+    def test_anomaly_detection_without_nan_checks_is_honoured(self, backend):
+        def fn(m, x):  # it only records where each op ran
+            with torch.autograd.detect_anomaly(check_nan=False):
+                m(x).sum().backward()
+            return m.weight.grad.clone()
+
+        torch.manual_seed(0)
+        m, x = nn.Linear(4, 2), torch.randn(3, 4)
+        f = load(precompile(fn, copy.deepcopy(m), x, backend=backend))
+        torch.testing.assert_close(f(copy.deepcopy(m), x), fn(copy.deepcopy(m), x))
+
+    @parametrize("backend", BACKENDS)
+    def test_a_none_grad_used_as_a_tensor_is_refused(self, backend):
+        def decay(m, x):
+            m.weight.grad.mul_(0.9)  # eager: AttributeError, .grad is None
+            m(x).sum().backward()
+
+        def zeroed(m, x):  # zeroing a None .grad or a tensor: the same after backward
+            m.zero_grad(set_to_none=False)
+            m(x).sum().backward()
+            return m.weight.grad * 2
+
+        torch.manual_seed(0)
+        m, x = nn.Linear(4, 2), torch.randn(3, 4)
+        with self.assertRaisesRegex(
+            PrecompileError, rf"fn uses args\[0\]\.weight\.grad as a tensor at {THIS_FILE}:\d+ .*while it is None"
+        ):
+            precompile(decay, m, x, backend=backend)
+        f = load(precompile(zeroed, m, x, backend=backend))
+        ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+        for _ in range(2):  # .grad None, then a tensor
+            torch.testing.assert_close(f(ours, x), zeroed(eager, x))
+            torch.testing.assert_close(ours.weight.grad, eager.weight.grad)
+        # Captured with a .grad: a call where it is None is refused, as eager raises.
+        f = load(precompile(decay, ours, x, backend=backend))
+        f(ours, x)
+        decay(eager, x)
+        torch.testing.assert_close(ours.weight.grad, eager.weight.grad)
+        ours.weight.grad = None
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.weight\.grad is None, which was a tensor at capture"):
+            f(ours, x)
+        self.assertIsNone(ours.weight.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_a_frozen_parameters_grad_fn_reads(self, backend):
+        def model(stale):
+            torch.manual_seed(0)
+            m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+            m[0].weight.requires_grad_(False)
+            m[0].weight.grad = torch.ones(4, 4) if stale else None
+            return m
+
+        def zeroed(m, x):
+            m.zero_grad(set_to_none=False)
+            m(x).sum().backward()
+
+        def clipped(m, x):
+            m(x).sum().backward()
+            return torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+
+        def read(m, x):
+            m(x).sum().backward()
+            return m[0].weight.grad * 2
+
+        x = torch.randn(3, 4)
+        for fn in (zeroed, clipped, read):
+            with self.assertRaisesRegex(
+                PrecompileError, r"fn reads args\[0\]\.0\.weight\.grad at .*does not require grad but has a \.grad"
+            ):
+                precompile(fn, model(stale=True), x, backend=backend)
+        f = load(precompile(clipped, model(stale=False), x, backend=backend))
+        ours, eager = model(stale=False), model(stale=False)
+        torch.testing.assert_close(f(ours, x), clipped(eager, x))
+        for p, q in zip(ours.parameters(), eager.parameters()):
+            self.assertEqual(p.grad, q.grad)
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.0\.weight\.grad is a tensor, which was None at capture"):
+            f(model(stale=True), x)
+
+
 instantiate_parametrized_tests(TestCaptureSoundness)
+instantiate_parametrized_tests(TestArgumentAutogradState)
 
 
 if __name__ == "__main__":

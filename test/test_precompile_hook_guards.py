@@ -216,6 +216,31 @@ class TestHookGuards(TestCase):
         self.assertStepLikeEager(g, hooked, x)
 
     @parametrize("backend", BACKENDS)
+    def test_gradient_hooks_on_a_differentiated_input_are_refused(self, backend):
+        """A hook on an input fn takes a gradient with respect to: eager's gradient runs it, the graph does not."""
+
+        def saliency(model, x):
+            return torch.autograd.grad(model(x).sum(), x)[0]
+
+        model, x0 = _mlp(), torch.randn(2, 4)
+        hooked = x0.clone().requires_grad_()
+        handle = hooked.register_hook(lambda grad: grad * 2)
+        with self.assertRaisesRegex(PrecompileError, r"args\[1\] has a gradient hook \(.*<lambda>\): precompile cannot keep"):
+            torch_precompile.precompile(saliency, model, hooked, backend=backend)
+        handle.remove()
+        f = load(_artifact("saliency", saliency, model, hooked, backend=backend))
+        for _ in range(2):  # a clean call before does not let the hooked input through
+            x = x0.clone().requires_grad_()
+            torch.testing.assert_close(f(model, x), saliency(model, x))
+            handle = x.register_hook(lambda grad: grad * 2)
+            self.assertRefused(
+                r"args\[1\] has a gradient hook \(.*<lambda>\), which was not there at capture: eager's gradient",
+                lambda: f(model, x), model, x,
+            )
+            handle.remove()
+        torch.testing.assert_close(f(model, x), saliency(model, x))
+
+    @parametrize("backend", BACKENDS)
     def test_hooks_written_into_the_hook_dicts_are_refused(self, backend):
         """A hook put straight into a module's (or the global) hook dict, without a handle, after a clean call."""
         x = torch.randn(2, 4)

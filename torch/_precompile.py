@@ -483,7 +483,11 @@ says who guarantees it and, where it is enforced, which tests (in
      test_precompile_hook_guards.py test_hooks_written_into_the_hook_dicts_are_refused;
      test_precompile_hook_guards.py
      test_hooks_on_another_instance_or_a_swapped_submodule_are_refused,
-     test_accumulate_grad_node_hooks_are_refused).  Not seen: hooks added
+     test_accumulate_grad_node_hooks_are_refused).  A gradient hook on a
+     tensor input that requires grad, for a graph that runs autograd (a
+     gradient with respect to it would run it): REFUSED at capture and
+     CHECKED at every call of such an artifact
+     (test_gradient_hooks_on_a_differentiated_input_are_refused).  Not seen: hooks added
      to an AccumulateGrad node from C++, as DDP's Reducer adds them; for a
      DDP argument the graph does the Reducer's averaging (next bullet).
    - A DistributedDataParallel argument (invariant 16): its gradient
@@ -582,14 +586,27 @@ says who guarantees it and, where it is enforced, which tests (in
    Gradients and writes
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
-   - Torch settings fn changes: fn leaving grad mode, the default dtype or
-     deterministic algorithms changed for its caller is REFUSED at capture
-     (and the setting restored) (test_fn_leaving_torch_settings_changed_is_refused).
+   - Torch settings fn changes: fn leaving grad mode, the default dtype,
+     deterministic algorithms or anomaly detection changed for its caller is
+     REFUSED at capture (and the setting restored, also where capture refuses
+     for another reason); backward under anomaly detection's NaN check is
+     REFUSED at capture, without it honoured
+     (test_fn_leaving_torch_settings_changed_is_refused,
+     test_anomaly_detection_and_settings_are_restored_by_a_refused_capture,
+     test_anomaly_detection_without_nan_checks_is_honoured).
+   - fn changing an argument tensor's autograd state (a gradient or
+     post-accumulate hook it registers on a parameter or input, its
+     ``requires_grad_``): REFUSED at capture, naming the tensor and the
+     hook's function: eager's call leaves it on the caller's tensor, where a
+     hook runs once more at each later call
+     (test_gradient_hooks_fn_registers_are_refused,
+     test_requires_grad_changed_by_fn_is_refused).
    Caller's responsibility (not recorded, stated here so nothing is baked
    silently): fn's Python side effects (appending to a list, counting calls,
    printing, setting a plain module attribute fn does not read, stepping an
    LR scheduler) happen once, at capture, as under any tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
+<<<<<<< HEAD
    are the modules' classes: a class redefined under the same import path (a
    re-run notebook cell, an upgraded library) passes the class check and
    the call runs the captured code; and so is what code reads outside the
@@ -598,6 +615,14 @@ says who guarantees it and, where it is enforced, which tests (in
    a held ``functools.partial``'s bound arguments, and torch's other
    process settings (anomaly mode, thread count, matmul precision): a
    Python value there is baked (pass it as an argument to have it checked); a user input's own ``.grad`` (the trace
+=======
+   is what code reads outside the arguments: fn's closure cells and
+   globals, the model code's module globals, class attributes read through
+   ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
+   arguments, and torch's other process settings (thread
+   count, matmul precision): a Python value there is baked (pass it as an
+   argument to have it checked); a user input's own ``.grad`` (the trace
+>>>>>>> fix-autograd
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the
    graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
@@ -685,8 +710,15 @@ says who guarantees it and, where it is enforced, which tests (in
    what its ``.grad`` was at capture (traced as None when it was None), and
    so does a parameter an optimizer inside fn holds that does not require
    grad (None: one with a leftover ``.grad`` is refused at capture, eager's
-   step would use it); CHECKED at every call (test_precompile_optimizer.py
-   test_parameter_backward_skips_*, test_frozen_parameter_keeps_no_grad).
+   step would use it), or whose ``.grad`` fn reads otherwise (``zero_grad``,
+   ``clip_grad_norm_``: the trace sees None, a leftover is refused when fn
+   reads it); CHECKED at every call (test_precompile_optimizer.py
+   test_parameter_backward_skips_*, test_frozen_parameter_keeps_no_grad;
+   test_precompile_capture_soundness.py test_a_frozen_parameters_grad_fn_reads).
+   A None ``.grad`` fn uses as a tensor before backward reaches it
+   (``p.grad.mul_(0.9)``, where eager raises; zeroing it is fine) is
+   REFUSED at capture; one that was a tensor at capture must stay one,
+   CHECKED at every call (test_a_none_grad_used_as_a_tensor_is_refused).
    A ``.grad`` fn leaves with autograd history (``backward(create_graph=True)``)
    is REFUSED at capture: the runnable's is a plain tensor
    (test_precompile_capture_soundness.py test_grads_with_autograd_history_are_refused).

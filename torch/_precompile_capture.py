@@ -697,8 +697,9 @@ class _CaptureGuard(TorchDispatchMode):
         self._refuse_untracked_writes(func, args, kwargs)
         if torch.Tag.dynamic_output_shape in func.tags and _sized_by_values(func, args, kwargs):
             raise _data_dependent_size_error(func)
-        if not self.ran_autograd and compat.current_autograd_node() is not None:
+        if compat.current_autograd_node() is not None:
             self.ran_autograd = True
+            _refuse_anomaly_detection()
         if torch.Tag.nondeterministic_seeded in func.tags:
             return self.random_draws.draw(func, args, kwargs)
         return func(*args, **kwargs)
@@ -980,6 +981,18 @@ def _refuse_optimizer_call(record_name: str) -> None:
         )
 
 
+def _refuse_anomaly_detection() -> None:
+    """Backward under anomaly detection reads every gradient's values (its NaN check), which a
+    graph cannot; without backward it only records where each op ran, so fn may leave it on there."""
+    if torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled():
+        raise PrecompileError(
+            f"fn runs backward with anomaly detection on{_user_line(traceback.extract_stack())} "
+            "(torch.autograd.detect_anomaly / set_detect_anomaly, inside fn or at precompile): its NaN check "
+            "reads each gradient's values, which the artifact's graph cannot repeat. To debug, call fn "
+            "eagerly under anomaly detection; precompile without it (or with check_nan=False)"
+        )
+
+
 def _storage_address(tensor: torch.Tensor) -> int:
     try:
         return tensor.untyped_storage().data_ptr()
@@ -1083,6 +1096,9 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
             for index in watched:
                 hook = state[index].register_post_accumulate_grad_hook(lambda _, index=index: reached.add(index))
                 stack.callback(hook.remove)
+            grad_reads = _grad_reads(args, state, whole, watched, traced_none, reached)
+            if grad_reads is not None:
+                stack.enter_context(grad_reads)
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
             stack.enter_context(fsdp.hooks_as_casts(args.modules))
             if distributed:
@@ -1101,9 +1117,14 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
                 _StateReads.of_fn(recorded.setdefault("reads", {})),
                 _module_changes_noted(kept, recorded),
                 _torch_settings_kept(),
+                _argument_autograd_kept(_named_stand_ins(args, state, whole, tensors)),
             ):
                 result = fn(*call_args)
                 recorded["grads_unreached"] = [i for i in watched if i not in reached]
+                recorded["frozen_grads_read"], recorded["grads_used_early"] = (), ()
+                if grad_reads is not None:
+                    recorded["grads_used_early"] = grad_reads.used_before_backward()
+                    recorded["frozen_grads_read"] = tuple(grad_reads.frozen_read)
                 recorded["requires_grad_read"] = _requires_grad_read(recorded["reads"], (*state, *tensors), whole)
                 guard.random_draws.finish()
             gradient_placements.refuse_mismatch()
@@ -1142,6 +1163,98 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
     return flat_fn
+
+
+def _grad_reads(args: _Arguments, state: tuple, whole: dict, watched: list, traced_none: tuple, reached: set):
+    """The _GradReads for this trace, or None where no parameter's ``.grad`` differs from eager's."""
+    plain = [i for i, e in enumerate(args.lifted) if e.kind == "parameter" and whole[i] is state[i]]
+    frozen = {id(state[i]): (i, args.lifted[i].tensor.grad) for i in plain if not args.lifted[i].tensor.requires_grad}
+    incoming = {id(state[i]): (i, args.lifted[i].tensor.grad is None) for i in watched if i not in traced_none}
+    if not frozen and not incoming:
+        return None
+    return _GradReads([path for path, _ in _named_state(args.module_positions, args.lifted)], frozen, incoming, reached)
+
+
+def _named_stand_ins(args: _Arguments, state: tuple, whole: dict, tensors: tuple) -> list:
+    """(path, tensor) of what fn receives in the trace for each lifted tensor and tensor input."""
+    paths = [path for path, _ in _named_state(args.module_positions, args.lifted)]
+    named = [(paths[i], held) for i in range(len(paths)) for held in (state[i], whole[i])]
+    return named + [(args.input_paths[index], tensor) for index, tensor in zip(args.tensor_indices, tensors)]
+
+
+# What zero_grad(set_to_none=False) runs on a .grad (beside reading its properties): from a
+# tensor it leaves zeros, to which backward adds as to eager's None.
+_ZEROING = frozenset({"__get__", "requires_grad_", "detach_", "zero_", "_foreach_zero_"})
+
+
+class _GradReads(TorchFunctionMode):
+    """While fn is traced: its reads of a parameter's ``.grad`` where the trace's differs from
+    eager's (Note invariant 13).
+
+    - A parameter that does not require grad: its stand-in has no ``.grad``.  One the caller's
+      parameter has is refused when fn reads it; the others are noted (``frozen_read``): their
+      ``.grad`` must stay None at every call.
+    - A ``.grad`` before backward reaches it: the trace's is the incoming one, zeros where
+      the caller's is None (0 + g is g), eager's None.  Zeroing it is the same from either;
+      another use (``p.grad.mul_(0.9)``, which raises in eager) of one None at capture is
+      refused, of a tensor noted (``used_before_backward``): it must stay a tensor at every
+      call.  Only for a parameter backward reaches: the others are _grads_fn_tells_from_none's.
+    """
+
+    def __init__(self, paths: list, frozen: dict, watched: dict, reached: set):
+        super().__init__()
+        self.paths = paths  # state index -> args[0].fc.weight
+        self.frozen = frozen  # id(stand-in) -> state index, its caller's .grad
+        self.watched = watched  # id(stand-in) -> state index, whether its caller's .grad is None
+        self.reached = reached  # the state indices backward accumulated into
+        self.frozen_read: set = set()
+        self.incoming: dict = {}  # id(.grad fn read) -> (state index, stand-in, that .grad)
+        self.used: dict = {}  # state index -> where fn first used its incoming .grad
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func == torch.Tensor.grad.__get__:
+            grad = func(*args)
+            self._read(args[0], grad)
+            return grad
+        if self.incoming and getattr(func, "__name__", None) not in _ZEROING:
+            self._note_use_of_none(pytree.tree_leaves((args, kwargs)))
+        return func(*args, **kwargs)
+
+    def _read(self, owner: torch.Tensor, grad: Any) -> None:
+        if id(owner) in self.frozen:
+            index, caller_grad = self.frozen[id(owner)]
+            if caller_grad is not None:
+                raise PrecompileError(
+                    f"fn reads {self.paths[index]}.grad{_user_line(traceback.extract_stack())}, a parameter that does "
+                    "not require grad but has a .grad (a leftover), which the trace cannot see: set that .grad to "
+                    "None before precompile and the calls (or requires_grad_(True))"
+                )
+            self.frozen_read.add(index)
+        index, _ = self.watched.get(id(owner), (None, None))
+        if index is not None and grad is not None and index not in self.reached:
+            self.incoming[id(grad)] = (index, owner, grad)
+
+    def _note_use_of_none(self, leaves: list) -> None:
+        for leaf in leaves:
+            if id(leaf) not in self.incoming:
+                continue
+            index, owner, grad = self.incoming[id(leaf)]
+            if grad is leaf and owner.grad is leaf and index not in self.reached and index not in self.used:
+                self.used[index] = _user_line(traceback.extract_stack())
+
+    def used_before_backward(self) -> tuple:
+        """After fn: the parameters whose ``.grad`` fn used before backward reached it, a None one refused."""
+        used = tuple(sorted(index for index in self.used if index in self.reached))
+        none_at_capture = {index for index, none in self.watched.values() if none}
+        refused = [index for index in used if index in none_at_capture]
+        if refused:
+            raise PrecompileError(
+                f"fn uses {self.paths[refused[0]]}.grad as a tensor{self.used[refused[0]]} before backward gives "
+                "it a value, while it is None (eager raises AttributeError there, or takes another branch): run "
+                "backward first, or precompile and call with a .grad there"
+            )
+        return used
 
 
 class _ShardedGradients(TorchFunctionMode):
@@ -1725,7 +1838,8 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
             graph, example, sizes, constants = trace()
         if recorded["rebound_inputs"]:
             _refuse_shared_containers(args)
-        grads_none = tuple(sorted((*grads_none, *frozen)))
+        grads_none = tuple(sorted({*grads_none, *frozen, *recorded["frozen_grads_read"]}))
+        grads_present = tuple(sorted({*grads_present, *recorded["grads_used_early"]}))
     ddp.use_collectives(graph)
     fsdp.use_collectives(graph)
     if _is_distributed(args.lifted):
@@ -1735,6 +1849,9 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
     # Eager's backward runs the AccumulateGrad node of each parameter that gets a gradient.
     named_state = _named_state(args.module_positions, args.lifted)
     _refuse_hooks((), (), [named_state[i] for i in grads["grad_state"]])
+    if recorded["ran_autograd"]:  # the trace's clones of the inputs have no hooks: a gradient w.r.t. one skipped them
+        inputs = [(args.input_paths[i], args.input_leaves[i]) for i in args.tensor_indices]
+        _refuse_hooks((), [(path, tensor) for path, tensor in inputs if tensor.requires_grad])
 
     outputs = []
     output_leaves = _unique_tensors(recorded["out_leaves"])
@@ -2453,18 +2570,24 @@ _TORCH_SETTINGS = {
         lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
         lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1]),
     ),
+    "anomaly detection": (
+        lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+        lambda value: torch.set_anomaly_enabled(*value),
+    ),
 }
 
 
 @contextlib.contextmanager
 def _torch_settings_kept():
-    """fn leaving a torch setting changed is refused (and the setting restored): eager's
-    call would leave it so for the caller, every call of the artifact would not."""
+    """fn leaving a torch setting changed is refused (and the setting restored, also where fn
+    raised): eager's call would leave it so for the caller, every call of the artifact would not."""
     before = {name: read() for name, (read, _) in _TORCH_SETTINGS.items()}
-    yield
-    changed = {name: read() for name, (read, _) in _TORCH_SETTINGS.items() if read() != before[name]}
-    for name in changed:
-        _TORCH_SETTINGS[name][1](before[name])
+    try:
+        yield
+    finally:
+        changed = {name: read() for name, (read, _) in _TORCH_SETTINGS.items() if read() != before[name]}
+        for name in changed:
+            _TORCH_SETTINGS[name][1](before[name])
     if changed:
         name, after = next(iter(changed.items()))
         raise PrecompileError(
@@ -2472,6 +2595,43 @@ def _torch_settings_kept():
             "for its caller, which no call of the artifact repeats. Restore it inside fn (a `with` block: "
             "torch.no_grad(), ...) or change it outside fn"
         )
+
+
+def _gradient_hooks(tensor: torch.Tensor) -> dict:
+    """(hook dict, handle id) -> hook, for each gradient hook on ``tensor``."""
+    return {
+        (attribute, key): hook
+        for attribute in runtime._TENSOR_HOOKS
+        for key, hook in (getattr(tensor, attribute, None) or {}).items()
+    }
+
+
+@contextlib.contextmanager
+def _argument_autograd_kept(named: list):
+    """Invariant 8: fn changing an argument tensor's autograd state -- its ``requires_grad``, a
+    gradient hook it registers -- is refused.  ``named``: (path, the trace's stand-in for it).
+
+    The stand-in takes the change, so the graph applies such a hook once; eager's call leaves
+    both on the caller's tensor (a hook then runs again, once more, at each later call), which no
+    call of the artifact repeats."""
+    before = {id(tensor): (path, tensor, tensor.requires_grad, _gradient_hooks(tensor)) for path, tensor in named}
+    yield
+    for path, tensor, requires_grad, hooks in before.values():
+        if tensor.requires_grad != requires_grad and tensor.is_leaf:  # an in-place write with history makes a non-leaf
+            raise PrecompileError(
+                f"fn sets {path}.requires_grad to {tensor.requires_grad} (it was {requires_grad}): eager's call "
+                "leaves the caller's tensor so, which no call of the artifact repeats. Set it outside fn, "
+                f"before precompile and the calls ({path}.requires_grad_({tensor.requires_grad}))"
+            )
+        added = [(key, hook) for key, hook in _gradient_hooks(tensor).items() if key not in hooks]
+        if added:
+            (attribute, _), hook = added[0]
+            raise PrecompileError(
+                f"fn registers a {runtime._TENSOR_HOOKS[attribute]} on {path} ({runtime.hook_name(hook)}): eager's "
+                "call leaves it on the caller's tensor, where each later call runs it once more, while the "
+                "artifact runs it once per call. Apply what it does to the gradient inside fn (after "
+                "backward or torch.autograd.grad), or call fn eagerly"
+            )
 
 
 class _Change(NamedTuple):

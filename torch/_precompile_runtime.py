@@ -1913,7 +1913,10 @@ class UserInputs:
             p for p in self._user_positions
             if not self._checks_sharing or not any(set(types[p]) & set(types[q]) for q in types if q != p)
         )
-        self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs)
+        # The tensors whose gradient the graph may compute: a hook the caller puts on one would
+        # change eager's (autograd.grad w.r.t. it runs the hook), which the graph does not run.
+        self._differentiated = [i for i in self.tensor_inputs if convention.needs_grad and inputs[i].tensor.requires_grad]
+        self.has_checks = bool(self._value_inputs or input_alias_pairs or self._same_inputs or self._differentiated)
 
     def flatten(self, user_args: tuple) -> list:
         if self.written:
@@ -1987,6 +1990,7 @@ class UserInputs:
     def check(self, user_args: tuple, leaves: list, tensors: list) -> None:
         """Baked values, no memory shared with a tensor the graph writes, and the tensors that must be one, as captured."""
         self._check_values(user_args, leaves)
+        self._refuse_input_hooks(leaves)
         raise_if_aliased(tensors, self._input_alias_pairs, self.tensor_path, self.convention.mutated)
         self._check_same_inputs(tensors)
 
@@ -2000,6 +2004,17 @@ class UserInputs:
                     f"{self.input_path(index)}: expected {describe_literal(want)} (baked into the artifact at "
                     f"capture), got {got!r}; precompile again for another value"
                 )
+
+    def _refuse_input_hooks(self, leaves: list) -> None:
+        for index in self._differentiated:
+            tensor = leaves[index]
+            for attribute, kind in _TENSOR_HOOKS.items():
+                for hook in (getattr(tensor, attribute, None) or {}).values():
+                    raise PrecompileError(
+                        f"{self.input_path(index)} has a {kind} ({hook_name(hook)}), which was not there at "
+                        "capture: eager's gradient with respect to it would run the hook, the graph does not. "
+                        "Remove it (handle.remove()) before calling, or call fn eagerly"
+                    )
 
     def input_path(self, index: int) -> str:
         positional, *rest = leaf_paths(self._input_spec)[index]
@@ -2404,15 +2419,16 @@ class PrecompiledFunction:
             if params[index].grad is not None:
                 raise PrecompileError(
                     f"{self._parameter(index)}.grad is a tensor, which was None at capture; backward does not "
-                    "reach it and fn's optimizer would step it with that .grad as eager does, while the graph "
-                    "skips it: set it to None (opt.zero_grad()), or precompile with a .grad there"
+                    "reach it and fn reads its .grad (an optimizer's step, zero_grad, clip_grad_norm_), which "
+                    "eager would then use, while the graph skips it: set it to None (opt.zero_grad(), "
+                    "p.grad = None), or, where it requires grad, precompile with a .grad there"
                 )
         for index in self.convention.grads_present:
             if params[index].grad is None:
                 raise PrecompileError(
-                    f"{self._parameter(index)}.grad is None, which was a tensor at capture; backward does not "
-                    "reach it and fn uses its .grad (eager's optimizer would skip it, the graph steps it): "
-                    "give it a .grad, or precompile with .grad None"
+                    f"{self._parameter(index)}.grad is None, which was a tensor at capture; fn uses its .grad "
+                    "where backward has not added to it (eager's optimizer would skip it, p.grad.mul_() would "
+                    "raise; the graph computes with zeros): give it a .grad, or precompile with .grad None"
                 )
 
     def _prior_grads(self, grad_owners: list, tensors: list) -> list:
