@@ -459,6 +459,49 @@ class TestCaptureSoundness(TestCase):
         f = load(precompile(lambda m, x: m(x), compiled._orig_mod, x, backend="eager"))
         torch.testing.assert_close(f(model, x), model(x))
 
+    def test_torchscript_modules_are_refused_before_capture_touches_them(self):
+        x = torch.randn(3, 4)
+        original = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+        traced = torch.jit.trace(original, x)  # never called: its forward is made at the first call
+        scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).eval())
+        for model, what in (
+            (traced, r"args\[0\] is a TorchScript module \(TopLevelTracedModule,"),
+            (nn.Sequential(nn.Tanh(), traced), r"args\[0\]\.1 is a TorchScript module \(TopLevelTracedModule,"),
+            (scripted, r"args\[0\] is a TorchScript module \(RecursiveScriptModule,"),
+        ):
+            with self.assertRaisesRegex(PrecompileError, rf"^{what} .*pass the original nn\.Module"):
+                precompile(lambda m, x: m(x), model, x, backend="eager")
+        torch.testing.assert_close(traced(x), original(x))  # the caller's module still runs
+        scripted(x)
+
+    @parametrize("backend", BACKENDS)
+    def test_a_buffer_that_is_a_parameter_is_refused_at_capture(self, backend):
+        class Tied(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = nn.Linear(4, 4)
+                self.register_buffer("wc", self.l.weight)
+
+            def forward(self, x):
+                return self.l(x) + x @ self.wc
+
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\]\.wc \(buffer\) is the same tensor as args\[0\]\.l\.weight \(parameter\): .*"
+            r"register a buffer of its own",
+        ):
+            precompile(lambda m, x: m(x), Tied(), torch.randn(3, 4), backend=backend)
+
+    def test_an_uninitialized_lazy_module_says_to_run_it_once(self):
+        model, x = nn.LazyLinear(4), torch.randn(3, 4)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\]\.weight is an UninitializedParameter of a lazy module .*Run the model once eagerly",
+        ):
+            precompile(lambda m, x: m(x), model, x, backend="eager")
+        model(x)
+        torch.testing.assert_close(load(precompile(lambda m, x: m(x), model, x, backend="eager"))(model, x), model(x))
+
     def test_data_dependent_python_in_an_installed_package_names_its_line(self):
         # A package installed beside torch whose name starts with "torch" (torchvision's
         # site-packages/torchvision/...) is not torch's own code: its line is named.

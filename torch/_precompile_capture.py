@@ -117,7 +117,7 @@ class _Capture:
     example_inputs: list  # flat graph inputs: real clones, or fakes when dims are free
 
 
-def _lift_state(modules: list) -> list:
+def _lift_state(module_positions: list, modules: list) -> list:
     """Parameters of all modules, then buffers; tied tensors collapse by identity."""
     lifted: dict[int, _LiftedTensor] = {}
     for kind, named in (
@@ -127,14 +127,29 @@ def _lift_state(modules: list) -> list:
         for index, module in enumerate(modules):
             for fqn, tensor in named(module):
                 entry = lifted.setdefault(id(tensor), _LiftedTensor(tensor, kind, []))
+                if entry.kind != kind:
+                    _refuse_buffer_that_is_a_parameter(module_positions, entry, (index, fqn))
                 entry.names.append((index, fqn))
     return list(lifted.values())
+
+
+def _refuse_buffer_that_is_a_parameter(module_positions: list, parameter: _LiftedTensor, buffer: tuple) -> None:
+    """A buffer registered with a parameter itself (``register_buffer("w", self.l.weight)``): the
+    artifact lifts each tensor once, as a parameter or as a buffer, never as both."""
+    (p_index, p_fqn), (b_index, b_fqn) = parameter.names[0], buffer
+    p_path, b_path = f"args[{module_positions[p_index]}].{p_fqn}", f"args[{module_positions[b_index]}].{b_fqn}"
+    raise PrecompileError(
+        f"{b_path} (buffer) is the same tensor as {p_path} (parameter): precompile lifts a tensor as "
+        f"a parameter or as a buffer, not both. Read {p_path} where the buffer is read, or register "
+        "a buffer of its own (a .detach().clone() of the parameter) before precompile"
+    )
 
 
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
     for position, module in zip(module_positions, modules):
+        _refuse_script_modules(f"args[{position}]", module)
         _refuse_compiled_modules(f"args[{position}]", module)
     optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
     user_positions = [
@@ -153,7 +168,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
             runtime.check_plain_torch_function(what, leaf)
         else:
             _input_value_literal(what, leaf)
-    lifted = _lift_state(modules)
+    lifted = _lift_state(module_positions, modules)
     # DDP and fully_shard first: the artifact does what DDP's reducer and fully_shard's
     # hooks would (generic checks of hooks and DTensors must skip theirs).
     fully_shard_policies = []
@@ -165,6 +180,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     _lift_shards(lifted, module_positions, modules, parallelized={i for i, hooks in enumerate(hooks_by_module) if hooks})
     for entry in lifted:
         module_index, fqn = entry.names[0]
+        _refuse_lazy_parameter(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
     _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
@@ -193,6 +209,30 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         parallel_hooks=parallel_hooks,
         fully_shard_policies=fully_shard_policies,
     )
+
+
+def _refuse_lazy_parameter(where: str, tensor: torch.Tensor) -> None:
+    """A lazy module's parameter or buffer before its first forward: it has no shape to trace yet."""
+    if torch.nn.parameter.is_lazy(tensor):
+        raise PrecompileError(
+            f"{where} is an {type(tensor).__name__} of a lazy module (nn.LazyLinear & co.), not yet "
+            "initialized: its shape is decided by the module's first forward. Run the model once eagerly "
+            "(model(example_input)) before precompile, which materializes it"
+        )
+
+
+def _refuse_script_modules(where: str, module: torch.nn.Module) -> None:
+    """A torch.jit traced or scripted module in a module argument, refused before capture touches
+    the modules: its forward is TorchScript, not Python the trace can follow, and its attributes
+    live in C++ where capture's probes (class swaps, ``vars()`` snapshots) cannot reach."""
+    for path, sub in module.named_modules():
+        if isinstance(sub, torch.jit.ScriptModule):
+            name = f"{where}.{path}" if path else where
+            raise PrecompileError(
+                f"{name} is a TorchScript module ({type(sub).__name__}, from torch.jit.trace or "
+                "torch.jit.script), which precompile does not trace: pass the original nn.Module "
+                "(the one given to torch.jit) instead"
+            )
 
 
 def _refuse_compiled_modules(where: str, module: torch.nn.Module) -> None:
