@@ -19,6 +19,7 @@ import types
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -475,6 +476,25 @@ class TestCaptureSoundness(TestCase):
         scripted(x)
 
     @parametrize("backend", BACKENDS)
+    def test_fn_deep_copying_a_module_argument_is_refused(self, backend):
+        model, x = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3)).eval(), torch.randn(2, 3, 5, 5)
+        expected = model(x)
+        for fn, what in (
+            (lambda m, x: fuse_conv_bn_eval(m[0], m[1])(x), r"args\[0\]\.0"),
+            (lambda m, x: copy.deepcopy(m)(x), r"args\[0\]"),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError,
+                rf"^fn deep-copies {what} \(copy\.deepcopy.* at {THIS_FILE}:\d+ .*copy, fuse or quantize the module "
+                "before precompile and pass the result",
+            ):
+                precompile(fn, model, x, backend=backend)
+        self.assertIs(type(model[0]), nn.Conv2d)
+        torch.testing.assert_close(model(x), expected)
+        fused = fuse_conv_bn_eval(model[0], model[1])  # the fix the message names
+        torch.testing.assert_close(load(precompile(lambda m, x: m(x), fused, x, backend=backend))(fused, x), expected)
+
+    @parametrize("backend", BACKENDS)
     def test_a_buffer_that_is_a_parameter_is_refused_at_capture(self, backend):
         class Tied(nn.Module):
             def __init__(self):
@@ -491,6 +511,18 @@ class TestCaptureSoundness(TestCase):
             r"register a buffer of its own",
         ):
             precompile(lambda m, x: m(x), Tied(), torch.randn(3, 4), backend=backend)
+
+    def test_a_parameter_made_inside_fn_is_refused_saying_so(self):
+        x = torch.randn(3, 4)
+        for fn, args in (
+            (lambda x: nn.Parameter(x * 2) + 1, (x,)),
+            (lambda m, x: nn.Linear(4, 4)(m(x)), (nn.Linear(4, 4), x)),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"^fn makes an nn\.Parameter at {THIS_FILE}:\d+ .*Use a plain tensor"
+            ):
+                precompile(fn, *args, backend="eager")
+        self.assertIs(type(nn.Parameter(x)), nn.Parameter)  # made as ever outside fn's trace
 
     def test_an_uninitialized_lazy_module_says_to_run_it_once(self):
         model, x = nn.LazyLinear(4), torch.randn(3, 4)

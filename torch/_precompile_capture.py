@@ -2073,6 +2073,9 @@ class _StateReads:
     - Calls of torch's RNG setters (``manual_seed``, ``seed``,
       ``set_rng_state``, which ``fork_rng`` uses), only for the line a refusal
       of ``_RandomDraws`` names.
+    - ``nn.Parameter(...)`` made inside fn (by fn, or by a module it builds):
+      refused, as make_fx does not trace the Parameter it wraps around a
+      traced tensor (the graph would read it as live state).
 
     The wrappers are process-global for the trace; other threads' calls pass
     through (the reads are this thread's).
@@ -2110,6 +2113,8 @@ class _StateReads:
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
             self._stack.enter_context(_patched(torch.random, name, setter))
+        make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
+        self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -2163,6 +2168,21 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _refusing_parameters(cls, make: Callable) -> Callable:
+        def refusing_new(parameter_class: type, *args: Any, **kwargs: Any) -> torch.nn.Parameter:
+            if getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn makes an nn.Parameter{_user_line(traceback.extract_stack())} (itself, or by "
+                    "building a module inside fn), which precompile does not support: the trace cannot "
+                    "follow the Parameter it wraps around a tensor. Use a plain tensor (with "
+                    ".requires_grad_() where fn differentiates it), or build the module outside fn and "
+                    "pass it as an argument"
+                )
+            return make(parameter_class, *args, **kwargs)
+
+        return refusing_new
 
     @classmethod
     def last_rng_move(cls) -> str:
@@ -2392,6 +2412,20 @@ class _ModuleReads:
         self.objects[id(obj)] = (obj, cls)
 
     @classmethod
+    def _refuse_deepcopy(cls, module: torch.nn.Module) -> None:
+        """copy.deepcopy of a module argument inside fn: the copy's tensors would be copies of the
+        trace's stand-ins, not of the caller's state, which make_fx cannot trace (their storage)."""
+        log = getattr(cls._tracing, "log", None)
+        path = log.modules[id(module)][0] if log is not None and id(module) in log.modules else "a module argument"
+        callers = [frame for frame in traceback.extract_stack() if frame.filename != copy.__file__]
+        raise PrecompileError(
+            f"fn deep-copies {path} (copy.deepcopy, as torch.nn.utils.fusion.fuse_conv_bn_eval and "
+            f"torch.ao.quantization's prepare/convert do){_user_line(callers)}, which "
+            "precompile cannot trace: copy, fuse or quantize the module before precompile and pass the "
+            "result as the argument"
+        )
+
+    @classmethod
     def _probe(cls, original: type, module: bool) -> type:
         if module and any("training" in vars(k) for k in original.__mro__):
             raise TypeError(f"{original.__name__} defines its own `training`")
@@ -2448,6 +2482,7 @@ class _ModuleReads:
                     return value
 
                 namespace["__getattr__"] = getattr_
+                namespace["__deepcopy__"] = lambda module, memo: cls._refuse_deepcopy(module)
             else:
                 namespace["__slots__"] = ()  # the same layout, so that __class__ can be swapped
             probe = type(original.__name__, (original,), namespace)
