@@ -10,6 +10,7 @@ programming model] invariants 8 and 11-13.
 """
 
 import copy
+import functools
 import importlib.util
 import os
 import re
@@ -59,6 +60,17 @@ def _clip_step(m, x, y):
     loss = F.mse_loss(m(x), y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+    return loss
+
+
+# A global that fn names (test_module_arguments_reached_around_fn_are_refused).
+_global_model = None
+
+
+def _step_on_the_global_model(m, x):
+    loss = m(x).sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(_global_model.parameters(), 1.0)  # should be m's
     return loss
 
 
@@ -474,6 +486,49 @@ class TestCaptureSoundness(TestCase):
                 precompile(lambda m, x: m(x), model, x, backend="eager")
         torch.testing.assert_close(traced(x), original(x))  # the caller's module still runs
         scripted(x)
+
+    @parametrize("backend", BACKENDS)
+    def test_module_arguments_reached_around_fn_are_refused(self, backend):
+        # At capture the closure's / global's module is the argument: the trace would read it as the
+        # argument's, where eager fn, called with another model, reads the one it closed over.
+        global _global_model
+        model, x = small_mlp(), torch.randn(4, 8)
+        layer, layers = model[0], [model[0], model[2]]
+
+        def scaled(m, x):
+            return m(x) * layer.weight.norm()
+
+        def regularized(m, x):
+            return m(x).sum() + sum(l.weight.square().sum() for l in layers)
+
+        class Trainer(nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self.net = net
+
+            def step(self, m, x):
+                return self.net(x) + m(x)
+
+        _global_model = model
+        try:
+            for fn, what in (
+                (scaled, r"closure variable 'layer' is args\[0\]\.0,"),
+                (regularized, r"closure variable 'layers' holds args\[0\]\.0,"),
+                (_step_on_the_global_model, r"global '_global_model' is args\[0\],"),
+                (Trainer(model).step, r"bound self holds args\[0\],"),
+                (functools.partial(lambda net, m, x: net(x) + m(x), model), r"functools\.partial argument is args\[0\],"),
+            ):
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"^fn's {what} of the module argument args\[0\]: .*through fn's argument instead$"
+                ):
+                    precompile(fn, model, x, backend=backend)
+            self.assertIsNone(model[0].weight.grad)
+            # fn that names no such global or closure, in a file where the global holds the model: captured.
+            fn = lambda m, x: m(x) * 2  # noqa: E731
+            other = small_mlp()
+            torch.testing.assert_close(load(precompile(fn, model, x, backend=backend))(other, x), fn(other, x))
+        finally:
+            _global_model = None
 
     @parametrize("backend", BACKENDS)
     def test_fn_deep_copying_a_module_argument_is_refused(self, backend):

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import dis
 import functools
 import inspect
 import logging
@@ -1710,8 +1711,82 @@ def _seen_as_export():
         yield
 
 
+def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
+    """A module argument, or a submodule of one, that fn also reaches through a closure cell, a
+    global its code names, a bound ``self`` or a ``functools.partial``'s bound arguments (Note
+    invariant 2).  At capture they are one object, whose tensors the trace swaps for its own, so
+    reads through it look like the argument's; called with another module, eager fn would still
+    read the one it closed over.  (A tensor held there is the caller's, never swapped: refused
+    as live state when read.)"""
+    if not args.modules:
+        return
+    owned = {id(sub): path for path, sub in runtime.named_submodules(args.module_positions, args.modules)}
+    for where, value in _values_fn_names(fn):
+        found = _argument_within(value, owned, depth=3)
+        if found is not None:
+            argument = found.split(".")[0]
+            raise PrecompileError(
+                f"fn's {where} {'is' if owned.get(id(value)) == found else 'holds'} {found}, of the module "
+                f"argument {argument}: the trace reads it as {argument}'s, but eager fn would keep reading "
+                f"the {where} when called with another module. Reach it through fn's argument instead"
+            )
+
+
+def _values_fn_names(fn: Callable):
+    """(where, value) of what fn reaches without its arguments: closure cells and the globals its
+    code (and code nested in it) loads; through bound methods and functools.partial."""
+    while True:
+        if isinstance(fn, functools.partial):
+            yield from (("functools.partial argument", value) for value in (*fn.args, *fn.keywords.values()))
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            yield "bound self", fn.__self__
+            fn = fn.__func__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            yield f"closure variable {name!r}", cell.cell_contents
+        except ValueError:  # a cell not yet assigned
+            continue
+    fn_globals = getattr(fn, "__globals__", {})
+    for name in sorted(_global_names(code)):
+        if name in fn_globals:
+            yield f"global {name!r}", fn_globals[name]
+
+
+def _global_names(code: types.CodeType) -> set:
+    """The names ``code`` and the code objects nested in it load as globals."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _argument_within(value: Any, owned: dict, depth: int) -> str | None:
+    """The path of the first module of ``owned`` (id -> path) that ``value`` is, or holds as a
+    submodule or an element of a list, tuple, set or dict."""
+    if id(value) in owned:
+        return owned[id(value)]
+    if isinstance(value, torch.nn.Module):
+        for sub in value.modules():
+            if id(sub) in owned:
+                return owned[id(sub)]
+    elif depth and type(value) in (list, tuple, set, frozenset, dict):
+        for element in value.values() if type(value) is dict else value:
+            found = _argument_within(element, owned, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
+    _refuse_arguments_reached_around(fn, args)
     _refuse_overlapping_inputs(args, backend)
     free_dims = _read_marks(args, backend)
     if free_dims and args.optimizers:
