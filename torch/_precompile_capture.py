@@ -1722,7 +1722,7 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
         return
     owned = {id(sub): path for path, sub in runtime.named_submodules(args.module_positions, args.modules)}
     for where, value in _values_fn_names(fn):
-        found = _argument_within(value, owned, depth=3)
+        found = _argument_within(value, owned, depth=3)  # containers nested deeper are not followed
         if found is not None:
             argument = found.split(".")[0]
             raise PrecompileError(
