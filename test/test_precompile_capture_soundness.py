@@ -10,6 +10,7 @@ programming model] invariants 8 and 11-13.
 """
 
 import copy
+import functools
 import importlib.util
 import os
 import re
@@ -19,6 +20,7 @@ import types
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -58,6 +60,17 @@ def _clip_step(m, x, y):
     loss = F.mse_loss(m(x), y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+    return loss
+
+
+# A global that fn names (test_module_arguments_reached_around_fn_are_refused).
+_global_model = None
+
+
+def _step_on_the_global_model(m, x):
+    loss = m(x).sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(_global_model.parameters(), 1.0)  # should be m's
     return loss
 
 
@@ -458,6 +471,123 @@ class TestCaptureSoundness(TestCase):
             precompile(lambda x, m: m(x), x, nn.Sequential(nn.Identity(), compiled), backend="eager")
         f = load(precompile(lambda m, x: m(x), compiled._orig_mod, x, backend="eager"))
         torch.testing.assert_close(f(model, x), model(x))
+
+    def test_torchscript_modules_are_refused_before_capture_touches_them(self):
+        x = torch.randn(3, 4)
+        original = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+        traced = torch.jit.trace(original, x)  # never called: its forward is made at the first call
+        scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).eval())
+        for model, what in (
+            (traced, r"args\[0\] is a TorchScript module \(TopLevelTracedModule,"),
+            (nn.Sequential(nn.Tanh(), traced), r"args\[0\]\.1 is a TorchScript module \(TopLevelTracedModule,"),
+            (scripted, r"args\[0\] is a TorchScript module \(RecursiveScriptModule,"),
+        ):
+            with self.assertRaisesRegex(PrecompileError, rf"^{what} .*pass the original nn\.Module"):
+                precompile(lambda m, x: m(x), model, x, backend="eager")
+        torch.testing.assert_close(traced(x), original(x))  # the caller's module still runs
+        scripted(x)
+
+    @parametrize("backend", BACKENDS)
+    def test_module_arguments_reached_around_fn_are_refused(self, backend):
+        # At capture the closure's / global's module is the argument: the trace would read it as the
+        # argument's, where eager fn, called with another model, reads the one it closed over.
+        global _global_model
+        model, x = small_mlp(), torch.randn(4, 8)
+        layer, layers = model[0], [model[0], model[2]]
+
+        def scaled(m, x):
+            return m(x) * layer.weight.norm()
+
+        def regularized(m, x):
+            return m(x).sum() + sum(l.weight.square().sum() for l in layers)
+
+        class Trainer(nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self.net = net
+
+            def step(self, m, x):
+                return self.net(x) + m(x)
+
+        _global_model = model
+        try:
+            for fn, what in (
+                (scaled, r"closure variable 'layer' is args\[0\]\.0,"),
+                (regularized, r"closure variable 'layers' holds args\[0\]\.0,"),
+                (_step_on_the_global_model, r"global '_global_model' is args\[0\],"),
+                (Trainer(model).step, r"bound self holds args\[0\],"),
+                (functools.partial(lambda net, m, x: net(x) + m(x), model), r"functools\.partial argument is args\[0\],"),
+            ):
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"^fn's {what} of the module argument args\[0\]: .*through fn's argument instead$"
+                ):
+                    precompile(fn, model, x, backend=backend)
+            self.assertIsNone(model[0].weight.grad)
+            # fn that names no such global or closure, in a file where the global holds the model: captured.
+            fn = lambda m, x: m(x) * 2  # noqa: E731
+            other = small_mlp()
+            torch.testing.assert_close(load(precompile(fn, model, x, backend=backend))(other, x), fn(other, x))
+        finally:
+            _global_model = None
+
+    @parametrize("backend", BACKENDS)
+    def test_fn_deep_copying_a_module_argument_is_refused(self, backend):
+        model, x = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3)).eval(), torch.randn(2, 3, 5, 5)
+        expected = model(x)
+        for fn, what in (
+            (lambda m, x: fuse_conv_bn_eval(m[0], m[1])(x), r"args\[0\]\.0"),
+            (lambda m, x: copy.deepcopy(m)(x), r"args\[0\]"),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError,
+                rf"^fn deep-copies {what} \(copy\.deepcopy.* at {THIS_FILE}:\d+ .*copy, fuse or quantize the module "
+                "before precompile and pass the result",
+            ):
+                precompile(fn, model, x, backend=backend)
+        self.assertIs(type(model[0]), nn.Conv2d)
+        torch.testing.assert_close(model(x), expected)
+        fused = fuse_conv_bn_eval(model[0], model[1])  # the fix the message names
+        torch.testing.assert_close(load(precompile(lambda m, x: m(x), fused, x, backend=backend))(fused, x), expected)
+
+    @parametrize("backend", BACKENDS)
+    def test_a_buffer_that_is_a_parameter_is_refused_at_capture(self, backend):
+        class Tied(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = nn.Linear(4, 4)
+                self.register_buffer("wc", self.l.weight)
+
+            def forward(self, x):
+                return self.l(x) + x @ self.wc
+
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\]\.wc \(buffer\) is the same tensor as args\[0\]\.l\.weight \(parameter\): .*"
+            r"register a buffer of its own",
+        ):
+            precompile(lambda m, x: m(x), Tied(), torch.randn(3, 4), backend=backend)
+
+    def test_a_parameter_made_inside_fn_is_refused_saying_so(self):
+        x = torch.randn(3, 4)
+        for fn, args in (
+            (lambda x: nn.Parameter(x * 2) + 1, (x,)),
+            (lambda m, x: nn.Linear(4, 4)(m(x)), (nn.Linear(4, 4), x)),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"^fn makes an nn\.Parameter at {THIS_FILE}:\d+ .*Use a plain tensor"
+            ):
+                precompile(fn, *args, backend="eager")
+        self.assertIs(type(nn.Parameter(x)), nn.Parameter)  # made as ever outside fn's trace
+
+    def test_an_uninitialized_lazy_module_says_to_run_it_once(self):
+        model, x = nn.LazyLinear(4), torch.randn(3, 4)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[0\]\.weight is an UninitializedParameter of a lazy module .*Run the model once eagerly",
+        ):
+            precompile(lambda m, x: m(x), model, x, backend="eager")
+        model(x)
+        torch.testing.assert_close(load(precompile(lambda m, x: m(x), model, x, backend="eager"))(model, x), model(x))
 
     def test_data_dependent_python_in_an_installed_package_names_its_line(self):
         # A package installed beside torch whose name starts with "torch" (torchvision's

@@ -36,8 +36,18 @@ says who guarantees it and, where it is enforced, which tests (in
 2. No live state.  A tensor fn reads that is neither derived from its
    arguments nor created inside fn (a global, a captured local, an
    unregistered module attribute) is refused at capture; tensor literals
-   created inside fn are code and are baked bit-exactly.  Enforced
-   (TestCaptureContract).
+   created inside fn are code and are baked bit-exactly.  A module argument,
+   or a submodule of one, that fn also reaches through a closure cell, a
+   global its code names, a bound ``self`` or a ``functools.partial``'s
+   arguments (``clip_grad_norm_(model.parameters())`` on the global
+   ``model``) is refused too: at capture it is the argument itself, whose
+   tensors the trace swaps for its own, but eager fn would keep reading it
+   when called with another module (a parameter held there is the caller's
+   tensor, refused as above when read) (test_precompile_capture_soundness.py
+   test_module_arguments_reached_around_fn_are_refused).  An
+   ``nn.Parameter`` made inside fn (by fn or a module it builds) is refused:
+   the trace cannot follow it (test_a_parameter_made_inside_fn_is_refused_saying_so).
+   Enforced (TestCaptureContract).
 3. Specialization.  Capture is a non-strict make_fx trace: Python control
    flow follows the example inputs, and every size, dtype and device is baked
    and checked at every call.  During the trace (only),
@@ -412,7 +422,12 @@ says who guarantees it and, where it is enforced, which tests (in
      honoured by backend='eager' (test_lazy_conj_and_neg_bits).
    Modules
    - Parameters and buffers: LIFTED; names, tying and layouts CHECKED
-     (invariant 1).  Tying both ways: names tied at capture must be one
+     (invariant 1).  A buffer that is a parameter itself
+     (``register_buffer("w", self.l.weight)``) and an uninitialized lazy
+     module's parameter (run one eager forward first) are REFUSED at capture
+     (test_precompile_capture_soundness.py
+     test_a_buffer_that_is_a_parameter_is_refused_at_capture,
+     test_an_uninitialized_lazy_module_says_to_run_it_once).  Tying both ways: names tied at capture must be one
      tensor, and distinct tensors at capture tied since
      (``m[2].weight = m[0].weight``) are REFUSED naming both, whenever the
      module cache is rebuilt (test_precompile_hook_guards.py
@@ -465,7 +480,13 @@ says who guarantees it and, where it is enforced, which tests (in
    - A torch.compile'd module (``OptimizedModule``, at the top or inside):
      REFUSED at capture, naming ``._orig_mod`` to pass instead: its calls run
      Dynamo and its ``training`` forwards to the module it wraps
-     (test_a_torch_compiled_module_is_refused_at_capture).
+     (test_a_torch_compiled_module_is_refused_at_capture).  So is a
+     TorchScript module (``torch.jit.trace`` / ``script``), before capture
+     touches any module: pass the original nn.Module
+     (test_torchscript_modules_are_refused_before_capture_touches_them);
+     and fn deep-copying a module argument (``copy.deepcopy``, as
+     ``fuse_conv_bn_eval`` does): copy or fuse it before precompile
+     (test_fn_deep_copying_a_module_argument_is_refused).
    - Hooks (module forward/backward hooks and pre-hooks, global module
      hooks, parameter gradient and post-accumulate hooks; for a step whose
      backward accumulates a parameter's gradient, Python hooks and pre-hooks
@@ -621,7 +642,8 @@ says who guarantees it and, where it is enforced, which tests (in
    ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
    arguments, and torch's other process settings (thread
    count, matmul precision): a Python value there is baked (pass it as an
-   argument to have it checked); a user input's own ``.grad`` (the trace
+   argument to have it checked; a module argument reached there is refused,
+   invariant 2); a user input's own ``.grad`` (the trace
 >>>>>>> fix-autograd
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import dis
 import functools
 import inspect
 import logging
@@ -117,7 +118,7 @@ class _Capture:
     example_inputs: list  # flat graph inputs: real clones, or fakes when dims are free
 
 
-def _lift_state(modules: list) -> list:
+def _lift_state(module_positions: list, modules: list) -> list:
     """Parameters of all modules, then buffers; tied tensors collapse by identity."""
     lifted: dict[int, _LiftedTensor] = {}
     for kind, named in (
@@ -127,14 +128,29 @@ def _lift_state(modules: list) -> list:
         for index, module in enumerate(modules):
             for fqn, tensor in named(module):
                 entry = lifted.setdefault(id(tensor), _LiftedTensor(tensor, kind, []))
+                if entry.kind != kind:
+                    _refuse_buffer_that_is_a_parameter(module_positions, entry, (index, fqn))
                 entry.names.append((index, fqn))
     return list(lifted.values())
+
+
+def _refuse_buffer_that_is_a_parameter(module_positions: list, parameter: _LiftedTensor, buffer: tuple) -> None:
+    """A buffer registered with a parameter itself (``register_buffer("w", self.l.weight)``): the
+    artifact lifts each tensor once, as a parameter or as a buffer, never as both."""
+    (p_index, p_fqn), (b_index, b_fqn) = parameter.names[0], buffer
+    p_path, b_path = f"args[{module_positions[p_index]}].{p_fqn}", f"args[{module_positions[b_index]}].{b_fqn}"
+    raise PrecompileError(
+        f"{b_path} (buffer) is the same tensor as {p_path} (parameter): precompile lifts a tensor as "
+        f"a parameter or as a buffer, not both. Read {p_path} where the buffer is read, or register "
+        "a buffer of its own (a .detach().clone() of the parameter) before precompile"
+    )
 
 
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
     for position, module in zip(module_positions, modules):
+        _refuse_script_modules(f"args[{position}]", module)
         _refuse_compiled_modules(f"args[{position}]", module)
     optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
     user_positions = [
@@ -153,7 +169,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
             runtime.check_plain_torch_function(what, leaf)
         else:
             _input_value_literal(what, leaf)
-    lifted = _lift_state(modules)
+    lifted = _lift_state(module_positions, modules)
     # DDP and fully_shard first: the artifact does what DDP's reducer and fully_shard's
     # hooks would (generic checks of hooks and DTensors must skip theirs).
     fully_shard_policies = []
@@ -165,6 +181,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
     _lift_shards(lifted, module_positions, modules, parallelized={i for i, hooks in enumerate(hooks_by_module) if hooks})
     for entry in lifted:
         module_index, fqn = entry.names[0]
+        _refuse_lazy_parameter(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
         runtime.check_plain_torch_function(f"args[{module_positions[module_index]}].{fqn}", entry.tensor)
     _refuse_state_as_input(lifted, module_positions, input_leaves, input_paths)
     _refuse_dtensors([*zip(input_paths, input_leaves), *_named_state(module_positions, lifted)])
@@ -193,6 +210,30 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         parallel_hooks=parallel_hooks,
         fully_shard_policies=fully_shard_policies,
     )
+
+
+def _refuse_lazy_parameter(where: str, tensor: torch.Tensor) -> None:
+    """A lazy module's parameter or buffer before its first forward: it has no shape to trace yet."""
+    if torch.nn.parameter.is_lazy(tensor):
+        raise PrecompileError(
+            f"{where} is an {type(tensor).__name__} of a lazy module (nn.LazyLinear & co.), not yet "
+            "initialized: its shape is decided by the module's first forward. Run the model once eagerly "
+            "(model(example_input)) before precompile, which materializes it"
+        )
+
+
+def _refuse_script_modules(where: str, module: torch.nn.Module) -> None:
+    """A torch.jit traced or scripted module in a module argument, refused before capture touches
+    the modules: its forward is TorchScript, not Python the trace can follow, and its attributes
+    live in C++ where capture's probes (class swaps, ``vars()`` snapshots) cannot reach."""
+    for path, sub in module.named_modules():
+        if isinstance(sub, torch.jit.ScriptModule):
+            name = f"{where}.{path}" if path else where
+            raise PrecompileError(
+                f"{name} is a TorchScript module ({type(sub).__name__}, from torch.jit.trace or "
+                "torch.jit.script), which precompile does not trace: pass the original nn.Module "
+                "(the one given to torch.jit) instead"
+            )
 
 
 def _refuse_compiled_modules(where: str, module: torch.nn.Module) -> None:
@@ -1783,8 +1824,82 @@ def _seen_as_export():
         yield
 
 
+def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
+    """A module argument, or a submodule of one, that fn also reaches through a closure cell, a
+    global its code names, a bound ``self`` or a ``functools.partial``'s bound arguments (Note
+    invariant 2).  At capture they are one object, whose tensors the trace swaps for its own, so
+    reads through it look like the argument's; called with another module, eager fn would still
+    read the one it closed over.  (A tensor held there is the caller's, never swapped: refused
+    as live state when read.)"""
+    if not args.modules:
+        return
+    owned = {id(sub): path for path, sub in runtime.named_submodules(args.module_positions, args.modules)}
+    for where, value in _values_fn_names(fn):
+        found = _argument_within(value, owned, depth=3)  # containers nested deeper are not followed
+        if found is not None:
+            argument = found.split(".")[0]
+            raise PrecompileError(
+                f"fn's {where} {'is' if owned.get(id(value)) == found else 'holds'} {found}, of the module "
+                f"argument {argument}: the trace reads it as {argument}'s, but eager fn would keep reading "
+                f"the {where} when called with another module. Reach it through fn's argument instead"
+            )
+
+
+def _values_fn_names(fn: Callable):
+    """(where, value) of what fn reaches without its arguments: closure cells and the globals its
+    code (and code nested in it) loads; through bound methods and functools.partial."""
+    while True:
+        if isinstance(fn, functools.partial):
+            yield from (("functools.partial argument", value) for value in (*fn.args, *fn.keywords.values()))
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            yield "bound self", fn.__self__
+            fn = fn.__func__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            yield f"closure variable {name!r}", cell.cell_contents
+        except ValueError:  # a cell not yet assigned
+            continue
+    fn_globals = getattr(fn, "__globals__", {})
+    for name in sorted(_global_names(code)):
+        if name in fn_globals:
+            yield f"global {name!r}", fn_globals[name]
+
+
+def _global_names(code: types.CodeType) -> set:
+    """The names ``code`` and the code objects nested in it load as globals."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _argument_within(value: Any, owned: dict, depth: int) -> str | None:
+    """The path of the first module of ``owned`` (id -> path) that ``value`` is, or holds as a
+    submodule or an element of a list, tuple, set or dict."""
+    if id(value) in owned:
+        return owned[id(value)]
+    if isinstance(value, torch.nn.Module):
+        for sub in value.modules():
+            if id(sub) in owned:
+                return owned[id(sub)]
+    elif depth and type(value) in (list, tuple, set, frozenset, dict):
+        for element in value.values() if type(value) is dict else value:
+            found = _argument_within(element, owned, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
     args = _split_arguments(example_inputs)
+    _refuse_arguments_reached_around(fn, args)
     _refuse_overlapping_inputs(args, backend)
     free_dims = _read_marks(args, backend)
     if free_dims and args.optimizers:
@@ -2158,6 +2273,9 @@ class _StateReads:
     - Calls of torch's RNG setters (``manual_seed``, ``seed``,
       ``set_rng_state``, which ``fork_rng`` uses), only for the line a refusal
       of ``_RandomDraws`` names.
+    - ``nn.Parameter(...)`` made inside fn (by fn, or by a module it builds):
+      refused, as make_fx does not trace the Parameter it wraps around a
+      traced tensor (the graph would read it as live state).
 
     The wrappers are process-global for the trace; other threads' calls pass
     through (the reads are this thread's).
@@ -2195,6 +2313,8 @@ class _StateReads:
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
             self._stack.enter_context(_patched(torch.random, name, setter))
+        make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
+        self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -2248,6 +2368,21 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _refusing_parameters(cls, make: Callable) -> Callable:
+        def refusing_new(parameter_class: type, *args: Any, **kwargs: Any) -> torch.nn.Parameter:
+            if getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn makes an nn.Parameter{_user_line(traceback.extract_stack())} (itself, or by "
+                    "building a module inside fn), which precompile does not support: the trace cannot "
+                    "follow the Parameter it wraps around a tensor. Use a plain tensor (with "
+                    ".requires_grad_() where fn differentiates it), or build the module outside fn and "
+                    "pass it as an argument"
+                )
+            return make(parameter_class, *args, **kwargs)
+
+        return refusing_new
 
     @classmethod
     def last_rng_move(cls) -> str:
@@ -2477,6 +2612,20 @@ class _ModuleReads:
         self.objects[id(obj)] = (obj, cls)
 
     @classmethod
+    def _refuse_deepcopy(cls, module: torch.nn.Module) -> None:
+        """copy.deepcopy of a module argument inside fn: the copy's tensors would be copies of the
+        trace's stand-ins, not of the caller's state, which make_fx cannot trace (their storage)."""
+        log = getattr(cls._tracing, "log", None)
+        path = log.modules[id(module)][0] if log is not None and id(module) in log.modules else "a module argument"
+        callers = [frame for frame in traceback.extract_stack() if frame.filename != copy.__file__]
+        raise PrecompileError(
+            f"fn deep-copies {path} (copy.deepcopy, as torch.nn.utils.fusion.fuse_conv_bn_eval and "
+            f"torch.ao.quantization's prepare/convert do){_user_line(callers)}, which "
+            "precompile cannot trace: copy, fuse or quantize the module before precompile and pass the "
+            "result as the argument"
+        )
+
+    @classmethod
     def _probe(cls, original: type, module: bool) -> type:
         if module and any("training" in vars(k) for k in original.__mro__):
             raise TypeError(f"{original.__name__} defines its own `training`")
@@ -2533,6 +2682,7 @@ class _ModuleReads:
                     return value
 
                 namespace["__getattr__"] = getattr_
+                namespace["__deepcopy__"] = lambda module, memo: cls._refuse_deepcopy(module)
             else:
                 namespace["__slots__"] = ()  # the same layout, so that __class__ can be swapped
             probe = type(original.__name__, (original,), namespace)
