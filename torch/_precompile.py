@@ -627,24 +627,15 @@ says who guarantees it and, where it is enforced, which tests (in
    printing, setting a plain module attribute fn does not read, stepping an
    LR scheduler) happen once, at capture, as under any tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
-<<<<<<< HEAD
    are the modules' classes: a class redefined under the same import path (a
    re-run notebook cell, an upgraded library) passes the class check and
    the call runs the captured code; and so is what code reads outside the
    arguments: fn's closure cells and globals, the model code's module
    globals, class attributes read through ``type(self)`` or a classmethod,
    a held ``functools.partial``'s bound arguments, and torch's other
-   process settings (anomaly mode, thread count, matmul precision): a
-   Python value there is baked (pass it as an argument to have it checked); a user input's own ``.grad`` (the trace
-=======
-   is what code reads outside the arguments: fn's closure cells and
-   globals, the model code's module globals, class attributes read through
-   ``type(self)`` or a classmethod, a held ``functools.partial``'s bound
-   arguments, and torch's other process settings (thread
-   count, matmul precision): a Python value there is baked (pass it as an
-   argument to have it checked; a module argument reached there is refused,
-   invariant 2); a user input's own ``.grad`` (the trace
->>>>>>> fix-autograd
+   process settings (thread count, matmul precision): a Python value there
+   is baked (pass it as an argument to have it checked; a module argument
+   reached there is refused, invariant 2); a user input's own ``.grad`` (the trace
    sees None) and a user input that is the ``.grad`` of a parameter
    backward accumulates into (the runnable adds to ``.grad`` after the
    graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph

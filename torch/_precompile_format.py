@@ -57,15 +57,10 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # (parameters fully_shard sharded, invariant 17); an older convention reads as one
 # without it.  Fields added since, with defaults (an older convention reads as one
 # without them; a driver that lacks one refuses a convention that sets it):
-<<<<<<< HEAD
 # fully_shard_policies, grads_none / grads_present, requires_grad_read, same_modules
-# (an older artifact's own driver checks no module identity), and eager
-# artifacts' TensorSpec.stride (None before: not checked).
-=======
-# fully_shard_policies, grads_none / grads_present, requires_grad_read, eager
-# artifacts' TensorSpec.stride (None before: not checked), and grads_owned (none
-# before: every new .grad is copied into the parameter's layout).
->>>>>>> fix-grads
+# (an older artifact's own driver checks no module identity), eager artifacts'
+# TensorSpec.stride (None before: not checked), and grads_owned (none before: every
+# new .grad is copied into the parameter's layout).
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save

@@ -2467,23 +2467,6 @@ class PrecompiledFunction:
             self._refuse_shared_grads(incoming, tensors)
         return grads
 
-<<<<<<< HEAD
-    # -- copies: a loaded artifact is code, which copy keeps as one object ------
-    # What it holds besides code are caches valid for any caller (one runnable
-    # serves any model and any thread), so a copied model may share it.
-
-    def __copy__(self) -> "PrecompiledFunction":
-        return self
-
-    def __deepcopy__(self, memo: dict) -> "PrecompiledFunction":
-        return self
-
-    def __reduce__(self) -> Any:
-        raise PrecompileError(
-            "a loaded precompile artifact cannot be pickled: it holds compiled code, not data; "
-            "save its (python_code, cache) pair and load() them again where it is needed"
-        )
-=======
     def _refuse_shared_grads(self, incoming: list, tensors: list) -> None:
         """A PrecompileError where an incoming ``.grad`` (``incoming``: (state index, .grad))
         shares memory with another graph input and the graph writes either of them.
@@ -2519,7 +2502,22 @@ class PrecompiledFunction:
                         "compute something else than eager: give each parameter a .grad of its own "
                         "(p.grad = p.grad.clone()), or set them to None (opt.zero_grad())"
                     )
->>>>>>> fix-grads
+
+    # -- copies: a loaded artifact is code, which copy keeps as one object ------
+    # What it holds besides code are caches valid for any caller (one runnable
+    # serves any model and any thread), so a copied model may share it.
+
+    def __copy__(self) -> "PrecompiledFunction":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "PrecompiledFunction":
+        return self
+
+    def __reduce__(self) -> Any:
+        raise PrecompileError(
+            "a loaded precompile artifact cannot be pickled: it holds compiled code, not data; "
+            "save its (python_code, cache) pair and load() them again where it is needed"
+        )
 
     # -- introspection: supported hooks for benchmarks and debugging -----------
     # __call__ does not use them: its per-call path stays as it is.
