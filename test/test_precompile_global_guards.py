@@ -317,6 +317,30 @@ def _masked_where(model, x, keep):
     return torch.where(keep[:, None], model(x), 0).sum()
 
 
+def _fp32_region(x, w):
+    with torch.autocast("cpu", enabled=False):  # "compute this part in fp32"
+        return x.float() @ w.float()
+
+
+def _bf16_region(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return x @ w
+
+
+def _fp32_head_step(model, x):
+    h = model[0](x)
+    with torch.autocast("cpu", enabled=False):
+        out = model[1](h.float())
+    loss = out.pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def _two_linears():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+
+
 class TestGlobalGuards(TestCase):
     def assertRefused(self, regex, call, *touched):
         """``call()`` raises a PrecompileError matching ``regex`` and writes nothing (nor draws)."""
@@ -602,6 +626,23 @@ class TestGlobalGuards(TestCase):
         g(model, inputs)
         self.assertIn("global        torch function and dispatch modes: none active, default device included "
                       "(the graph would bypass them)", list(map(str, g.checks)))
+
+    @parametrize("backend", BACKENDS)
+    def test_graph_captured_under_autocast_is_not_cast_again(self, backend):
+        """Captured and called under the caller's autocast, the graph (which holds capture's casts)
+        runs with autocast off: fn's fp32 region and its own autocast of another dtype stay as in eager."""
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+        for fn, outer in ((_fp32_region, torch.bfloat16), (_bf16_region, torch.float16)):
+            with torch.autocast("cpu", dtype=outer):
+                f = precompile.load(*precompile(fn, x, w, backend=backend))
+                out, expected = f(x, w), fn(x, w)
+                self.assertTrue(torch.is_autocast_enabled("cpu"))  # the caller's autocast, as it was
+            self.assertEqual(out.dtype, expected.dtype)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        # A training step: the backward's gradients are fp32 as in eager, written in full.
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            f = precompile.load(*precompile(_fp32_head_step, _two_linears(), torch.randn(4, 8), backend=backend))
+            self.assertSameStep(f, _fp32_head_step, _two_linears, torch.randn(4, 8))
 
     def test_fn_leaving_torch_settings_changed_is_refused(self):
         """Eager's call would leave them changed for its caller; no call of the artifact would."""

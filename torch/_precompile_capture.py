@@ -3884,7 +3884,8 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     _views_as_reshapes(capture.graph)
     _keep_traced_dtypes(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
-    with torch.no_grad():
+    # The graph holds capture's autocast casts: traced again under it, Inductor would add more.
+    with torch.no_grad(), compat.autocast_disabled():
         try:
             compiled = compat.inductor_compile(capture.graph, capture.example_inputs, _inductor_config(capture))
         except GuardOnDataDependentSymNode as error:

@@ -83,6 +83,9 @@ _is_alias_of = torch._C._is_alias_of
 # context-manager class) and torch.is_autocast_enabled(device) (one per device).
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+# Runs ops below autocast (its dispatch keys excluded) on every device: the
+# graph of an artifact captured under autocast holds its casts already.
+_DisableAutocast = torch._C._DisableAutocast
 # The innermost torch.autograd.graph.saved_tensors_hooks(pack, unpack) pair, or
 # None; its argument says whether to ignore Dynamo's compiled autograd (a flag
 # since 2.5).  Read per call of an artifact that runs autograd; private in 2.13.
@@ -1040,6 +1043,23 @@ def versions_bumped(run_graph: Callable[[list], Any], mutated: tuple[int, ...]) 
         outputs = run_graph(inputs)
         _increment_version(written)
         return outputs
+
+    return run
+
+
+def autocast_disabled(run_graph: Callable[[list], Any], captured_under_autocast: bool) -> Callable[[list], Any]:
+    """``run_graph`` with autocast off, for an artifact captured under autocast (every call then has it on).
+
+    The graph already holds capture's casts; run under the caller's autocast,
+    its ops would be cast again, undoing a region fn ran with autocast off or
+    in another dtype.
+    """
+    if not captured_under_autocast:
+        return run_graph
+
+    def run(inputs: list) -> Any:
+        with _DisableAutocast():
+            return run_graph(inputs)
 
     return run
 
@@ -2027,7 +2047,9 @@ class PrecompiledFunction:
         constants: list[torch.Tensor],
     ):
         self.convention = convention
-        self._run_graph = versions_bumped(run_graph, convention.mutated) if convention.backend == "inductor" else run_graph
+        if convention.backend == "inductor":
+            run_graph = versions_bumped(run_graph, convention.mutated)
+        self._run_graph = autocast_disabled(run_graph, bool(convention.autocast))
         self._constants = constants
         self._arity = convention.arity
         self._binding = Binding(convention)
