@@ -327,6 +327,18 @@ def _bf16_region(x, w):
         return x @ w
 
 
+def _process_dtype_region(x, w):
+    with torch.autocast("cpu"):  # the dtype torch.set_autocast_dtype("cpu", ...) set
+        return x @ w
+
+
+def _autocast_switched_on(x, w):
+    torch.set_autocast_enabled("cpu", True)
+    y = x @ w
+    torch.set_autocast_enabled("cpu", False)
+    return y
+
+
 def _fp32_head_step(model, x):
     h = model[0](x)
     with torch.autocast("cpu", enabled=False):
@@ -644,6 +656,32 @@ class TestGlobalGuards(TestCase):
             f = precompile.load(*precompile(_fp32_head_step, _two_linears(), torch.randn(4, 8), backend=backend))
             self.assertSameStep(f, _fp32_head_step, _two_linears, torch.randn(4, 8))
 
+    @parametrize("backend", BACKENDS)
+    def test_process_autocast_dtype_fn_computes_in_is_checked(self, backend):
+        """torch.autocast(device) without a dtype, or fn enabling autocast itself, computes in the
+        process's autocast dtype: another one at a call is refused; fn's explicit dtype needs none."""
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+        for fn in (_process_dtype_region, _autocast_switched_on):
+            f = precompile.load(*precompile(fn, x, w, backend=backend))
+            self.assertEqual(f.convention.autocast_dtypes, (("cpu", "bfloat16"),))
+            self.assertIn("global        torch.get_autocast_dtype('cpu'): torch.bfloat16 (fn computes in it)",
+                          list(map(str, f.checks)))
+            out, expected = f(x, w), fn(x, w)
+            self.assertEqual(out.dtype, torch.bfloat16)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            torch.set_autocast_dtype("cpu", torch.float16)
+            try:
+                self.assertRefused(
+                    r"^torch\.get_autocast_dtype\('cpu'\) is torch\.float16, but it was torch\.bfloat16 at "
+                    r"capture.*call torch\.set_autocast_dtype\('cpu', torch\.bfloat16\) first",
+                    lambda: f(x, w), x, w,
+                )
+                g = precompile.load(*precompile(_bf16_region, x, w, backend=backend))
+                self.assertEqual(g.convention.autocast_dtypes, ())
+                torch.testing.assert_close(g(x, w), _bf16_region(x, w), rtol=0, atol=0)
+            finally:
+                torch.set_autocast_dtype("cpu", torch.bfloat16)
+
     def test_fn_leaving_torch_settings_changed_is_refused(self):
         """Eager's call would leave them changed for its caller; no call of the artifact would."""
         changes = {
@@ -653,6 +691,15 @@ class TestGlobalGuards(TestCase):
             ),
             r"deterministic algorithms changed \(\(False, False\) -> \(True, False\); restored\)": (
                 lambda: torch.use_deterministic_algorithms(True)
+            ),
+            r"the cpu autocast dtype changed \(torch.bfloat16 -> torch.float16; restored\)": (
+                lambda: torch.set_autocast_dtype("cpu", torch.float16)
+            ),
+            r"autocast changed \(\(\) -> \(\('cpu', 'bfloat16'\),\); restored\)": (
+                lambda: torch.set_autocast_enabled("cpu", True)
+            ),
+            r"autocast changed \(\(\) -> \(\('cpu', 'float16'\),\); restored\)": (  # entered, never exited
+                lambda: torch.autocast("cpu", dtype=torch.float16).__enter__()
             ),
         }
         for needle, change in changes.items():
@@ -666,6 +713,11 @@ class TestGlobalGuards(TestCase):
             self.assertTrue(torch.is_grad_enabled())
             self.assertIs(torch.get_default_dtype(), torch.float32)
             self.assertFalse(torch.are_deterministic_algorithms_enabled())
+            # The caller's autocast, as it was: off, its dtype, no block entered.
+            self.assertFalse(torch.is_autocast_enabled("cpu"))
+            self.assertIs(torch.get_autocast_dtype("cpu"), torch.bfloat16)
+            self.assertEqual(torch.autocast_increment_nesting(), 1)
+            torch.autocast_decrement_nesting()
 
     def test_capture_inside_a_mode_is_refused(self):
         """The trace would bake what a mode around precompile() does (a default device too)."""

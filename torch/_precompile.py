@@ -532,7 +532,13 @@ says who guarantees it and, where it is enforced, which tests (in
      2.11/2.12's Inductor drops such a round trip's rounding, so there
      backend='inductor' REFUSES it at capture (test_saved_tensors_hooks).
    - Autocast (per device type: enabled and dtype) and
-     ``torch.get_default_dtype()``: CHECKED (test_global_state).
+     ``torch.get_default_dtype()``: CHECKED (test_global_state); the graph,
+     which holds capture's casts, runs with autocast off, so fn's own
+     autocast regions (disabled, another dtype) stay as in eager
+     (test_graph_captured_under_autocast_is_not_cast_again).  The process's
+     autocast dtype of a device fn computes in without naming one
+     (``torch.autocast("cpu")``, fn enabling autocast itself): CHECKED
+     (test_process_autocast_dtype_fn_computes_in_is_checked).
    - RNG: the graph draws from the global generator like eager; capture
      leaves it as it was (invariant 8).  The trace follows the CPU (and
      initialized CUDA) generators draw by draw: fn reseeding or restoring
@@ -549,9 +555,13 @@ says who guarantees it and, where it is enforced, which tests (in
    Gradients and writes
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
-   - Torch settings fn changes: fn leaving grad mode, the default dtype or
-     deterministic algorithms changed for its caller is REFUSED at capture
-     (and the setting restored) (test_fn_leaving_torch_settings_changed_is_refused).
+   - Torch settings fn changes: fn leaving grad mode, the default dtype,
+     deterministic algorithms or autocast (enabled, per-device dtype, an
+     entered block, the cache switched on) changed for its caller is REFUSED
+     at capture (and the setting restored, also where fn raises)
+     (test_fn_leaving_torch_settings_changed_is_refused).  Settings the
+     trace itself holds changed (MKLDNN off, the autocast cache off) cannot
+     be seen set to that value by fn: the caller's responsibility.
    Caller's responsibility (not recorded, stated here so nothing is baked
    silently): fn's Python side effects (appending to a list, counting calls,
    printing, setting a plain module attribute fn does not read, stepping an

@@ -1699,6 +1699,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
 def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decompositions, kept: "_KeptModules") -> _Capture:
     """Trace fn (again where a trace finds it must) and record its calling convention."""
     frozen = _frozen_in_optimizers(args)
+    autocast = schema.autocast_state()  # the caller's, before fn could change it
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded, kept)
     num_inputs = len(args.lifted) + len(args.tensor_indices)
@@ -1802,7 +1803,8 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         inference_mode_read=recorded["reads"].get("is_inference_mode_enabled", ""),
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
-        autocast=schema.autocast_state(),
+        autocast=autocast,
+        autocast_dtypes=_autocast_dtypes_read(recorded["reads"], autocast),
         optimizers=optimizers,
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
@@ -1824,6 +1826,13 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
     )
     _refuse_module_changes(recorded["module_changes"])  # after the checks that name a value fn read
     return _Capture(graph, convention, example)
+
+
+def _autocast_dtypes_read(reads: dict, autocast: tuple) -> tuple:
+    """The process's autocast dtype of each device fn read it of (``_StateReads``), beyond
+    those the caller's autocast sets (checked as ``autocast``); restored as at fn's start."""
+    enabled = {device for device, _ in autocast}
+    return schema.autocast_dtypes(tuple(sorted(reads.get("autocast_dtype", set()) - enabled)))
 
 
 def _signature_record(fn: Callable, example_inputs: tuple) -> tuple:
@@ -2044,6 +2053,12 @@ class _StateReads:
     _UNCHECKED_FACTS = ("is_leaf", "grad_fn", "_version", "_base", "_is_view", "is_inference", "storage_offset", "data_ptr")
     # Noted only to name fn's line when _RandomDraws refuses a moved generator.
     _RNG_SETTERS = ("manual_seed", "seed", "set_rng_state")
+    # fn computing in a device's process autocast dtype: torch.autocast(device) without
+    # a dtype and custom_fwd read it, fn enabling autocast itself uses it.  autocast's
+    # __enter__ reads it only to restore it, enables it with the dtype it was given, and
+    # __exit__ restores the state before.
+    _AUTOCAST_DTYPE_USES = ("get_autocast_dtype", "set_autocast_enabled")
+    _AUTOCAST_SWITCHES = (torch.autocast.__enter__.__code__, torch.autocast.__exit__.__code__)
     # Code whose mode queries shape no graph: context managers and optimizers
     # save a mode to restore it; the tracer and fake tensors key caches on it;
     # DTensor.to_local gives its local tensor, itself or (grad on) a view of it.
@@ -2066,6 +2081,8 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        for name in self._AUTOCAST_DTYPE_USES:
+            self._stack.enter_context(_patched(torch, name, self._noting_autocast_dtype(name, getattr(torch, name))))
         for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
@@ -2123,6 +2140,24 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _noting_autocast_dtype(cls, name: str, use: Callable) -> Callable:
+        """``use`` (torch.get_autocast_dtype / set_autocast_enabled) noting, under
+        ``reads["autocast_dtype"]``, the devices whose process autocast dtype fn computes in."""
+
+        def noted_use(device: Any, *args: Any) -> Any:
+            reads = getattr(cls._tracing, "reads", None)
+            if (
+                reads is not None
+                and isinstance(device, str)  # set_autocast_enabled(bool): CUDA's deprecated form
+                and (name == "get_autocast_dtype" or args[:1] == (True,))
+                and sys._getframe(1).f_code not in cls._AUTOCAST_SWITCHES
+            ):
+                reads.setdefault("autocast_dtype", set()).add(device)
+            return use(device, *args)
+
+        return noted_use
 
     @classmethod
     def last_rng_move(cls) -> str:
@@ -2437,6 +2472,26 @@ def _has_literal(value: Any) -> bool:
     return _value_literal_or_missing(value) is not schema.MISSING
 
 
+def _set_autocast_enabled(state: tuple) -> None:
+    """Autocast on exactly the devices of ``state`` (autocast_state()'s; the dtypes are set apart)."""
+    enabled = {device for device, _ in state}
+    for device in schema.AUTOCAST_DEVICES:
+        torch.set_autocast_enabled(device, device in enabled)
+
+
+def _autocast_nesting() -> int:
+    """How many torch.autocast blocks are entered (torch has no reader: a net-zero round trip)."""
+    torch.autocast_decrement_nesting()
+    return torch.autocast_increment_nesting()
+
+
+def _set_autocast_nesting(level: int) -> None:
+    for _ in range(_autocast_nesting() - level):
+        torch.autocast_decrement_nesting()
+    for _ in range(level - _autocast_nesting()):
+        torch.autocast_increment_nesting()
+
+
 # Process-wide torch settings a call of fn could leave changed for its caller.
 _TORCH_SETTINGS = {
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
@@ -2445,6 +2500,16 @@ _TORCH_SETTINGS = {
         lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
         lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1]),
     ),
+    # The autocast settings: what torch.autocast(...).__enter__() and torch.set_autocast_* change.
+    "autocast": (schema.autocast_state, _set_autocast_enabled),
+    **{
+        f"the {device} autocast dtype": (
+            functools.partial(torch.get_autocast_dtype, device), functools.partial(torch.set_autocast_dtype, device)
+        )
+        for device in schema.AUTOCAST_DEVICES
+    },
+    "the autocast cache": (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled),
+    "the autocast nesting": (_autocast_nesting, _set_autocast_nesting),
 }
 
 
@@ -2453,10 +2518,12 @@ def _torch_settings_kept():
     """fn leaving a torch setting changed is refused (and the setting restored): eager's
     call would leave it so for the caller, every call of the artifact would not."""
     before = {name: read() for name, (read, _) in _TORCH_SETTINGS.items()}
-    yield
-    changed = {name: read() for name, (read, _) in _TORCH_SETTINGS.items() if read() != before[name]}
-    for name in changed:
-        _TORCH_SETTINGS[name][1](before[name])
+    try:
+        yield
+    finally:  # also where fn raised: capture leaves the caller's settings as they were
+        changed = {name: read() for name, (read, _) in _TORCH_SETTINGS.items() if read() != before[name]}
+        for name in changed:
+            _TORCH_SETTINGS[name][1](before[name])
     if changed:
         name, after = next(iter(changed.items()))
         raise PrecompileError(

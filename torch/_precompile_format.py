@@ -56,8 +56,8 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # (parameters fully_shard sharded, invariant 17); an older convention reads as one
 # without it.  Fields added since, with defaults (an older convention reads as one
 # without them; a driver that lacks one refuses a convention that sets it):
-# fully_shard_policies, grads_none / grads_present, requires_grad_read, and eager
-# artifacts' TensorSpec.stride (None before: not checked).
+# fully_shard_policies, grads_none / grads_present, requires_grad_read, eager
+# artifacts' TensorSpec.stride (None before: not checked), and autocast_dtypes.
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save
