@@ -339,6 +339,16 @@ def _autocast_switched_on(x, w):
     return y
 
 
+def _lstm_under_autocast(lstm, x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return lstm(x)[0]
+
+
+def _lstm_in_fp32_region(lstm, x):
+    with torch.autocast("cpu", enabled=False):
+        return lstm(x.float())[0]
+
+
 def _fp32_head_step(model, x):
     h = model[0](x)
     with torch.autocast("cpu", enabled=False):
@@ -681,6 +691,25 @@ class TestGlobalGuards(TestCase):
                 torch.testing.assert_close(g(x, w), _bf16_region(x, w), rtol=0, atol=0)
             finally:
                 torch.set_autocast_dtype("cpu", torch.bfloat16)
+
+    @parametrize("backend", BACKENDS)
+    def test_lstm_under_cpu_autocast_is_refused(self, backend):
+        """Eager runs a CPU LSTM under autocast as MKLDNN's fused layer (a bfloat16 output), which
+        the trace (MKLDNN off) cannot record: refused, fn's own autocast or the caller's, leaving
+        the caller's autocast as it was; an LSTM in a region with autocast off is honoured."""
+        torch.manual_seed(0)
+        lstm, x = nn.LSTM(8, 16, batch_first=True), torch.randn(2, 2, 8)
+        needle = rf"^fn runs an LSTM \(nn\.LSTM / torch\.lstm\) under torch\.autocast\('cpu'\) at .*{HERE}"
+        self.assertCaptureRefused(needle, _lstm_under_autocast, lstm, x, backend=backend)
+        with torch.autocast("cpu", dtype=torch.float16):
+            self.assertCaptureRefused(needle, lambda lstm, x: lstm(x)[0], lstm, x, backend=backend)
+            self.assertTrue(torch.is_autocast_enabled("cpu"))  # the caller's, as it was
+            self.assertIs(torch.get_autocast_dtype("cpu"), torch.float16)
+            f = precompile.load(*precompile(_lstm_in_fp32_region, lstm, x, backend=backend))
+            out, expected = f(lstm, x), _lstm_in_fp32_region(lstm, x)
+        self.assertFalse(torch.is_autocast_enabled("cpu"))
+        self.assertEqual(out.dtype, expected.dtype)
+        torch.testing.assert_close(out, expected)
 
     def test_fn_leaving_torch_settings_changed_is_refused(self):
         """Eager's call would leave them changed for its caller; no call of the artifact would."""

@@ -538,7 +538,10 @@ says who guarantees it and, where it is enforced, which tests (in
      (test_graph_captured_under_autocast_is_not_cast_again).  The process's
      autocast dtype of a device fn computes in without naming one
      (``torch.autocast("cpu")``, fn enabling autocast itself): CHECKED
-     (test_process_autocast_dtype_fn_computes_in_is_checked).
+     (test_process_autocast_dtype_fn_computes_in_is_checked).  A CPU LSTM
+     under CPU autocast (eager runs MKLDNN's fused layer in the autocast
+     dtype; the trace, with MKLDNN off, its decomposition): REFUSED at
+     capture (test_lstm_under_cpu_autocast_is_refused).
    - RNG: the graph draws from the global generator like eager; capture
      leaves it as it was (invariant 8).  The trace follows the CPU (and
      initialized CUDA) generators draw by draw: fn reseeding or restoring

@@ -1657,6 +1657,22 @@ def _without_mkldnn():
         yield
 
 
+class _LstmUnderAutocast(TorchFunctionMode):
+    """While fn is traced (with MKLDNN off): an LSTM on CPU under an enabled CPU autocast is
+    refused.  Eager runs it as MKLDNN's fused layer, which autocast runs in its dtype (a
+    bfloat16 output); the trace's cell-by-cell decomposition keeps float32 state."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.lstm and torch.is_autocast_enabled("cpu") and args[0].device.type == "cpu":
+            raise PrecompileError(
+                f"fn runs an LSTM (nn.LSTM / torch.lstm) under torch.autocast('cpu'){_user_line(traceback.extract_stack())}: "
+                "eager runs it as MKLDNN's fused layer, in the autocast dtype, which the trace cannot record "
+                f"(it gets float32 where eager gets {torch.get_autocast_dtype('cpu')}). Run the LSTM outside autocast "
+                "(`with torch.autocast('cpu', enabled=False):` around it, on float32 inputs), or call fn eagerly"
+            )
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def _seen_as_export():
     """Present the trace to model libraries as torch.export's non-strict capture does.
@@ -1708,6 +1724,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         _refuse_same_tensor_with_marks(args, same)
     with (
         _without_mkldnn(),
+        _LstmUnderAutocast() if torch.backends.mkldnn.is_available() else contextlib.nullcontext(),
         _seen_as_export(),
         _caller_grads_kept(args),
         _ModuleReads(args) as module_reads,
