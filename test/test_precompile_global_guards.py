@@ -748,6 +748,23 @@ class TestGlobalGuards(TestCase):
             self.assertEqual(torch.autocast_increment_nesting(), 1)
             torch.autocast_decrement_nesting()
 
+    def test_fn_using_the_mkldnn_flag_is_refused(self):
+        """The trace runs with MKLDNN off: fn would read False where eager reads the caller's flag,
+        and a value fn sets would be hidden by capture's restore."""
+
+        def sets(x):
+            torch.backends.mkldnn.enabled = False
+            return x * 2
+
+        def reads(x):
+            return x * 3 if torch.backends.mkldnn.enabled else x
+
+        enabled = torch.backends.mkldnn.enabled
+        for action, fn in (("sets", sets), ("reads", reads)):
+            with self.assertRaisesRegex(PrecompileError, rf"^fn {action} torch\.backends\.mkldnn\.enabled at .*{HERE}"):
+                precompile(fn, torch.ones(2), backend="eager")
+            self.assertEqual(torch.backends.mkldnn.enabled, enabled)
+
     def test_capture_inside_a_mode_is_refused(self):
         """The trace would bake what a mode around precompile() does (a default device too)."""
         for mode in (_Double, _Passthrough, lambda: torch.device("cpu")):

@@ -562,9 +562,11 @@ says who guarantees it and, where it is enforced, which tests (in
      deterministic algorithms or autocast (enabled, per-device dtype, an
      entered block, the cache switched on) changed for its caller is REFUSED
      at capture (and the setting restored, also where fn raises)
-     (test_fn_leaving_torch_settings_changed_is_refused).  Settings the
-     trace itself holds changed (MKLDNN off, the autocast cache off) cannot
-     be seen set to that value by fn: the caller's responsibility.
+     (test_fn_leaving_torch_settings_changed_is_refused).  The trace runs
+     with MKLDNN off: fn reading or setting ``torch.backends.mkldnn.enabled``
+     is REFUSED (test_fn_using_the_mkldnn_flag_is_refused).  It also runs
+     with the autocast cache off, so fn switching the cache off is not seen:
+     the caller's responsibility.
    Caller's responsibility (not recorded, stated here so nothing is baked
    silently): fn's Python side effects (appending to a list, counting calls,
    printing, setting a plain module attribute fn does not read, stepping an

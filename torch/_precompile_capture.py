@@ -2098,6 +2098,8 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        mkldnn = type(torch.backends.mkldnn)
+        self._stack.enter_context(_patched(mkldnn, "enabled", self._refusing_mkldnn_flag(vars(mkldnn)["enabled"])))
         for name in self._AUTOCAST_DTYPE_USES:
             self._stack.enter_context(_patched(torch, name, self._noting_autocast_dtype(name, getattr(torch, name))))
         for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
@@ -2175,6 +2177,30 @@ class _StateReads:
             return use(device, *args)
 
         return noted_use
+
+    @classmethod
+    def _refusing_mkldnn_flag(cls, flag: Any) -> property:
+        """``torch.backends.mkldnn.enabled`` refusing fn's reads and writes (torch's pass): the
+        trace runs with MKLDNN off (``_without_mkldnn``), so fn would read False where eager
+        reads the caller's setting, and a value fn leaves would be hidden by the restore."""
+
+        def refuse_from_fn(action: str) -> None:
+            if getattr(cls._tracing, "reads", None) is not None and _is_user_file(sys._getframe(2).f_code.co_filename):
+                raise PrecompileError(
+                    f"fn {action} torch.backends.mkldnn.enabled{_user_line(traceback.extract_stack())}: the trace runs "
+                    "with MKLDNN off, so neither what fn reads nor what it leaves for its caller is eager's; "
+                    "set or read it outside fn (pass what it decides as an argument)"
+                )
+
+        def get(module: Any) -> bool:
+            refuse_from_fn("reads")
+            return flag.__get__(module, type(module))
+
+        def set_(module: Any, value: bool) -> None:
+            refuse_from_fn("sets")
+            flag.__set__(module, value)
+
+        return property(get, set_)
 
     @classmethod
     def last_rng_move(cls) -> str:
