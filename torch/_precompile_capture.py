@@ -1663,7 +1663,7 @@ class _LstmUnderAutocast(TorchFunctionMode):
     bfloat16 output); the trace's cell-by-cell decomposition keeps float32 state."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.lstm and torch.is_autocast_enabled("cpu") and args[0].device.type == "cpu":
+        if func is torch.lstm and torch.is_autocast_enabled("cpu") and args and args[0].device.type == "cpu":
             raise PrecompileError(
                 f"fn runs an LSTM (nn.LSTM / torch.lstm) under torch.autocast('cpu'){_user_line(traceback.extract_stack())}: "
                 "eager runs it as MKLDNN's fused layer, in the autocast dtype, which the trace cannot record "
