@@ -56,7 +56,7 @@ PRIVATE_NAMES = {
     "_parameters", "_buffers", "_modules",
     "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
     "_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_post_accumulate_grad_hooks",
-    "_set_grad_enabled", "_is_any_autocast_enabled", "_disabled_torch_function_impl",
+    "_set_grad_enabled", "_is_any_autocast_enabled", "_DisableAutocast", "_disabled_torch_function_impl",
     "_torchdynamo_disable", "_torchdynamo_disable_msg", "_FrameAction", "_FrameExecStrategy", "set_code_exec_strategy",
     "_top_saved_tensors_default_hooks",
     "_is_torch_function_mode_enabled", "_len_torch_function_stack", "_get_function_stack_at",
@@ -135,7 +135,7 @@ class TestQuarantine(TestCase):
         section = _driver_section()
         self.assertGreater(len(section), 10)
         source = DRIVER.read_text()
-        for name in ("_TensorGuards", "_is_alias_of", "_set_grad_enabled", "_is_any_autocast_enabled",
+        for name in ("_TensorGuards", "_is_alias_of", "_set_grad_enabled", "_is_any_autocast_enabled", "_DisableAutocast",
                      "_is_torch_function_mode_enabled", "_len_torch_dispatch_stack",
                      "_KERNEL_DATA_PTR_ENV", "_owner_dict", "_MODULE_HOOKS", "_TENSOR_HOOKS",
                      "accumulate_grad_hooks", "opaque_to_dynamo"):
@@ -202,6 +202,9 @@ class TestDriverInternals(TestCase):
         self.assertFalse(runtime._is_any_autocast_enabled())
         with torch.autocast("cpu"):
             self.assertTrue(runtime._is_any_autocast_enabled())
+            for disabled in (runtime._DisableAutocast, compat.autocast_disabled):
+                with disabled():  # ops run below autocast, as if it were off
+                    self.assertEqual((torch.ones(2, 2) @ torch.ones(2, 2)).dtype, torch.float32)
 
     def test_saved_tensors_hooks_reader(self):
         for active in (runtime._saved_tensors_hooks, compat.saved_tensors_hooks_active):

@@ -317,6 +317,52 @@ def _masked_where(model, x, keep):
     return torch.where(keep[:, None], model(x), 0).sum()
 
 
+def _fp32_region(x, w):
+    with torch.autocast("cpu", enabled=False):  # "compute this part in fp32"
+        return x.float() @ w.float()
+
+
+def _bf16_region(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return x @ w
+
+
+def _process_dtype_region(x, w):
+    with torch.autocast("cpu"):  # the dtype torch.set_autocast_dtype("cpu", ...) set
+        return x @ w
+
+
+def _autocast_switched_on(x, w):
+    torch.set_autocast_enabled("cpu", True)
+    y = x @ w
+    torch.set_autocast_enabled("cpu", False)
+    return y
+
+
+def _lstm_under_autocast(lstm, x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return lstm(x)[0]
+
+
+def _lstm_in_fp32_region(lstm, x):
+    with torch.autocast("cpu", enabled=False):
+        return lstm(x.float())[0]
+
+
+def _fp32_head_step(model, x):
+    h = model[0](x)
+    with torch.autocast("cpu", enabled=False):
+        out = model[1](h.float())
+    loss = out.pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def _two_linears():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+
+
 class TestGlobalGuards(TestCase):
     def assertRefused(self, regex, call, *touched):
         """``call()`` raises a PrecompileError matching ``regex`` and writes nothing (nor draws)."""
@@ -603,6 +649,68 @@ class TestGlobalGuards(TestCase):
         self.assertIn("global        torch function and dispatch modes: none active, default device included "
                       "(the graph would bypass them)", list(map(str, g.checks)))
 
+    @parametrize("backend", BACKENDS)
+    def test_graph_captured_under_autocast_is_not_cast_again(self, backend):
+        """Captured and called under the caller's autocast, the graph (which holds capture's casts)
+        runs with autocast off: fn's fp32 region and its own autocast of another dtype stay as in eager."""
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+        for fn, outer in ((_fp32_region, torch.bfloat16), (_bf16_region, torch.float16)):
+            with torch.autocast("cpu", dtype=outer):
+                f = precompile.load(*precompile(fn, x, w, backend=backend))
+                out, expected = f(x, w), fn(x, w)
+                self.assertTrue(torch.is_autocast_enabled("cpu"))  # the caller's autocast, as it was
+            self.assertEqual(out.dtype, expected.dtype)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        # A training step: the backward's gradients are fp32 as in eager, written in full.
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            f = precompile.load(*precompile(_fp32_head_step, _two_linears(), torch.randn(4, 8), backend=backend))
+            self.assertSameStep(f, _fp32_head_step, _two_linears, torch.randn(4, 8))
+
+    @parametrize("backend", BACKENDS)
+    def test_process_autocast_dtype_fn_computes_in_is_checked(self, backend):
+        """torch.autocast(device) without a dtype, or fn enabling autocast itself, computes in the
+        process's autocast dtype: another one at a call is refused; fn's explicit dtype needs none."""
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+        for fn in (_process_dtype_region, _autocast_switched_on):
+            f = precompile.load(*precompile(fn, x, w, backend=backend))
+            self.assertEqual(f.convention.autocast_dtypes, (("cpu", "bfloat16"),))
+            self.assertIn("global        torch.get_autocast_dtype('cpu'): torch.bfloat16 (fn computes in it)",
+                          list(map(str, f.checks)))
+            out, expected = f(x, w), fn(x, w)
+            self.assertEqual(out.dtype, torch.bfloat16)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            torch.set_autocast_dtype("cpu", torch.float16)
+            try:
+                self.assertRefused(
+                    r"^torch\.get_autocast_dtype\('cpu'\) is torch\.float16, but it was torch\.bfloat16 at "
+                    r"capture.*call torch\.set_autocast_dtype\('cpu', torch\.bfloat16\) first",
+                    lambda: f(x, w), x, w,
+                )
+                g = precompile.load(*precompile(_bf16_region, x, w, backend=backend))
+                self.assertEqual(g.convention.autocast_dtypes, ())
+                torch.testing.assert_close(g(x, w), _bf16_region(x, w), rtol=0, atol=0)
+            finally:
+                torch.set_autocast_dtype("cpu", torch.bfloat16)
+
+    @parametrize("backend", BACKENDS)
+    def test_lstm_under_cpu_autocast_is_refused(self, backend):
+        """Eager runs a CPU LSTM under autocast as MKLDNN's fused layer (a bfloat16 output), which
+        the trace (MKLDNN off) cannot record: refused, fn's own autocast or the caller's, leaving
+        the caller's autocast as it was; an LSTM in a region with autocast off is honoured."""
+        torch.manual_seed(0)
+        lstm, x = nn.LSTM(8, 16, batch_first=True), torch.randn(2, 2, 8)
+        needle = rf"^fn runs an LSTM \(nn\.LSTM / torch\.lstm\) under torch\.autocast\('cpu'\) at .*{HERE}"
+        self.assertCaptureRefused(needle, _lstm_under_autocast, lstm, x, backend=backend)
+        with torch.autocast("cpu", dtype=torch.float16):
+            self.assertCaptureRefused(needle, lambda lstm, x: lstm(x)[0], lstm, x, backend=backend)
+            self.assertTrue(torch.is_autocast_enabled("cpu"))  # the caller's, as it was
+            self.assertIs(torch.get_autocast_dtype("cpu"), torch.float16)
+            f = precompile.load(*precompile(_lstm_in_fp32_region, lstm, x, backend=backend))
+            out, expected = f(lstm, x), _lstm_in_fp32_region(lstm, x)
+        self.assertFalse(torch.is_autocast_enabled("cpu"))
+        self.assertEqual(out.dtype, expected.dtype)
+        torch.testing.assert_close(out, expected)
+
     def test_fn_leaving_torch_settings_changed_is_refused(self):
         """Eager's call would leave them changed for its caller; no call of the artifact would."""
         changes = {
@@ -612,6 +720,15 @@ class TestGlobalGuards(TestCase):
             ),
             r"deterministic algorithms changed \(\(False, False\) -> \(True, False\); restored\)": (
                 lambda: torch.use_deterministic_algorithms(True)
+            ),
+            r"the cpu autocast dtype changed \(torch.bfloat16 -> torch.float16; restored\)": (
+                lambda: torch.set_autocast_dtype("cpu", torch.float16)
+            ),
+            r"autocast changed \(\(\) -> \(\('cpu', 'bfloat16'\),\); restored\)": (
+                lambda: torch.set_autocast_enabled("cpu", True)
+            ),
+            r"autocast changed \(\(\) -> \(\('cpu', 'float16'\),\); restored\)": (  # entered, never exited
+                lambda: torch.autocast("cpu", dtype=torch.float16).__enter__()
             ),
         }
         for needle, change in changes.items():
@@ -625,6 +742,28 @@ class TestGlobalGuards(TestCase):
             self.assertTrue(torch.is_grad_enabled())
             self.assertIs(torch.get_default_dtype(), torch.float32)
             self.assertFalse(torch.are_deterministic_algorithms_enabled())
+            # The caller's autocast, as it was: off, its dtype, no block entered.
+            self.assertFalse(torch.is_autocast_enabled("cpu"))
+            self.assertIs(torch.get_autocast_dtype("cpu"), torch.bfloat16)
+            self.assertEqual(torch.autocast_increment_nesting(), 1)
+            torch.autocast_decrement_nesting()
+
+    def test_fn_using_the_mkldnn_flag_is_refused(self):
+        """The trace runs with MKLDNN off: fn would read False where eager reads the caller's flag,
+        and a value fn sets would be hidden by capture's restore."""
+
+        def sets(x):
+            torch.backends.mkldnn.enabled = False
+            return x * 2
+
+        def reads(x):
+            return x * 3 if torch.backends.mkldnn.enabled else x
+
+        enabled = torch.backends.mkldnn.enabled
+        for action, fn in (("sets", sets), ("reads", reads)):
+            with self.assertRaisesRegex(PrecompileError, rf"^fn {action} torch\.backends\.mkldnn\.enabled at .*{HERE}"):
+                precompile(fn, torch.ones(2), backend="eager")
+            self.assertEqual(torch.backends.mkldnn.enabled, enabled)
 
     def test_capture_inside_a_mode_is_refused(self):
         """The trace would bake what a mode around precompile() does (a default device too)."""

@@ -590,7 +590,16 @@ says who guarantees it and, where it is enforced, which tests (in
      2.11/2.12's Inductor drops such a round trip's rounding, so there
      backend='inductor' REFUSES it at capture (test_saved_tensors_hooks).
    - Autocast (per device type: enabled and dtype) and
-     ``torch.get_default_dtype()``: CHECKED (test_global_state).
+     ``torch.get_default_dtype()``: CHECKED (test_global_state); the graph,
+     which holds capture's casts, runs with autocast off, so fn's own
+     autocast regions (disabled, another dtype) stay as in eager
+     (test_graph_captured_under_autocast_is_not_cast_again).  The process's
+     autocast dtype of a device fn computes in without naming one
+     (``torch.autocast("cpu")``, fn enabling autocast itself): CHECKED
+     (test_process_autocast_dtype_fn_computes_in_is_checked).  A CPU LSTM
+     under CPU autocast (eager runs MKLDNN's fused layer in the autocast
+     dtype; the trace, with MKLDNN off, its decomposition): REFUSED at
+     capture (test_lstm_under_cpu_autocast_is_refused).
    - RNG: the graph draws from the global generator like eager; capture
      leaves it as it was (invariant 8).  The trace follows the CPU (and
      initialized CUDA) generators draw by draw: fn reseeding or restoring
@@ -608,13 +617,18 @@ says who guarantees it and, where it is enforced, which tests (in
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
    - Torch settings fn changes: fn leaving grad mode, the default dtype,
-     deterministic algorithms or anomaly detection changed for its caller is
-     REFUSED at capture (and the setting restored, also where capture refuses
-     for another reason); backward under anomaly detection's NaN check is
-     REFUSED at capture, without it honoured
+     deterministic algorithms, anomaly detection or autocast (enabled,
+     per-device dtype, an entered block, the cache switched on) changed for
+     its caller is REFUSED at capture (and the setting restored, also where
+     fn raises or capture refuses for another reason); backward under
+     anomaly detection's NaN check is REFUSED at capture, without it honoured
      (test_fn_leaving_torch_settings_changed_is_refused,
      test_anomaly_detection_and_settings_are_restored_by_a_refused_capture,
-     test_anomaly_detection_without_nan_checks_is_honoured).
+     test_anomaly_detection_without_nan_checks_is_honoured).  The trace runs
+     with MKLDNN off: fn reading or setting ``torch.backends.mkldnn.enabled``
+     is REFUSED (test_fn_using_the_mkldnn_flag_is_refused).  It also runs
+     with the autocast cache off, so fn switching the cache off is not seen:
+     the caller's responsibility.
    - fn changing an argument tensor's autograd state (a gradient or
      post-accumulate hook it registers on a parameter or input, its
      ``requires_grad_``): REFUSED at capture, naming the tensor and the

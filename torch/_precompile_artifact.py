@@ -118,7 +118,7 @@ def _harvest_kernels(python_code: str, example_inputs: list) -> dict[str, bytes]
             kernels[key] = f.read()
     if loader and loader.compiled_triton:
         if not any(compat.is_fake(t) or isinstance(t, torch.SymInt) for t in example_inputs):
-            with torch.no_grad():
+            with torch.no_grad(), compat.autocast_disabled():  # as a call runs it (the graph holds autocast's casts)
                 namespace["_run_graph"]([_copy_of(t) for t in example_inputs])
         for key, autotuner in loader.compiled_triton.items():
             launch = compat.triton_launch_record(autotuner)

@@ -1811,6 +1811,22 @@ def _without_mkldnn():
         yield
 
 
+class _LstmUnderAutocast(TorchFunctionMode):
+    """While fn is traced (with MKLDNN off): an LSTM on CPU under an enabled CPU autocast is
+    refused.  Eager runs it as MKLDNN's fused layer, which autocast runs in its dtype (a
+    bfloat16 output); the trace's cell-by-cell decomposition keeps float32 state."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.lstm and torch.is_autocast_enabled("cpu") and args and args[0].device.type == "cpu":
+            raise PrecompileError(
+                f"fn runs an LSTM (nn.LSTM / torch.lstm) under torch.autocast('cpu'){_user_line(traceback.extract_stack())}: "
+                "eager runs it as MKLDNN's fused layer, in the autocast dtype, which the trace cannot record "
+                f"(it gets float32 where eager gets {torch.get_autocast_dtype('cpu')}). Run the LSTM outside autocast "
+                "(`with torch.autocast('cpu', enabled=False):` around it, on float32 inputs), or call fn eagerly"
+            )
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def _seen_as_export():
     """Present the trace to model libraries as torch.export's non-strict capture does.
@@ -1927,6 +1943,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
 def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decompositions, kept: "_KeptModules") -> _Capture:
     """Trace fn (again where a trace finds it must) and record its calling convention."""
     frozen = _frozen_in_optimizers(args)
+    autocast = schema.autocast_state()  # the caller's, before fn could change it
     recorded: dict[str, Any] = {}
     flat_fn = _flat_function(fn, args, recorded, kept)
     num_inputs = len(args.lifted) + len(args.tensor_indices)
@@ -1935,6 +1952,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         _refuse_same_tensor_with_marks(args, same)
     with (
         _without_mkldnn(),
+        _LstmUnderAutocast() if torch.backends.mkldnn.is_available() else contextlib.nullcontext(),
         _seen_as_export(),
         _caller_grads_kept(args),
         _ModuleReads(args) as module_reads,
@@ -2034,7 +2052,8 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         inference_mode_read=recorded["reads"].get("is_inference_mode_enabled", ""),
         mutated=tuple(sorted(mutated)),
         default_dtype=str(torch.get_default_dtype()).removeprefix("torch."),
-        autocast=schema.autocast_state(),
+        autocast=autocast,
+        autocast_dtypes=_autocast_dtypes_read(recorded["reads"], autocast),
         optimizers=optimizers,
         grad_inputs=grads["grad_inputs"],
         grads_assigned=grads["grads_assigned"],
@@ -2058,6 +2077,13 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
     )
     _refuse_module_changes(recorded["module_changes"])  # after the checks that name a value fn read
     return _Capture(graph, convention, example)
+
+
+def _autocast_dtypes_read(reads: dict, autocast: tuple) -> tuple:
+    """The process's autocast dtype of each device fn read it of (``_StateReads``), beyond
+    those the caller's autocast sets (checked as ``autocast``); restored as at fn's start."""
+    enabled = {device for device, _ in autocast}
+    return schema.autocast_dtypes(tuple(sorted(reads.get("autocast_dtype", set()) - enabled)))
 
 
 def _signature_record(fn: Callable, example_inputs: tuple) -> tuple:
@@ -2287,6 +2313,12 @@ class _StateReads:
     _UNCHECKED_FACTS = ("is_leaf", "grad_fn", "_version", "_base", "_is_view", "is_inference", "storage_offset", "data_ptr")
     # Noted only to name fn's line when _RandomDraws refuses a moved generator.
     _RNG_SETTERS = ("manual_seed", "seed", "set_rng_state")
+    # fn computing in a device's process autocast dtype: torch.autocast(device) without
+    # a dtype and custom_fwd read it, fn enabling autocast itself uses it.  autocast's
+    # __enter__ reads it only to restore it, enables it with the dtype it was given, and
+    # __exit__ restores the state before.
+    _AUTOCAST_DTYPE_USES = ("get_autocast_dtype", "set_autocast_enabled")
+    _AUTOCAST_SWITCHES = (torch.autocast.__enter__.__code__, torch.autocast.__exit__.__code__)
     # Code whose mode queries shape no graph: context managers and optimizers
     # save a mode to restore it; the tracer and fake tensors key caches on it;
     # DTensor.to_local gives its local tensor, itself or (grad on) a view of it.
@@ -2309,6 +2341,10 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        mkldnn = type(torch.backends.mkldnn)
+        self._stack.enter_context(_patched(mkldnn, "enabled", self._refusing_mkldnn_flag(vars(mkldnn)["enabled"])))
+        for name in self._AUTOCAST_DTYPE_USES:
+            self._stack.enter_context(_patched(torch, name, self._noting_autocast_dtype(name, getattr(torch, name))))
         for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
@@ -2383,6 +2419,48 @@ class _StateReads:
             return make(parameter_class, *args, **kwargs)
 
         return refusing_new
+
+    @classmethod
+    def _noting_autocast_dtype(cls, name: str, use: Callable) -> Callable:
+        """``use`` (torch.get_autocast_dtype / set_autocast_enabled) noting, under
+        ``reads["autocast_dtype"]``, the devices whose process autocast dtype fn computes in."""
+
+        def noted_use(device: Any, *args: Any) -> Any:
+            reads = getattr(cls._tracing, "reads", None)
+            if (
+                reads is not None
+                and isinstance(device, str)  # set_autocast_enabled(bool): CUDA's deprecated form
+                and (name == "get_autocast_dtype" or args[:1] == (True,))
+                and sys._getframe(1).f_code not in cls._AUTOCAST_SWITCHES
+            ):
+                reads.setdefault("autocast_dtype", set()).add(device)
+            return use(device, *args)
+
+        return noted_use
+
+    @classmethod
+    def _refusing_mkldnn_flag(cls, flag: Any) -> property:
+        """``torch.backends.mkldnn.enabled`` refusing fn's reads and writes (torch's pass): the
+        trace runs with MKLDNN off (``_without_mkldnn``), so fn would read False where eager
+        reads the caller's setting, and a value fn leaves would be hidden by the restore."""
+
+        def refuse_from_fn(action: str) -> None:
+            if getattr(cls._tracing, "reads", None) is not None and _is_user_file(sys._getframe(2).f_code.co_filename):
+                raise PrecompileError(
+                    f"fn {action} torch.backends.mkldnn.enabled{_user_line(traceback.extract_stack())}: the trace runs "
+                    "with MKLDNN off, so neither what fn reads nor what it leaves for its caller is eager's; "
+                    "set or read it outside fn (pass what it decides as an argument)"
+                )
+
+        def get(module: Any) -> bool:
+            refuse_from_fn("reads")
+            return flag.__get__(module, type(module))
+
+        def set_(module: Any, value: bool) -> None:
+            refuse_from_fn("sets")
+            flag.__set__(module, value)
+
+        return property(get, set_)
 
     @classmethod
     def last_rng_move(cls) -> str:
@@ -2712,6 +2790,26 @@ def _has_literal(value: Any) -> bool:
     return _value_literal_or_missing(value) is not schema.MISSING
 
 
+def _set_autocast_enabled(state: tuple) -> None:
+    """Autocast on exactly the devices of ``state`` (autocast_state()'s; the dtypes are set apart)."""
+    enabled = {device for device, _ in state}
+    for device in schema.AUTOCAST_DEVICES:
+        torch.set_autocast_enabled(device, device in enabled)
+
+
+def _autocast_nesting() -> int:
+    """How many torch.autocast blocks are entered (torch has no reader: a net-zero round trip)."""
+    torch.autocast_decrement_nesting()
+    return torch.autocast_increment_nesting()
+
+
+def _set_autocast_nesting(level: int) -> None:
+    for _ in range(_autocast_nesting() - level):
+        torch.autocast_decrement_nesting()
+    for _ in range(level - _autocast_nesting()):
+        torch.autocast_increment_nesting()
+
+
 # Process-wide torch settings a call of fn could leave changed for its caller.
 _TORCH_SETTINGS = {
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
@@ -2724,6 +2822,16 @@ _TORCH_SETTINGS = {
         lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
         lambda value: torch.set_anomaly_enabled(*value),
     ),
+    # The autocast settings: what torch.autocast(...).__enter__() and torch.set_autocast_* change.
+    "autocast": (schema.autocast_state, _set_autocast_enabled),
+    **{
+        f"the {device} autocast dtype": (
+            functools.partial(torch.get_autocast_dtype, device), functools.partial(torch.set_autocast_dtype, device)
+        )
+        for device in schema.AUTOCAST_DEVICES
+    },
+    "the autocast cache": (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled),
+    "the autocast nesting": (_autocast_nesting, _set_autocast_nesting),
 }
 
 
@@ -2734,7 +2842,7 @@ def _torch_settings_kept():
     before = {name: read() for name, (read, _) in _TORCH_SETTINGS.items()}
     try:
         yield
-    finally:
+    finally:  # also where fn raised: capture leaves the caller's settings as they were
         changed = {name: read() for name, (read, _) in _TORCH_SETTINGS.items() if read() != before[name]}
         for name in changed:
             _TORCH_SETTINGS[name][1](before[name])
@@ -4225,7 +4333,8 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     _views_as_reshapes(capture.graph)
     _keep_traced_dtypes(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
-    with torch.no_grad():
+    # The graph holds capture's autocast casts: traced again under it, Inductor would add more.
+    with torch.no_grad(), compat.autocast_disabled():
         try:
             compiled = compat.inductor_compile(capture.graph, capture.example_inputs, _inductor_config(capture))
         except GuardOnDataDependentSymNode as error:

@@ -88,6 +88,9 @@ current_autograd_node = torch._C._current_autograd_node
 # A Tensor subclass's __torch_function__ that makes it behave as a plain tensor
 # (nn.Parameter's); no public name as of 2.13.
 disabled_torch_function_impl = torch._C._disabled_torch_function_impl
+# A context that runs ops below autocast on every device (its dispatch keys
+# excluded); torch 2.11-2.14 can only disable autocast publicly one device at a time.
+autocast_disabled = torch._C._DisableAutocast
 
 
 def saved_tensors_hooks_active() -> bool:

@@ -59,8 +59,8 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # without them; a driver that lacks one refuses a convention that sets it):
 # fully_shard_policies, grads_none / grads_present, requires_grad_read, same_modules
 # (an older artifact's own driver checks no module identity), eager artifacts'
-# TensorSpec.stride (None before: not checked), and grads_owned (none before: every
-# new .grad is copied into the parameter's layout).
+# TensorSpec.stride (None before: not checked), grads_owned (none before: every
+# new .grad is copied into the parameter's layout), and autocast_dtypes.
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save

@@ -83,6 +83,9 @@ _is_alias_of = torch._C._is_alias_of
 # context-manager class) and torch.is_autocast_enabled(device) (one per device).
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+# Runs ops below autocast (its dispatch keys excluded) on every device: the
+# graph of an artifact captured under autocast holds its casts already.
+_DisableAutocast = torch._C._DisableAutocast
 # The innermost torch.autograd.graph.saved_tensors_hooks(pack, unpack) pair, or
 # None; its argument says whether to ignore Dynamo's compiled autograd (a flag
 # since 2.5).  Read per call of an artifact that runs autograd; private in 2.13.
@@ -385,6 +388,7 @@ if __name__.endswith("._precompile_runtime"):
     # The installed module.  In an artifact the schema's text comes first in the
     # driver section (one namespace), so these names are already there.
     from ._precompile_schema import (
+        autocast_dtypes,
         autocast_state,
         call_signature,
         CallingConvention,
@@ -1149,6 +1153,23 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a_start < b_end and b_start < a_end
 
 
+def autocast_disabled(run_graph: Callable[[list], Any], captured_under_autocast: bool) -> Callable[[list], Any]:
+    """``run_graph`` with autocast off, for an artifact captured under autocast (every call then has it on).
+
+    The graph already holds capture's casts; run under the caller's autocast,
+    its ops would be cast again, undoing a region fn ran with autocast off or
+    in another dtype.
+    """
+    if not captured_under_autocast:
+        return run_graph
+
+    def run(inputs: list) -> Any:
+        with _DisableAutocast():
+            return run_graph(inputs)
+
+    return run
+
+
 def raise_if_aliased(tensors: list, pairs: list, name: Callable[[int], str], mutated: Any) -> None:
     """A PrecompileError naming the first of ``pairs`` (indices into ``tensors``) whose
     tensors share memory: the graph writes one of each pair (``mutated``) in place."""
@@ -1388,14 +1409,20 @@ class GlobalState:
         self._inference_mode_read = bool(convention.inference_mode_read)
         self.default_dtype = _dtype(convention.default_dtype)
         self._any_autocast = bool(convention.autocast)
+        self._autocast_dtypes = convention.autocast_dtypes
+        self._autocast_dtype_devices = tuple(device for device, _ in convention.autocast_dtypes)
         # Whether any of the above is compared beyond autocast and the default dtype, which
         # every call tests itself (most forwards compare nothing more).
-        self.reads_more = self._any_autocast or self._needs_grad_mode or self._needs_grad or self._inference_mode_read
+        self.reads_more = (
+            self._any_autocast or bool(self._autocast_dtypes) or self._needs_grad_mode or self._needs_grad
+            or self._inference_mode_read
+        )
 
     def moved(self, grad_enabled: bool) -> bool:
         """Whether the global state this artifact compares beyond autocast and the default dtype may differ (a few C calls)."""
         return (
             self._any_autocast  # captured under autocast: compared in full at every call
+            or (self._autocast_dtypes and autocast_dtypes(self._autocast_dtype_devices) != self._autocast_dtypes)
             or (self._needs_grad_mode and not grad_enabled)
             or (self._needs_grad and (_is_anomaly_enabled() or _saved_tensors_hooks() is not None))
             or (self._inference_mode_read and _is_inference_mode_enabled())
@@ -1450,6 +1477,15 @@ class GlobalState:
                 f"now {list(now) or 'no autocast'}; the casts are baked into the graph: call it "
                 "under the same torch.autocast(...) as at capture, or precompile again under this one"
             )
+        process = autocast_dtypes(self._autocast_dtype_devices)
+        for (device, captured), (_, dtype) in zip(self._autocast_dtypes, process):
+            if dtype != captured:
+                raise PrecompileError(
+                    f"torch.get_autocast_dtype({device!r}) is torch.{dtype}, but it was torch.{captured} at "
+                    f"capture, and fn computes in it (torch.autocast({device!r}) without a dtype, or fn "
+                    f"enabling autocast itself): call torch.set_autocast_dtype({device!r}, torch.{captured}) "
+                    "first, give fn's torch.autocast a dtype, or precompile again"
+                )
         dtype = torch.get_default_dtype()
         if dtype is not self.default_dtype:
             raise PrecompileError(
@@ -1500,6 +1536,8 @@ class GlobalState:
             checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
         autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
         checks.append(Check("global", "torch.autocast", autocast))
+        for device, dtype in c.autocast_dtypes:
+            checks.append(Check("global", f"torch.get_autocast_dtype({device!r})", f"torch.{dtype} (fn computes in it)"))
         checks.append(Check("global", "torch.get_default_dtype()", f"torch.{c.default_dtype}"))
         return checks
 
@@ -2200,7 +2238,9 @@ class PrecompiledFunction:
         constants: list[torch.Tensor],
     ):
         self.convention = convention
-        self._run_graph = versions_bumped(run_graph, convention.mutated) if convention.backend == "inductor" else run_graph
+        if convention.backend == "inductor":
+            run_graph = versions_bumped(run_graph, convention.mutated)
+        self._run_graph = autocast_disabled(run_graph, bool(convention.autocast))
         self._constants = constants
         self._arity = convention.arity
         self._binding = Binding(convention)

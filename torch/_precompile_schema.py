@@ -463,6 +463,10 @@ class CallingConvention(Record):
     mutated: tuple[Count, ...]
     default_dtype: DType  # torch.get_default_dtype() at capture, e.g. "float32"
     autocast: tuple[tuple[Literal[AUTOCAST_DEVICES], DType], ...]  # (device type, dtype) of each enabled autocast
+    # (device type, dtype): the process's autocast dtype (torch.get_autocast_dtype) at
+    # capture for each device, not in ``autocast``, whose dtype fn read or computed in
+    # (torch.autocast(device) without a dtype, fn enabling autocast itself): checked at every call.
+    autocast_dtypes: tuple[tuple[Literal[AUTOCAST_DEVICES], DType], ...] = ()
     # Optimizer arguments (see OptimizerSpec); their inputs follow the sizes.
     optimizers: tuple[OptimizerSpec, ...] = ()
     # State indices whose incoming .grad is a graph input (after the optimizers'
@@ -816,6 +820,11 @@ for _record in (
 ):
     _DECODERS[_record] = _record_decoder(_record)
 del _record
+
+
+def autocast_dtypes(devices: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(device type, dtype) of the process's autocast dtype of each of ``devices``, enabled or not."""
+    return tuple((device, str(torch.get_autocast_dtype(device)).removeprefix("torch.")) for device in devices)
 
 
 def autocast_state() -> tuple[tuple[str, str], ...]:
