@@ -293,6 +293,85 @@ class TestCaptureSoundness(TestCase):
         torch.testing.assert_close(ours, eager)
         self.assertTrue((ours == 0).any())
 
+    def assertDrawsLikeEager(self, fn, x, backend):
+        """Same results, same input writes and the same global RNG state after the call as eager."""
+        f = load(precompile(fn, x.clone(), backend=backend))
+        ours, eager = x.clone(), x.clone()
+        torch.manual_seed(0)
+        expected = fn(eager)
+        expected_state = torch.get_rng_state()
+        torch.manual_seed(0)
+        torch.testing.assert_close(f(ours), expected, atol=0, rtol=0, msg=fn.__name__)
+        torch.testing.assert_close(ours, eager, atol=0, rtol=0, msg=fn.__name__)
+        self.assertEqual(torch.get_rng_state(), expected_state, atol=0, rtol=0, msg=fn.__name__)
+
+    @parametrize("backend", BACKENDS)
+    def test_unused_random_draws_advance_the_rng_like_eager(self, backend):
+        def unused_dropout(x):
+            F.dropout(x, 0.5)  # a discarded branch: eager still draws its mask
+            return x * 2
+
+        def unused_alpha_dropout(x):
+            F.alpha_dropout(x, 0.5, True)
+            return x * 2
+
+        def one_of_two_used(x):
+            F.dropout(x, 0.5)
+            return F.dropout(x, 0.2) * 2
+
+        def into_an_unused_view(x):
+            torch.empty(8, 8)[:, ::2].uniform_()
+            return x + 1
+
+        for fn in (unused_dropout, unused_alpha_dropout, one_of_two_used, into_an_unused_view):
+            self.assertDrawsLikeEager(fn, torch.randn(4, 8), backend)
+
+    @parametrize("backend", BACKENDS)
+    def test_random_fills_into_strided_tensors_match_eager(self, backend):
+        def uniform_into_a_slice(x):  # Inductor's graph once refused every call, after drawing
+            return x[:, ::2].uniform_()
+
+        def exponential_into_a_transpose(x):
+            return x.t().exponential_() * 1
+
+        def small_normal_into_a_transpose(x):  # below 16 elements normal_ draws one at a time
+            return torch.empty_like(x[:3, :4].t()).normal_()
+
+        def bernoulli_of_probabilities_into_a_transpose(x):  # p pairs with the target's elements
+            return torch.empty_like(x.t()).bernoulli_(torch.linspace(0, 1, 96).reshape(12, 8))
+
+        fns = (
+            uniform_into_a_slice, exponential_into_a_transpose, small_normal_into_a_transpose,
+            bernoulli_of_probabilities_into_a_transpose,
+        )
+        for fn in fns:
+            self.assertDrawsLikeEager(fn, torch.randn(8, 12), backend)
+
+    def test_normal_into_a_non_contiguous_tensor(self):
+        # CPU normal_ draws a contiguous tensor of 16+ elements in blocks of 16, any other one
+        # element by element; Inductor's contiguous fill gave other numbers and RNG state.
+        cases = (
+            (lambda x: x + 0.1 * torch.empty_like(x).normal_(), torch.randn(2, 4, 4, 4).to(memory_format=torch.channels_last)),
+            (lambda x: torch.empty_like(x.t()).normal_(), torch.randn(8, 4)),
+            (lambda x: x[:, ::2].normal_(), torch.randn(4, 16)),
+        )
+        for fn, x in cases:
+            self.assertDrawsLikeEager(fn, x, "eager")
+            with self.assertRaisesRegex(
+                PrecompileError, r"^fn fills a non-contiguous tensor \(.* strides .*\) with normal_ .*use backend='eager'"
+            ):
+                precompile(fn, x, backend="inductor")
+
+    @parametrize("backend", BACKENDS)
+    def test_random_from_to_is_refused_naming_the_op(self, backend):
+        def fn(x):
+            return x.clone().random_(0, 100)  # make_fx writes aten.random_.from: `from` is a keyword
+
+        with self.assertRaisesRegex(
+            PrecompileError, rf"^fn calls aten\.random_\.from at {THIS_FILE}:\d+ .*torch\.randint\(low, high"
+        ):
+            precompile(fn, torch.randn(4, 8), backend=backend)
+
     # -- data-dependent Python (invariant 11) ---------------------------------
 
     @parametrize("backend", BACKENDS)

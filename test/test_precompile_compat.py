@@ -48,7 +48,7 @@ PRIVATE_NAMES = {
     "_global_optimizer_pre_hooks", "_global_optimizer_post_hooks",
     "replacements", "deferred_runtime_asserts", "pending_fresh_unbacked_symbols",
     "StatelessSymbolicContext", "DimDynamic", "LocalSource", "FakeTensorMode",
-    "is_fake", "has_effects", "is_non_overlapping_and_dense_or_false", "is_traceable_wrapper_subclass",
+    "is_fake", "has_effects", "is_traceable_wrapper_subclass",
     "compile_fx", "compile_fx_inner", "_set_mkldnn_enabled", "_get_mkldnn_enabled", "_disable_current_modes",
     *compat.MARK_ATTRIBUTES,
     # both
@@ -665,8 +665,6 @@ class TestCaptureInternals(TestCase):
     def test_graph_helpers(self):
         self.assertTrue(compat.has_effects(torch.ops.aten._print.default))
         self.assertFalse(compat.has_effects(torch.ops.aten.add.Tensor))
-        self.assertTrue(compat.is_non_overlapping_and_dense(torch.randn(3, 4).t()))
-        self.assertFalse(compat.is_non_overlapping_and_dense(torch.randn(3, 4)[:, ::2]))
         self.assertFalse(compat.is_traceable_wrapper_subclass(torch.randn(1)))
         self.assertFalse(compat.is_traceable_wrapper_subclass(nn.Parameter(torch.randn(1))))
 

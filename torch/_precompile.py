@@ -612,7 +612,14 @@ says who guarantees it and, where it is enforced, which tests (in
      around dropout is honoured, grads and RNG as eager's; a replayed op
      whose numbers depend on tensor values (``rrelu``, symbolic traces'
      ``native_dropout``) is REFUSED
-     (test_checkpointed_dropout_replays_the_forward_mask).
+     (test_checkpointed_dropout_replays_the_forward_mask).  Draws fn discards
+     advance the RNG as in eager, and fills into strided tensors draw eager's
+     numbers (test_unused_random_draws_advance_the_rng_like_eager,
+     test_random_fills_into_strided_tensors_match_eager); REFUSED at capture:
+     ``x.random_(low, high)`` (make_fx cannot record ``random_.from``) and, on
+     backend='inductor', ``normal_`` into a non-contiguous tensor of 16+
+     elements, which eager's CPU kernel draws differently
+     (test_normal_into_a_non_contiguous_tensor).
    Gradients and writes
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).

@@ -15,6 +15,7 @@ import dataclasses
 import dis
 import functools
 import inspect
+import keyword
 import logging
 import operator
 import os
@@ -689,6 +690,16 @@ def _without_probes(spec: pytree.TreeSpec) -> pytree.TreeSpec:
     return pytree.TreeSpec(node_type, spec.context, [_without_probes(child) for child in spec.children()])
 
 
+def _keyword_overload_error(func: torch._ops.OpOverload) -> PrecompileError:
+    # make_fx writes torch.ops.aten.random_.from into Python code, which does not compile.
+    return PrecompileError(
+        f"fn calls {func}{_user_line(traceback.extract_stack())}, an overload named by a Python keyword, "
+        "which make_fx cannot record. For x.random_(low, high) draw with "
+        "torch.randint(low, high, x.shape, dtype=x.dtype) instead (x.copy_(...) to fill x in place), "
+        "or pass only the upper bound (x.random_(high))"
+    )
+
+
 class _CaptureGuard(TorchDispatchMode):
     """Sees every op fn runs while it is traced, before make_fx records it.
 
@@ -735,6 +746,8 @@ class _CaptureGuard(TorchDispatchMode):
                 "an op on it may run collectives, which the other ranks do not join at capture, and sharded "
                 "tensors are not supported. Keep such DTensors outside fn (pass .to_local() results)"
             )
+        if keyword.iskeyword(func.name().rpartition(".")[2]):
+            raise _keyword_overload_error(func)
         self._refuse_untracked_writes(func, args, kwargs)
         if torch.Tag.dynamic_output_shape in func.tags and _sized_by_values(func, args, kwargs):
             raise _data_dependent_size_error(func)
@@ -4160,6 +4173,48 @@ def _keep_traced_dtypes(graph: torch.fx.GraphModule) -> None:
         graph.recompile()
 
 
+# Fills that draw one number per element, in memory order (CPU, torch 2.11-2.14);
+# normal_ only below 16 elements or into a contiguous target (_refuse_strided_normal).
+_PER_ELEMENT_FILLS = {
+    torch.ops.aten.bernoulli_.float, torch.ops.aten.bernoulli_.Tensor, torch.ops.aten.uniform_.default,
+    torch.ops.aten.normal_.default, torch.ops.aten.exponential_.default, torch.ops.aten.random_.default,
+    torch.ops.aten.geometric_.default, torch.ops.aten.log_normal_.default, torch.ops.aten.cauchy_.default,
+}
+
+
+def _refuse_strided_normal(graph: torch.fx.GraphModule) -> None:
+    """CPU normal_ fills a contiguous target of 16+ elements in blocks of 16 (vectorized
+    Box-Muller) and any other target one element at a time, with other numbers and another
+    count of draws: Inductor, which fills contiguous buffers, cannot give eager's."""
+    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.normal_.default):
+        value = node.args[0].meta.get("val")
+        if _memory_order(value) is not None and value.numel() >= 16:
+            raise PrecompileError(
+                f"fn fills a non-contiguous tensor ({_layout(value)}) with normal_{_source_of(node)}: "
+                "eager's CPU normal_ draws other numbers for it than for a contiguous tensor, which "
+                "backend='inductor' cannot reproduce. Draw into a contiguous tensor (torch.randn(shape), "
+                "then permute or copy_ it where it goes), or use backend='eager'"
+            )
+
+
+def _memory_order(value: Any) -> list | None:
+    """The dims of a non-contiguous, non-overlapping tensor, outermost first; None for any other value."""
+    if (
+        not isinstance(value, torch.Tensor)
+        or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
+        or value.is_contiguous()
+    ):
+        return None
+    order = sorted(range(value.dim()), key=lambda d: -value.stride(d))
+    extent = 1  # elements spanned by the dims inside the current one
+    for d in reversed(order):
+        if value.shape[d] > 1:
+            if value.stride(d) < extent:
+                return None
+            extent = value.stride(d) * value.shape[d]
+    return order
+
+
 def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
     """Make random fills draw into memory laid out as eager laid it out.
 
@@ -4168,40 +4223,71 @@ def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
     the fill's target contiguous, which gave other masks than eager under the
     same seed wherever x was not contiguous (nn.MultiheadAttention's output).
     Fill a contiguous tensor in eager's memory order, then permute it to x's
-    strides: the same numbers land in the same elements on both backends.
+    strides: the same numbers land in the same elements on both backends.  A
+    fill into another tensor (a strided view: ``x[:, ::2].uniform_()``) copies
+    the permuted numbers into it; Inductor's own functional fill of a strided
+    view returned other strides than it asserted, refusing every call.
     """
-    aten = torch.ops.aten
-    fills = {
-        aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default, aten.normal_.default,
-        aten.exponential_.default, aten.random_.default, aten.geometric_.default,
-        aten.log_normal_.default, aten.cauchy_.default,
-    }
-    for node in graph.graph.find_nodes(op="call_function", target=aten.empty_like.default):
-        value = node.meta.get("val")
-        (fill,) = node.users if len(node.users) == 1 else (None,)
-        if (
-            fill is None
-            or fill.target not in fills
-            or value is None
-            or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
-            or value.is_contiguous()
-            or not compat.is_non_overlapping_and_dense(value)
-        ):
+    for fill in list(graph.graph.nodes):
+        target = fill.args[0] if fill.target in _PER_ELEMENT_FILLS else None
+        order = _memory_order(target.meta.get("val")) if target is not None else None
+        if order is None:
             continue
-        order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # outermost first
-        inverse = sorted(range(value.dim()), key=order.__getitem__)
-        with graph.graph.inserting_before(node):
+        fresh = target.target is torch.ops.aten.empty_like.default and len(target.users) == 1
+        value = target.meta["val"]
+        with graph.graph.inserting_before(fill):
             base = graph.graph.call_function(
-                aten.empty.memory_format,
+                torch.ops.aten.empty.memory_format,
                 ([value.shape[d] for d in order],),
                 {"dtype": value.dtype, "device": value.device},
             )
-        fill.args = (base, *fill.args[1:])
+            rest = fill.args[1:]
+            if fill.target is torch.ops.aten.bernoulli_.Tensor:  # eager pairs p's elements with the target's
+                expanded = graph.graph.call_function(torch.ops.aten.expand.default, (rest[0], list(value.shape)))
+                rest = (graph.graph.call_function(torch.ops.aten.permute.default, (expanded, order)), *rest[1:])
+        fill.args = (base, *rest)
+        inverse = sorted(range(value.dim()), key=order.__getitem__)
         with graph.graph.inserting_after(fill):
-            permuted = graph.graph.call_function(aten.permute.default, (fill, inverse))
-        fill.replace_all_uses_with(permuted, delete_user_cb=lambda user: user is not permuted)
-        graph.graph.erase_node(node)
+            filled = permuted = graph.graph.call_function(torch.ops.aten.permute.default, (fill, inverse))
+        if not fresh:
+            with graph.graph.inserting_after(permuted):
+                filled = graph.graph.call_function(torch.ops.aten.copy_.default, (target, permuted))
+        fill.replace_all_uses_with(filled, delete_user_cb=lambda user: user is not permuted)
+        if fresh:
+            graph.graph.erase_node(target)
     graph.recompile()
+
+
+def _output_unused_draws(graph: torch.fx.GraphModule) -> int:
+    """Make the buffers of random draws fn never uses extra graph outputs; return how many.
+
+    Eager draws them all, advancing the global RNG (an unused dropout of an
+    auxiliary branch); Inductor drops a kernel whose buffer nothing reads, so
+    every later draw of the caller differed.  An output keeps the kernel.  Draws
+    into memory an output or an input shares are kept by their writes already.
+    """
+    root, _ = _alias_sets(graph)
+    output = graph.graph.output_node()
+    live, stack = set(), [output, *(n for n in graph.graph.nodes if root(n).op == "placeholder")]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    live_roots = {root(node) for node in live}
+    unused = {}  # the buffer each unused draw fills, once per buffer
+    for node in graph.graph.nodes:
+        if (
+            isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in node.target.tags
+            and root(node) not in live_roots
+            and isinstance(root(node).meta.get("val"), torch.Tensor)
+        ):
+            unused[root(node)] = None
+    if unused:
+        output.args = ((*output.args[0], *unused),)
+        graph.recompile()
+    return len(unused)
 
 
 def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
@@ -4332,7 +4418,9 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         _refuse_float_round_trips(capture.graph)
     _views_as_reshapes(capture.graph)
     _keep_traced_dtypes(capture.graph)
+    _refuse_strided_normal(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
+    num_unused_draws = _output_unused_draws(capture.graph)
     # The graph holds capture's autocast casts: traced again under it, Inductor would add more.
     with torch.no_grad(), compat.autocast_disabled():
         try:
@@ -4351,7 +4439,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
                 f"backend='inductor' failed to compile fn's graph ({type(error).__name__}: {message}); "
                 "the captured graph itself is sound: precompile with backend='eager'"
             ) from error
-    if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs):
+    if len(compiled) != 1 or compiled[0][1:] != (num_inputs, num_outputs + num_unused_draws):
         signature = [(inputs, outputs) for _, inputs, outputs in compiled]
         raise PrecompileError(
             "backend='inductor' cannot reproduce this graph faithfully: AOTAutograd changed its "
@@ -4374,10 +4462,14 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         f"EXTERN_KERNELS = {pprint.pformat(_extern_kernel_table(source))}\n\n\n"
         f"{_DEFERRED_KERNELS}\n\n{source}"
     )
-    bind = (
-        '_kernel_loader = _driver["bind_inductor_graph"](globals(), EXTERN_KERNELS, _kernel_files, INDUCTOR_VEC_ISA)\n'
-        "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
-    )
+    bind = '_kernel_loader = _driver["bind_inductor_graph"](globals(), EXTERN_KERNELS, _kernel_files, INDUCTOR_VEC_ISA)\n'
+    if num_unused_draws:
+        bind += (
+            "\n\ndef _run_graph(inputs):  # Inductor's call(list_of_inputs) -> outputs\n"
+            f"    return call(inputs)[:{num_outputs}]  # the rest keep fn's unused random draws\n\n\n"
+        )
+    else:
+        bind += "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
     # The vector ISA (name, bit width) Inductor wrote the C++ kernels for: compiled
     # elsewhere, they are compiled for it or refused (jit_compile_kernel).
     return _Lowered(graph_code, bind, f"INDUCTOR_VEC_ISA = {compat.inductor_vec_isa()!r}\n")

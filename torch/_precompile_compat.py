@@ -387,13 +387,6 @@ def has_effects(op: Any) -> bool:
     return _has_effects(op)
 
 
-def is_non_overlapping_and_dense(tensor: torch.Tensor) -> bool:
-    # No public API as of 2.13 (torch._prims_common); False when undecidable.
-    import torch._prims_common
-
-    return torch._prims_common.is_non_overlapping_and_dense_or_false(tensor)
-
-
 def is_traceable_wrapper_subclass(tensor: Any) -> bool:
     # DTensor & co.; no public API as of 2.13 (torch.utils._python_dispatch).
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
