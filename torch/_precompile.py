@@ -649,9 +649,11 @@ says who guarantees it and, where it is enforced, which tests (in
    LR scheduler) happen once, at capture, as under any tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
    are the modules' classes: a class redefined under the same import path (a
-   re-run notebook cell, an upgraded library) passes the class check and
-   the call runs the captured code; and so is what code reads outside the
-   arguments: fn's closure cells and globals, the model code's module
+   re-run notebook cell, an upgraded library, the class a factory function
+   makes at each call, the class each ``torch.fx.GraphModule`` gets) passes
+   the class check and the call runs the captured code; and so is what code
+   reads outside the arguments: fn's closure cells and globals (a
+   closed-over GradScaler's scale), the model code's module
    globals, class attributes read through ``type(self)`` or a classmethod,
    a held ``functools.partial``'s bound arguments, and torch's other
    process settings (thread count, matmul precision): a Python value there
@@ -684,7 +686,17 @@ says who guarantees it and, where it is enforced, which tests (in
    Inductor's CPU kernels check with an abort instead of an IndexError, as
    under torch.compile: validate indices outside fn or use backend='eager';
    likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero,
-   which kills the process (SIGFPE) where eager raises.
+   which kills the process (SIGFPE) where eager raises, and the float edge
+   cases Inductor lowers otherwise than eager (``inf // 1.5`` is inf, not
+   nan; float16 ``(-inf) ** 0.5`` and ``round(65504, decimals=1)``).
+   Autocast's weight-cast cache is off while tracing (make_fx's, as under
+   torch.compile), so the graph casts a weight at each use: a weight used
+   twice in one autocast region sums its two gradients in float32 where
+   eager sums them in the autocast dtype, and a region around several
+   calls recomputes casts eager would reuse from before an in-place
+   update.  A custom autograd Function's forward reading
+   ``ctx.needs_input_grad`` is baked where requires_grad is not checked
+   (a forward without backward that reads no ``requires_grad``).
    The fast path keeps this cheap: the global state is a few C calls, the
    module checks are C-level list comparisons (``benchmarks/soundness_overhead.py``),
    and the tensor guard (``runtime.tensor_guard``: the package's C++
