@@ -293,16 +293,19 @@ class TestCaptureSoundness(TestCase):
         torch.testing.assert_close(ours, eager)
         self.assertTrue((ours == 0).any())
 
-    def assertDrawsLikeEager(self, fn, x, backend):
-        """Same results, same input writes and the same global RNG state after the call as eager."""
+    def assertDrawsLikeEager(self, fn, x, backend, values=True):
+        """Same results, same input writes and the same global RNG state after the call as eager
+        (``values=False``: the RNG state only)."""
         f = load(precompile(fn, x.clone(), backend=backend))
         ours, eager = x.clone(), x.clone()
         torch.manual_seed(0)
         expected = fn(eager)
         expected_state = torch.get_rng_state()
         torch.manual_seed(0)
-        torch.testing.assert_close(f(ours), expected, atol=0, rtol=0, msg=fn.__name__)
-        torch.testing.assert_close(ours, eager, atol=0, rtol=0, msg=fn.__name__)
+        out = f(ours)
+        if values:
+            torch.testing.assert_close(out, expected, atol=0, rtol=0, msg=fn.__name__)
+            torch.testing.assert_close(ours, eager, atol=0, rtol=0, msg=fn.__name__)
         self.assertEqual(torch.get_rng_state(), expected_state, atol=0, rtol=0, msg=fn.__name__)
 
     @parametrize("backend", BACKENDS)
@@ -324,7 +327,10 @@ class TestCaptureSoundness(TestCase):
             return x + 1
 
         for fn in (unused_dropout, unused_alpha_dropout, one_of_two_used, into_an_unused_view):
-            self.assertDrawsLikeEager(fn, torch.randn(4, 8), backend)
+            # Inductor before 2.13 may run two draws in another order than eager's: the RNG
+            # state after the call is eager's, the masks may be swapped (Note invariant 11).
+            in_order = backend == "eager" or TORCH_RELEASE >= (2, 13) or fn is not one_of_two_used
+            self.assertDrawsLikeEager(fn, torch.randn(4, 8), backend, values=in_order)
 
     @parametrize("backend", BACKENDS)
     def test_random_fills_into_strided_tensors_match_eager(self, backend):

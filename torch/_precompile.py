@@ -613,7 +613,10 @@ says who guarantees it and, where it is enforced, which tests (in
      whose numbers depend on tensor values (``rrelu``, symbolic traces'
      ``native_dropout``) is REFUSED
      (test_checkpointed_dropout_replays_the_forward_mask).  Draws fn discards
-     advance the RNG as in eager, and fills into strided tensors draw eager's
+     advance the RNG as in eager (on torch 2.11-2.12 Inductor may run two
+     draws in another order: the RNG state after the call is eager's, the
+     two masks may be swapped; use backend='eager' there where that
+     matters), and fills into strided tensors draw eager's
      numbers (test_unused_random_draws_advance_the_rng_like_eager,
      test_random_fills_into_strided_tensors_match_eager); REFUSED at capture:
      ``x.random_(low, high)`` (make_fx cannot record ``random_.from``) and, on
