@@ -4472,7 +4472,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         bind += "_run_graph = call  # Inductor's call(list_of_inputs) -> outputs\n"
     # The vector ISA (name, bit width) Inductor wrote the C++ kernels for: compiled
     # elsewhere, they are compiled for it or refused (jit_compile_kernel).
-    return _Lowered(graph_code, bind, f"INDUCTOR_VEC_ISA = {compat.inductor_vec_isa()!r}\n")
+    return _Lowered(graph_code, bind, f"INDUCTOR_VEC_ISA = {list(runtime._inductor_vec_isas()[0])!r}\n")
 
 
 # Stands in for Inductor's AsyncCompile while the graph section runs, before the

@@ -738,19 +738,6 @@ def inductor_extern_kernels() -> Any:
     return extern_kernels
 
 
-def inductor_vec_isa() -> list:
-    """[name, bit width] of the vector ISA Inductor generates CPU kernels for in this process.
-
-    Its C++ is written for that ISA's vector width, so the driver's
-    ``jit_compile_kernel`` compiles it for the same one.
-    torch._inductor.cpu_vec_isa is private in 2.11-2.14.
-    """
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    isa = pick_vec_isa()
-    return [str(isa), isa.bit_width()]
-
-
 # --- DistributedDataParallel arguments (Note invariant 16) -------------------
 
 
