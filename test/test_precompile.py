@@ -771,6 +771,7 @@ class TestArtifact(TestCase):
             ("forward", _forward, lambda m: (m, x), "eager", ()),
             ("forward", _forward, lambda m: (m, x), "inductor", ("inductor",)),
             ("rebinds", rebinds, lambda m: (m, {"x": x.clone()}), "eager", ("input_objects",)),
+            ("train_step", _train_step, lambda m: (m, x, y), "eager", ("gradients",)),
             (
                 "optimizer",
                 optimizer_step,
@@ -787,8 +788,10 @@ class TestArtifact(TestCase):
                 exec(code, namespace)  # alone: the embedded driver, not the installed one
                 self.assertIsNot(namespace["PrecompiledFunction"], runtime.PrecompiledFunction)
                 ours, theirs = arguments(copy.deepcopy(m)), arguments(copy.deepcopy(m))
-                for _ in range(2):
+                for _ in range(2):  # the second call accumulates onto the .grad the first left
                     torch.testing.assert_close(namespace["forward"](*ours), fn(*theirs))
+                    for got, want in zip(ours[0].parameters(), theirs[0].parameters()):
+                        torch.testing.assert_close(got.grad, want.grad)
                 for got, want in zip(ours[0].parameters(), theirs[0].parameters()):
                     torch.testing.assert_close(got, want)
                 if name == "rebinds":
