@@ -726,13 +726,14 @@ class TestArtifact(TestCase):
         """The core refers to a part's names only where the convention has what the part serves
         (format_module.driver_parts); a part refers to the core and itself alone."""
         core, parts = format_module._installed_driver()
-        self.assertEqual(list(parts), ["data_parallel", "sharded", "optimizer", "input_objects", "inductor"])
+        self.assertEqual(list(parts), ["gradients", "data_parallel", "sharded", "optimizer", "input_objects", "inductor"])
         known = set(dir(builtins)) | _top_level_names(core)
         owners = {name: part for part, text in parts.items() for name in _top_level_names(text)}
         called_from_core = {name: owners.get(name) for name in _global_references(core) - known}
         self.assertEqual(
             called_from_core,
             {
+                "Gradients": "gradients",  # where the convention checks, reads or writes a .grad
                 "check_data_parallel": "data_parallel",  # for a module spec with data_parallel
                 # for a state spec with sharded
                 **dict.fromkeys(
@@ -770,7 +771,14 @@ class TestArtifact(TestCase):
             ("forward", _forward, lambda m: (m, x), "eager", ()),
             ("forward", _forward, lambda m: (m, x), "inductor", ("inductor",)),
             ("rebinds", rebinds, lambda m: (m, {"x": x.clone()}), "eager", ("input_objects",)),
-            ("optimizer", optimizer_step, lambda m: (m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), x, y), "eager", ("optimizer",)),
+            ("train_step", _train_step, lambda m: (m, x, y), "eager", ("gradients",)),
+            (
+                "optimizer",
+                optimizer_step,
+                lambda m: (m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), x, y),
+                "eager",
+                ("gradients", "optimizer"),
+            ),
         ):
             with self.subTest(name, backend=backend):
                 code, _ = _artifact(f"parts_{name}", fn, *arguments(copy.deepcopy(m)), backend=backend)
@@ -780,8 +788,10 @@ class TestArtifact(TestCase):
                 exec(code, namespace)  # alone: the embedded driver, not the installed one
                 self.assertIsNot(namespace["PrecompiledFunction"], runtime.PrecompiledFunction)
                 ours, theirs = arguments(copy.deepcopy(m)), arguments(copy.deepcopy(m))
-                for _ in range(2):
+                for _ in range(2):  # the second call accumulates onto the .grad the first left
                     torch.testing.assert_close(namespace["forward"](*ours), fn(*theirs))
+                    for got, want in zip(ours[0].parameters(), theirs[0].parameters()):
+                        torch.testing.assert_close(got.grad, want.grad)
                 for got, want in zip(ours[0].parameters(), theirs[0].parameters()):
                     torch.testing.assert_close(got, want)
                 if name == "rebinds":

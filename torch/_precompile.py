@@ -182,10 +182,11 @@ says who guarantees it and, where it is enforced, which tests (in
    its dtype[shape] and the line of fn or the model that produced it
    (test_eager_graph_names_the_source_line_of_each_node), or Inductor's module),
    ``driver`` (``torch/_precompile_runtime.py``'s core verbatim, and of its
-   optional parts -- data_parallel, optimizer, input_objects, inductor -- those
-   the convention uses: ``driver_parts``) and ``forward`` (binds them) -- each
-   opened by a marker line.  Run alone they share one namespace, so the driver
-   may not rebind the other sections' names (checked at render).  ``load``
+   optional parts -- gradients, data_parallel, sharded, optimizer,
+   input_objects, inductor -- those the convention uses: ``driver_parts``)
+   and ``forward`` (binds them) -- each opened by a marker line.  Run alone
+   they share one namespace, so the driver may not rebind the other sections'
+   names (checked at render).  ``load``
    takes the graph and forward from the cache when it holds this Python's code
    objects and python_code pins their bytes (BYTECODE_SHA256, which pins the
    header's constants too, so a warm load parses no header; otherwise it

@@ -137,6 +137,7 @@ def _installed_driver() -> tuple[str, dict[str, str]]:
 def driver_parts(convention: CallingConvention) -> tuple[str, ...]:
     """The driver's optional parts a runnable of ``convention`` calls into, in file order."""
     used = {
+        "gradients": convention.touches_grads,
         "data_parallel": any(m.data_parallel is not None for m in convention.modules),
         "sharded": any(spec.sharded is not None for spec in convention.state) or bool(convention.parallel_hooks),
         "optimizer": bool(convention.optimizers),

@@ -15,7 +15,8 @@ per-call path, a check that raises the PrecompileError naming what differs,
 and the list of what it checks (``PrecompiledFunction.checks``): ``Binding``,
 ``GlobalState``, ``ModuleArguments`` (module structure, values read, hooks,
 tied weights), ``UserInputs`` (structure, values, tensor layouts, free sizes,
-aliasing); then the graph, then ``ResultWriter`` (optimizer state, ``.grad``,
+aliasing), ``Gradients`` (the incoming ``.grad``, in its own part); then the
+graph, then ``ResultWriter`` (optimizer state, ``.grad`` through ``Gradients``,
 outputs that alias inputs, input objects fn rebinds).  The warm path needs
 neither ``torch._inductor`` nor ``torch._dynamo``; they are imported only when
 a kernel has to be compiled because the cache did not provide it.
@@ -1089,70 +1090,6 @@ def versions_bumped(run_graph: Callable[[list], Any], mutated: tuple[int, ...]) 
     return run
 
 
-def new_grad(grad: torch.Tensor, param: torch.Tensor, owned: bool) -> torch.Tensor:
-    """The ``.grad`` eager's AccumulateGrad makes of ``grad`` for ``param`` whose ``.grad`` is None:
-    ``grad`` itself where nothing else holds it (``owned``) and it obeys the layout contract,
-    else a copy that obeys it (torch/csrc/autograd/functions/accumulate_grad.h)."""
-    if grad.is_sparse:
-        return grad if owned else grad.clone()
-    dense = _non_overlapping_and_dense(param.shape, param.stride())
-    if owned and (_obeys_layout_contract(grad, param) if dense else grad.is_contiguous()):
-        return grad
-    if dense:
-        return grad.new_empty_strided(param.shape, param.stride()).copy_(grad)
-    return grad.clone(memory_format=torch.contiguous_format)
-
-
-def _obeys_layout_contract(grad: torch.Tensor, param: torch.Tensor) -> bool:
-    """torch's utils::obeys_layout_contract for a dense ``param``: ``grad`` has its strides
-    (a size-1 dim's stride is free, but not 0)."""
-    strides, own = grad.stride(), param.stride()
-    return strides == own or all(
-        stride != 0 if size == 1 else stride == expected for size, stride, expected in zip(grad.shape, strides, own)
-    )
-
-
-def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
-    """c10's compute_non_overlapping_and_dense (Tensor has no public method for it; the
-    Python one in torch._prims_common costs ~75 us)."""
-    expected = 1
-    for size, stride in sorted(((size, stride) for size, stride in zip(shape, strides) if size != 1), key=lambda d: d[1]):
-        if size == 0:
-            return True
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _contiguous(spec: TensorSpec) -> bool:
-    """Whether every tensor matching ``spec`` is contiguous (False where its strides are unchecked)."""
-    if spec.memory_format is not None:
-        return spec.memory_format == "contiguous_format"
-    if spec.stride is None:
-        return False
-    expected = 1
-    for size, stride in reversed(list(zip(spec.shape, spec.stride))):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory ``a`` and ``b`` span (from their first to their last element) overlaps."""
-    if not _is_alias_of(a, b) or a.numel() == 0 or b.numel() == 0:
-        return False
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        start = t.storage_offset() * t.element_size()
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) * t.element_size()
-        return start, start + last + t.element_size()
-
-    (a_start, a_end), (b_start, b_end) = span(a), span(b)
-    return a_start < b_end and b_start < a_end
-
-
 def autocast_disabled(run_graph: Callable[[list], Any], captured_under_autocast: bool) -> Callable[[list], Any]:
     """``run_graph`` with autocast off, for an artifact captured under autocast (every call then has it on).
 
@@ -1206,27 +1143,19 @@ class Check(Record):
 
 class ResultWriter:
     """What a call writes once the graph ran: the optimizer state it created, ``.grad``
-    as ``backward()`` would (Note invariant 13), outputs that alias inputs, and fn's
-    result, with the input objects fn rebinds or returns written into or taken from
-    the caller's (invariant 5)."""
+    as ``backward()`` would (``Gradients``, Note invariant 13), outputs that alias inputs,
+    and fn's result, with the input objects fn rebinds or returns written into or taken
+    from the caller's (invariant 5)."""
 
-    def __init__(self, convention: CallingConvention, argument_specs: dict, written: dict, sharded: frozenset):
+    def __init__(self, convention: CallingConvention, argument_specs: dict, written: dict, gradients: "Gradients | None"):
         self.convention = convention
         self._output_spec = convention.output_spec  # of (result, rebound inputs) where fn rebinds some
         self._returns_sizes = any(node.type is torch.Size for node in _preorder(self._output_spec))
         self._input_spec = convention.input_spec
         self._user_positions = convention.user_positions
         self._argument_specs = argument_specs  # by position (UserInputs')
-        self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
         self.writes_grads = bool(convention.grad_state or convention.grads_cleared)
-        self._grads_assigned = frozenset(convention.grads_assigned)
-        # fully_shard's new .grad is its reduce-scatter's result, as is (no AccumulateGrad).
-        self._sharded = sharded
-        self._grads_owned = frozenset(convention.grads_owned)
-        # Owned gradients of parameters every call checks contiguous: kept where contiguous too.
-        self._grads_kept_if_contiguous = frozenset(
-            index for index in convention.grads_owned if _contiguous(convention.state[index].tensor)
-        )
+        self._gradients = gradients  # PrecompiledFunction's (None where no call touches .grad)
         self._output_views = convention.output_views
         self._rebound_in_place = self._plan_rebound_writes()
         self.written = written  # UserInputs': the rebound arguments as the last call wrote them
@@ -1236,32 +1165,10 @@ class ResultWriter:
         for optimizer, entries in created:
             OptimizerArgument.stepped(optimizer, entries)
         if self.writes_grads:
-            self._write_grads(state, outputs)
+            self._gradients.write(state, outputs)
         if self._output_views:
             outputs = self._alias_outputs(outputs, tensors)
         return outputs
-
-    def _write_grads(self, state: list, outputs: Any) -> None:
-        # Like eager backward() (AccumulateGrad): a new .grad when None, else accumulate in
-        # place, but onto a sparse .grad out of place, `new + old` (a dense tensor), as eager
-        # does; grads_assigned: the graph's gradient is already the final .grad.
-        assigned, kept_if_contiguous = self._grads_assigned, self._grads_kept_if_contiguous
-        for index, grad in zip(self.convention.grad_state, outputs[self._num_outputs :]):
-            param = state[index]
-            old = param.grad
-            if index in assigned:
-                param.grad = grad
-            elif old is None:
-                if (index in kept_if_contiguous and grad.is_contiguous()) or index in self._sharded:  # common: one C call
-                    param.grad = grad
-                else:
-                    param.grad = new_grad(grad, param, index in self._grads_owned)
-            elif old.is_sparse:  # the graph's gradients are dense: add(sparse, dense) would raise
-                param.grad = grad + old
-            else:
-                old.add_(grad)
-        for index in self.convention.grads_cleared:
-            state[index].grad = None
 
     def _alias_outputs(self, outputs: Any, tensors: list) -> list:
         """Outputs that were graph inputs or views of them at capture, rebuilt from the runtime inputs."""
@@ -2278,21 +2185,20 @@ class PrecompiledFunction:
         self._state_cache = self._module_arguments.cache  # read by every call (_module_entry)
         input_alias_pairs = [(i, j) for i, j in pairs if j >= num_state]
         self._inputs = UserInputs(convention, self._module_arguments.state_path, input_alias_pairs)
-        sharded_indices = frozenset(index for index, _ in self._module_arguments.sharded)
-        self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written, sharded_indices)
+        # The driver's gradients part: present only where a call reads or writes .grad.
+        self._gradients = (
+            Gradients(convention, self._inputs.tensor_path, frozenset(index for index, _ in self._module_arguments.sharded))
+            if convention.touches_grads
+            else None
+        )
+        self._results = ResultWriter(convention, self._inputs.argument_specs, self._inputs.written, self._gradients)
         self._flat_inputs = self._inputs.flat
         self._distinct_inputs = self._inputs.distinct_tensors  # 0 with fewer than two tensor inputs
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
         sharded = bool(self._module_arguments.sharded)
         self._optimizers = [OptimizerArgument(spec, convention.backend, sharded) for spec in convention.optimizers]
-        self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or convention.grad_inputs)
-        self._read_only_grads = frozenset(convention.grad_inputs_read_only)
-        self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
-        # Inductor's kernels take each graph input as memory of its own: the incoming .grad
-        # must share none with another graph input where the graph writes either.
-        self._checks_grads_apart = convention.backend == "inductor" and bool(convention.grad_inputs)
-        # (weak references to the incoming .grad and the state last found apart, their storages)
-        self._grads_apart: tuple[list, frozenset] | None = None
+        self._reads_grads = bool(convention.grad_inputs)  # the incoming .grad are graph inputs
+        self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or self._reads_grads)
         self._copies_inputs = bool(self._constants or convention.output_views)
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
@@ -2376,7 +2282,7 @@ class PrecompiledFunction:
         if self._writes_tensors and not _is_inference_mode_enabled():
             self._inputs.refuse_written_inference_tensors(tensors)
         if self._checks_grads:
-            self._check_grads_kept(grad_owners)
+            self._gradients.check_kept(grad_owners)
         created = ()  # (optimizer, state entries this call creates): stored once the graph ran
         if self._has_trailing_inputs:
             created = []
@@ -2415,8 +2321,8 @@ class PrecompiledFunction:
         trailing = self._inputs.free_sizes(leaves) if self._inputs.free_inputs else []
         for optimizer in self._optimizers:
             trailing += optimizer.inputs(args[optimizer.spec.position], state, created)
-        if self.convention.grad_inputs:
-            trailing += self._prior_grads(grad_owners, tensors)
+        if self._reads_grads:
+            trailing += self._gradients.incoming(grad_owners, tensors)
         return trailing
 
     def _raise_rejected(self, error: AssertionError) -> None:
@@ -2446,16 +2352,166 @@ class PrecompiledFunction:
             cached = self._module_arguments.walk(self._pick_modules(args), key)
         return cached
 
-    # -- incoming gradients ----------------------------------------------------
+    # -- copies: a loaded artifact is code, which copy keeps as one object ------
+    # What it holds besides code are caches valid for any caller (one runnable
+    # serves any model and any thread), so a copied model may share it.
+
+    def __copy__(self) -> "PrecompiledFunction":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "PrecompiledFunction":
+        return self
+
+    def __reduce__(self) -> Any:
+        raise PrecompileError(
+            "a loaded precompile artifact cannot be pickled: it holds compiled code, not data; "
+            "save its (python_code, cache) pair and load() them again where it is needed"
+        )
+
+    # -- introspection: supported hooks for benchmarks and debugging -----------
+    # __call__ does not use them: its per-call path stays as it is.
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        """What every call checks before the graph runs, one ``Check`` each, in the order a call
+        checks them (``TORCH_LOGS=precompile_checks`` lists them at load, the inspector prints them)."""
+        c, inputs = self.convention, self._inputs
+        checks = [
+            *self._binding.checks(),
+            *self._global_state.checks(),
+            *self._module_arguments.checks(),
+            *inputs.checks(),
+            *inputs.pair_checks(self._state_alias_pairs),
+            *inputs.size_checks(),
+        ]
+        for spec in c.optimizers:
+            read = " and ".join(("lr", *spec.lifted))
+            expected = (
+                f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
+                f"other hyperparameters as baked ({read} read at every call)"
+            )
+            checks.append(Check("optimizer", f"args[{spec.position}]", expected))
+        if self._gradients is not None:
+            checks += self._gradients.checks()
+        return tuple(checks)
+
+    def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
+        """The flat list of graph inputs that ``self(*args, **kwargs)`` would pass to the graph.
+
+        In the calling convention's order: parameters and buffers, the user
+        input tensors, free dim sizes, optimizer inputs, incoming grads, then
+        the constants.  ``args`` are checked as a call checks them (a
+        PrecompileError names what differs); the global state (grad mode,
+        autocast, hooks) is not.  Nothing runs and nothing is written.
+        """
+        if kwargs or len(args) != self._arity:
+            args = self._binding.bind(args, kwargs)
+        user_args = self._pick_user_args(args)
+        leaves = self._inputs.flatten(user_args)
+        _, state = self._module_arguments.state_tensors(args, self._module_entry(args))
+        tensors = [*state, *self._pick_tensor_inputs(leaves)]
+        self._inputs.check_slowly(user_args, leaves, state)
+        self._inputs.check(user_args, leaves, tensors)
+        grad_owners = state
+        if self._sharded:
+            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
+        if self._state_alias_pairs:
+            self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
+        if self._checks_grads:
+            self._gradients.check_kept(grad_owners)
+        return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
+
+    def run_graph(self, inputs: list) -> Any:
+        """Run the graph alone on ``inputs`` (from ``graph_inputs``), which it leaves as they are.
+
+        Returns the graph's flat outputs: fn's tensor outputs, then the
+        gradients of ``convention.grad_state``.  No check, no grad-mode switch
+        (call it under ``torch.no_grad()`` as a call does), no ``.grad`` written,
+        fn's result not rebuilt.
+        """
+        return self._run_graph(list(inputs))
+
+    def with_graph(self, run_graph: Callable[[list], Any]) -> "PrecompiledFunction":
+        """A runnable with this one's calling convention and checks around another graph.
+
+        ``run_graph(list_of_inputs) -> outputs`` stands for the graph (it may
+        consume the list); e.g. one returning precomputed outputs times the
+        driver alone.
+        """
+        return type(self)(self.convention, run_graph, self._constants)
+
+
+# ---------------------------------------------------------------------------
+# Graph backends
+# ---------------------------------------------------------------------------
+
+
+def materialize_constants(specs: tuple[ConstantSpec, ...]) -> list[torch.Tensor]:
+    constants = []
+    for spec in specs:
+        raw = bytearray(base64.b64decode(spec.data))
+        flat = torch.frombuffer(raw, dtype=_dtype(spec.dtype)) if raw else torch.empty(0, dtype=_dtype(spec.dtype))
+        constants.append(flat.reshape(spec.shape).to(spec.device, copy=True))
+    return constants
+
+
+def eager_runner(graph: Callable) -> Callable[[list], Any]:
+    def run(inputs: list) -> Any:
+        return graph(*inputs)
+
+    return run
+
+
+# ~~~~ driver part: gradients ~~~~
+# The parameters' .grad around the graph (Note invariant 13).  Only in artifacts
+# whose calling convention checks, reads or writes a .grad: a training step.
+
+
+class Gradients:
+    """What a call does with the parameters' ``.grad``: the incoming ``.grad`` checked
+    (None or a tensor, as at capture) and passed to the graph where fn reads it, and
+    ``.grad`` written once the graph ran, as ``backward()`` would (Note invariant 13).
+
+    ``PrecompiledFunction`` and ``ResultWriter`` hold one (None where the convention
+    has no gradients) and call into it under their per-call flags.
+    """
+
+    def __init__(self, convention: CallingConvention, tensor_path: Callable[[int], str], sharded: frozenset):
+        self.convention = convention
+        self._module_positions = tuple(m.position for m in convention.modules)
+        self._tensor_path = tensor_path  # UserInputs': names a tensor graph input
+        self._num_state = len(convention.state)
+        # Read at every call: held here, one lookup instead of two through the convention.
+        self._grads_none, self._grads_present = convention.grads_none, convention.grads_present
+        self._grad_inputs = convention.grad_inputs
+        self._grad_state, self._grads_cleared = convention.grad_state, convention.grads_cleared
+        self._read_only_grads = frozenset(convention.grad_inputs_read_only)
+        self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
+        # Inductor's kernels take each graph input as memory of its own: the incoming .grad
+        # must share none with another graph input where the graph writes either.
+        self._checks_grads_apart = convention.backend == "inductor" and bool(convention.grad_inputs)
+        # (weak references to the incoming .grad and the state last found apart, their storages)
+        self._grads_apart: tuple[list, frozenset] | None = None
+        self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
+        self._grads_assigned = frozenset(convention.grads_assigned)
+        # fully_shard's new .grad is its reduce-scatter's result, as is (no AccumulateGrad).
+        self._sharded = sharded
+        self._grads_owned = frozenset(convention.grads_owned)
+        # Owned gradients of parameters every call checks contiguous: kept where contiguous too.
+        self._grads_kept_if_contiguous = frozenset(
+            index for index in convention.grads_owned if _contiguous(convention.state[index].tensor)
+        )
 
     def _parameter(self, index: int) -> str:
         """Names parameter ``index`` of the state as the caller reaches it: ``args[0].fc.weight``."""
         module_index, name = self.convention.state[index].names[0]
         return f"args[{self._module_positions[module_index]}].{name}"
 
-    def _check_grads_kept(self, params: list) -> None:
+    # -- before the graph --------------------------------------------------------
+
+    def check_kept(self, params: list) -> None:
         """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at capture."""
-        for index in self.convention.grads_none:
+        for index in self._grads_none:
             if params[index].grad is not None:
                 raise PrecompileError(
                     f"{self._parameter(index)}.grad is a tensor, which was None at capture; backward does not "
@@ -2463,7 +2519,7 @@ class PrecompiledFunction:
                     "eager would then use, while the graph skips it: set it to None (opt.zero_grad(), "
                     "p.grad = None), or, where it requires grad, precompile with a .grad there"
                 )
-        for index in self.convention.grads_present:
+        for index in self._grads_present:
             if params[index].grad is None:
                 raise PrecompileError(
                     f"{self._parameter(index)}.grad is None, which was a tensor at capture; fn uses its .grad "
@@ -2471,7 +2527,7 @@ class PrecompiledFunction:
                     "raise; the graph computes with zeros): give it a .grad, or precompile with .grad None"
                 )
 
-    def _prior_grads(self, grad_owners: list, tensors: list) -> list:
+    def incoming(self, grad_owners: list, tensors: list) -> list:
         """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g), with the
         layout of its graph input in ``tensors``.
 
@@ -2479,7 +2535,7 @@ class PrecompiledFunction:
         their layout is the parameter's, which every call checked.
         """
         grads, incoming = [], []
-        for index in self.convention.grad_inputs:
+        for index in self._grad_inputs:
             param, grad = tensors[index], grad_owners[index].grad
             if grad is not None:
                 incoming.append((index, grad))
@@ -2532,7 +2588,7 @@ class PrecompiledFunction:
         written = set(self.convention.mutated)
         read_only = frozenset(self.convention.grad_inputs_read_only)
         named = [(f"{self._parameter(index)}.grad", grad, index not in read_only) for index, grad in incoming]
-        named += [(self._inputs.tensor_path(i), tensor, i in written) for i, tensor in enumerate(tensors)]
+        named += [(self._tensor_path(i), tensor, i in written) for i, tensor in enumerate(tensors)]
         for k, (name, grad, grad_written) in enumerate(named[: len(incoming)]):
             for other, tensor, other_written in named[k + 1 :]:
                 if (grad_written or other_written) and _overlap(grad, tensor):
@@ -2543,45 +2599,35 @@ class PrecompiledFunction:
                         "(p.grad = p.grad.clone()), or set them to None (opt.zero_grad())"
                     )
 
-    # -- copies: a loaded artifact is code, which copy keeps as one object ------
-    # What it holds besides code are caches valid for any caller (one runnable
-    # serves any model and any thread), so a copied model may share it.
+    # -- after the graph ---------------------------------------------------------
 
-    def __copy__(self) -> "PrecompiledFunction":
-        return self
+    def write(self, state: list, outputs: Any) -> None:
+        # Like eager backward() (AccumulateGrad): a new .grad when None, else accumulate in
+        # place, but onto a sparse .grad out of place, `new + old` (a dense tensor), as eager
+        # does; grads_assigned: the graph's gradient is already the final .grad.
+        assigned, kept_if_contiguous = self._grads_assigned, self._grads_kept_if_contiguous
+        for index, grad in zip(self._grad_state, outputs[self._num_outputs :]):
+            param = state[index]
+            old = param.grad
+            if index in assigned:
+                param.grad = grad
+            elif old is None:
+                if (index in kept_if_contiguous and grad.is_contiguous()) or index in self._sharded:  # common: one C call
+                    param.grad = grad
+                else:
+                    param.grad = new_grad(grad, param, index in self._grads_owned)
+            elif old.is_sparse:  # the graph's gradients are dense: add(sparse, dense) would raise
+                param.grad = grad + old
+            else:
+                old.add_(grad)
+        for index in self._grads_cleared:
+            state[index].grad = None
 
-    def __deepcopy__(self, memo: dict) -> "PrecompiledFunction":
-        return self
+    # -- introspection -------------------------------------------------------------
 
-    def __reduce__(self) -> Any:
-        raise PrecompileError(
-            "a loaded precompile artifact cannot be pickled: it holds compiled code, not data; "
-            "save its (python_code, cache) pair and load() them again where it is needed"
-        )
-
-    # -- introspection: supported hooks for benchmarks and debugging -----------
-    # __call__ does not use them: its per-call path stays as it is.
-
-    @property
-    def checks(self) -> tuple[Check, ...]:
-        """What every call checks before the graph runs, one ``Check`` each, in the order a call
-        checks them (``TORCH_LOGS=precompile_checks`` lists them at load, the inspector prints them)."""
-        c, inputs = self.convention, self._inputs
-        checks = [
-            *self._binding.checks(),
-            *self._global_state.checks(),
-            *self._module_arguments.checks(),
-            *inputs.checks(),
-            *inputs.pair_checks(self._state_alias_pairs),
-            *inputs.size_checks(),
-        ]
-        for spec in c.optimizers:
-            read = " and ".join(("lr", *spec.lifted))
-            expected = (
-                f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
-                f"other hyperparameters as baked ({read} read at every call)"
-            )
-            checks.append(Check("optimizer", f"args[{spec.position}]", expected))
+    def checks(self) -> list[Check]:
+        """The grad rows of ``PrecompiledFunction.checks``."""
+        c, checks = self.convention, []
         if c.grad_inputs:
             grads = f".grad of {len(c.grad_inputs)} parameters"
             apart = ", sharing no memory with another graph input where the graph writes either" if self._checks_grads_apart else ""
@@ -2590,73 +2636,71 @@ class PrecompiledFunction:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
         for index in c.grads_present:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "a tensor, as at capture"))
-        return tuple(checks)
-
-    def graph_inputs(self, *args: Any, **kwargs: Any) -> list:
-        """The flat list of graph inputs that ``self(*args, **kwargs)`` would pass to the graph.
-
-        In the calling convention's order: parameters and buffers, the user
-        input tensors, free dim sizes, optimizer inputs, incoming grads, then
-        the constants.  ``args`` are checked as a call checks them (a
-        PrecompileError names what differs); the global state (grad mode,
-        autocast, hooks) is not.  Nothing runs and nothing is written.
-        """
-        if kwargs or len(args) != self._arity:
-            args = self._binding.bind(args, kwargs)
-        user_args = self._pick_user_args(args)
-        leaves = self._inputs.flatten(user_args)
-        _, state = self._module_arguments.state_tensors(args, self._module_entry(args))
-        tensors = [*state, *self._pick_tensor_inputs(leaves)]
-        self._inputs.check_slowly(user_args, leaves, state)
-        self._inputs.check(user_args, leaves, tensors)
-        grad_owners = state
-        if self._sharded:
-            grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
-        if self._state_alias_pairs:
-            self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
-        if self._checks_grads:
-            self._check_grads_kept(grad_owners)
-        return [*tensors, *self._trailing_inputs(args, leaves, state, grad_owners, tensors, []), *self._constants]
-
-    def run_graph(self, inputs: list) -> Any:
-        """Run the graph alone on ``inputs`` (from ``graph_inputs``), which it leaves as they are.
-
-        Returns the graph's flat outputs: fn's tensor outputs, then the
-        gradients of ``convention.grad_state``.  No check, no grad-mode switch
-        (call it under ``torch.no_grad()`` as a call does), no ``.grad`` written,
-        fn's result not rebuilt.
-        """
-        return self._run_graph(list(inputs))
-
-    def with_graph(self, run_graph: Callable[[list], Any]) -> "PrecompiledFunction":
-        """A runnable with this one's calling convention and checks around another graph.
-
-        ``run_graph(list_of_inputs) -> outputs`` stands for the graph (it may
-        consume the list); e.g. one returning precomputed outputs times the
-        driver alone.
-        """
-        return type(self)(self.convention, run_graph, self._constants)
+        return checks
 
 
-# ---------------------------------------------------------------------------
-# Graph backends
-# ---------------------------------------------------------------------------
+def new_grad(grad: torch.Tensor, param: torch.Tensor, owned: bool) -> torch.Tensor:
+    """The ``.grad`` eager's AccumulateGrad makes of ``grad`` for ``param`` whose ``.grad`` is None:
+    ``grad`` itself where nothing else holds it (``owned``) and it obeys the layout contract,
+    else a copy that obeys it (torch/csrc/autograd/functions/accumulate_grad.h)."""
+    if grad.is_sparse:
+        return grad if owned else grad.clone()
+    dense = _non_overlapping_and_dense(param.shape, param.stride())
+    if owned and (_obeys_layout_contract(grad, param) if dense else grad.is_contiguous()):
+        return grad
+    if dense:
+        return grad.new_empty_strided(param.shape, param.stride()).copy_(grad)
+    return grad.clone(memory_format=torch.contiguous_format)
 
 
-def materialize_constants(specs: tuple[ConstantSpec, ...]) -> list[torch.Tensor]:
-    constants = []
-    for spec in specs:
-        raw = bytearray(base64.b64decode(spec.data))
-        flat = torch.frombuffer(raw, dtype=_dtype(spec.dtype)) if raw else torch.empty(0, dtype=_dtype(spec.dtype))
-        constants.append(flat.reshape(spec.shape).to(spec.device, copy=True))
-    return constants
+def _obeys_layout_contract(grad: torch.Tensor, param: torch.Tensor) -> bool:
+    """torch's utils::obeys_layout_contract for a dense ``param``: ``grad`` has its strides
+    (a size-1 dim's stride is free, but not 0)."""
+    strides, own = grad.stride(), param.stride()
+    return strides == own or all(
+        stride != 0 if size == 1 else stride == expected for size, stride, expected in zip(grad.shape, strides, own)
+    )
 
 
-def eager_runner(graph: Callable) -> Callable[[list], Any]:
-    def run(inputs: list) -> Any:
-        return graph(*inputs)
+def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
+    """c10's compute_non_overlapping_and_dense (Tensor has no public method for it; the
+    Python one in torch._prims_common costs ~75 us)."""
+    expected = 1
+    for size, stride in sorted(((size, stride) for size, stride in zip(shape, strides) if size != 1), key=lambda d: d[1]):
+        if size == 0:
+            return True
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
-    return run
+
+def _contiguous(spec: TensorSpec) -> bool:
+    """Whether every tensor matching ``spec`` is contiguous (False where its strides are unchecked)."""
+    if spec.memory_format is not None:
+        return spec.memory_format == "contiguous_format"
+    if spec.stride is None:
+        return False
+    expected = 1
+    for size, stride in reversed(list(zip(spec.shape, spec.stride))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory ``a`` and ``b`` span (from their first to their last element) overlaps."""
+    if not _is_alias_of(a, b) or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.storage_offset() * t.element_size()
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) * t.element_size()
+        return start, start + last + t.element_size()
+
+    (a_start, a_end), (b_start, b_end) = span(a), span(b)
+    return a_start < b_end and b_start < a_end
 
 
 # ~~~~ driver part: data_parallel ~~~~

@@ -572,6 +572,12 @@ class CallingConvention(Record):
             for free in leaf.tensor.free_dims
         )
 
+    @property
+    def touches_grads(self) -> bool:
+        """Whether a call checks, reads or writes a parameter's ``.grad`` (the fields that
+        name parameters by their .grad; the others are subsets of these)."""
+        return bool(self.grad_state or self.grads_cleared or self.grad_inputs or self.grads_none or self.grads_present)
+
 
 def _to_literal(value: Any) -> Any:
     """Records -> dicts of plain literals that ``ast.literal_eval`` reads.
