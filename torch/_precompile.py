@@ -273,7 +273,8 @@ says who guarantees it and, where it is enforced, which tests (in
    ``_PRECOMPILE_LOCK``), because capture and lowering change process-global
    state, not per-thread state: capture disables MKLDNN
    (``torch.backends.mkldnn.flags``), sets torch.compiler's compiling and
-   exporting flags, swaps the module arguments' tensors for traced leaves
+   exporting flags, runs selective activation checkpointing as in eager
+   (``compat.checkpoint_regions_as_in_eager``), swaps the module arguments' tensors for traced leaves
    (``_reparametrize_module``), points optimizer arguments at traced state and
    forks the global RNG; lowering patches Inductor's global config.  All of it
    is restored on exit, also when fn raises
@@ -608,7 +609,12 @@ says who guarantees it and, where it is enforced, which tests (in
      next draw (naming its line) or when fn returns
      (test_reseeding_the_rng_inside_fn_is_refused_at_capture).  A draw that
      restarts from an earlier draw's state repeats its numbers and is
-     replayed from a copy: ``torch.utils.checkpoint`` (reentrant or not)
+     replayed from a copy: ``torch.utils.checkpoint`` (reentrant or not,
+     selective too: ``create_selective_checkpoint_contexts``, which the trace
+     runs as in eager, saving and recomputing by its policy, not as under
+     torch.compile;
+     test_precompile_global_guards.py
+     test_selective_checkpointing_around_dropout_is_honoured)
      around dropout is honoured, grads and RNG as eager's; a replayed op
      whose numbers depend on tensor values (``rrelu``, symbolic traces'
      ``native_dropout``) is REFUSED

@@ -1967,6 +1967,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         _without_mkldnn(),
         _LstmUnderAutocast() if torch.backends.mkldnn.is_available() else contextlib.nullcontext(),
         _seen_as_export(),
+        compat.checkpoint_regions_as_in_eager(),
         _caller_grads_kept(args),
         _ModuleReads(args) as module_reads,
         _StateReads(),
