@@ -752,7 +752,13 @@ says who guarantees it and, where it is enforced, which tests (in
    graph's gradient is assigned (an incoming ``.grad`` the graph takes must
    be dense, of the parameter's shape, dtype and strides: another, a sparse
    one included, is refused before anything runs:
-   test_sparse_grad_read_inside_the_graph_is_refused); when fn clears it last,
+   test_sparse_grad_read_inside_the_graph_is_refused); a sparse gradient
+   (``nn.Embedding(sparse=True)``) backward accumulates into such a taken
+   ``.grad`` (fn reads it, or runs two backwards) is REFUSED at capture, naming
+   the parameter: the graph's ``.grad`` is dense, eager's None becomes a sparse
+   one; plain accumulation leaves it sparse as in eager
+   (test_precompile_soundness.py
+   test_sparse_gradients_keep_eager_layout_or_are_refused); when fn clears it last,
    the runnable sets it to None (test_precompile_capture_soundness.py
    test_gradient_accumulation_matches_eager,
    test_grad_bookkeeping_follows_what_fn_does_with_grad,
