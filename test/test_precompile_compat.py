@@ -11,7 +11,9 @@ so a torch upgrade that moves or changes one fails here, in one place.
 
 import ast
 import contextlib
+import functools
 import hashlib
+import inspect
 import os
 import re
 import subprocess
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch_precompile import _precompile_compat as compat, _precompile_runtime as runtime
@@ -44,7 +47,7 @@ PRIVATE_MODULES = {
 PRIVATE_NAMES = {
     # capture
     "_reparametrize_module", "_custom_builtins", "_parse_stack_trace", "_register_stack_trace_anchor", "register_log", "_rename",
-    "_is_compiling_flag", "_is_exporting_flag", "_compiling_state_context",
+    "_is_compiling_flag", "_is_exporting_flag", "_compiling_state_context", "_is_compiling",
     "_global_optimizer_pre_hooks", "_global_optimizer_post_hooks",
     "replacements", "deferred_runtime_asserts", "pending_fresh_unbacked_symbols",
     "StatelessSymbolicContext", "DimDynamic", "LocalSource", "FakeTensorMode",
@@ -574,6 +577,35 @@ class TestCaptureInternals(TestCase):
         finally:
             compat.set_compiling_flag(False)
         self.assertFalse(torch.compiler.is_compiling())
+
+    def test_selective_checkpointing_asks_is_compiling(self):
+        """SAC's dispatch modes take any proxy mode (make_fx) for a compiler unless
+        checkpoint._is_compiling says otherwise; capture makes it say so, and restores it."""
+        import torch.fx.traceback as fx_traceback
+        import torch.utils.checkpoint as checkpoint
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        def region(x):
+            return F.dropout(x, 0.5, training=True).relu_()
+
+        def step(x):
+            contexts = functools.partial(checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+            checkpoint.checkpoint(region, x, use_reentrant=False, context_fn=contexts).sum().backward()
+            return x.grad
+
+        original = checkpoint._is_compiling
+        self.assertEqual(list(inspect.signature(original).parameters), ["func", "args", "kwargs"])
+        x = torch.randn(4, requires_grad=True)
+        # (preserve_node_meta: the failing trace leaves SAC's recompute tags in fx's current_meta,
+        # which would tag the nodes of later traces in this process, Inductor's pattern graphs too)
+        with fx_traceback.preserve_node_meta(), self.assertRaisesRegex(
+            RuntimeError, "cached during selective activation checkpoint has been mutated"
+        ):
+            make_fx(step)(x)
+        with compat.checkpoint_regions_as_in_eager():
+            self.assertFalse(checkpoint._is_compiling(None, (), {}))
+            make_fx(step)(torch.randn(4, requires_grad=True))
+        self.assertIs(checkpoint._is_compiling, original)
 
     def test_mark_attributes(self):
         from torch._dynamo.decorators import mark_dynamic, mark_unbacked, maybe_mark_dynamic

@@ -12,6 +12,7 @@ Qwen2-MoE training steps) and value-dependent sizes (boolean masks,
 invariants 11 and 12.  Artifacts are compiled once per process.
 """
 
+import functools
 import logging
 import re
 import unittest
@@ -174,12 +175,13 @@ def _reads_rng_state_and_draws(x):
 
 
 class _Checkpointed(nn.Module):
-    def __init__(self, reentrant: bool, dropout: bool = True, activation=None):
+    def __init__(self, reentrant: bool, dropout: bool = True, activation=None, context_fn=checkpoint.noop_context_fn):
         super().__init__()
         torch.manual_seed(0)
         self.inner, self.outer = nn.Linear(4, 4), nn.Linear(4, 4)
         self.reentrant, self.dropout = reentrant, dropout
         self.activation = activation
+        self.context_fn = context_fn
 
     def region(self, h):
         h = self.outer(h)
@@ -189,7 +191,7 @@ class _Checkpointed(nn.Module):
 
     def forward(self, x):
         h = self.inner(x)  # the checkpointed input requires grad (reentrant needs one)
-        return checkpoint.checkpoint(self.region, h, use_reentrant=self.reentrant)
+        return checkpoint.checkpoint(self.region, h, use_reentrant=self.reentrant, context_fn=self.context_fn)
 
 
 def _ckpt_nonreentrant():
@@ -206,6 +208,18 @@ def _ckpt_without_randomness():
 
 def _ckpt_rrelu():
     return _Checkpointed(True, dropout=False, activation=lambda h: F.rrelu(h, training=True))
+
+
+def _save_matmuls(ctx, op, *args, **kwargs):
+    saved = op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+    return checkpoint.CheckpointPolicy.MUST_SAVE if saved else checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _ckpt_selective():
+    """Selective activation checkpointing: the matmul saved, dropout (a draw, then in-place ops
+    on its mask) recomputed."""
+    contexts = functools.partial(checkpoint.create_selective_checkpoint_contexts, _save_matmuls)
+    return _Checkpointed(False, activation=torch.relu, context_fn=contexts)
 
 
 # Row 5: saved-tensor hooks
@@ -468,6 +482,13 @@ class TestGlobalGuards(TestCase):
             r"again \(torch\.utils\.checkpoint recomputing a region\)",
             _step, _ckpt_rrelu(), x, backend=backend,
         )
+
+    @parametrize("backend", BACKENDS)
+    def test_selective_checkpointing_around_dropout_is_honoured(self, backend):
+        """Row 4: selective checkpointing recomputes as in eager, not as under torch.compile,
+        whose trace keeps every output and trips on dropout's in-place mask (a RuntimeError)."""
+        f = _runnable(_step, lambda: (_ckpt_selective(), _x()), backend, key=_ckpt_selective)
+        self.assertSameStep(f, _step, _ckpt_selective, _x())
 
     @parametrize("backend", BACKENDS)
     def test_saved_tensors_hooks(self, backend):

@@ -132,6 +132,27 @@ def _bn_clipped_step(model, x, y):
     return loss.detach()
 
 
+def _sparse_embedding():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(6, 3, sparse=True), nn.Linear(3, 1))
+
+
+def _sparse_step(model, ids):
+    loss = model(ids).sum()
+    loss.backward()
+    return loss.detach()
+
+
+def _sparse_step_reading_grad(model, ids):
+    loss = _sparse_step(model, ids)
+    return loss, model[0].weight.grad.sum()
+
+
+def _sparse_steps_accumulated(model, ids):
+    _sparse_step(model, ids)
+    return _sparse_step(model, ids)
+
+
 def _layers():
     torch.manual_seed(0)
     return _Layers()
@@ -776,6 +797,30 @@ class TestSoundness(TestCase):
             self.assertTrue(t.equal(before[name]), f"a refused call changed {name}")
         self.assertIs(model[0].weight.grad, sparse)
         self.assertTrue(all(p.grad is None for name, p in model.named_parameters() if name != "0.weight"))
+
+    @parametrize("backend", BACKENDS)
+    def test_sparse_gradients_keep_eager_layout_or_are_refused(self, backend):
+        """A parameter whose gradient is sparse (nn.Embedding(sparse=True)): where the runnable
+        accumulates it as backward does, .grad is sparse as in eager, from None or onto a sparse
+        .grad; where fn reads or accumulates it inside the graph, whose .grad is dense (zeros for
+        None), capture refuses naming it, the caller's model untouched (Note invariant 13)."""
+        ids = torch.tensor([[1, 2, 1], [3, 4, 5]])
+        f = _runnable("sparse step", _sparse_step, _sparse_embedding(), ids, backend=backend)
+        model, ref = _sparse_embedding(), _sparse_embedding()
+        for _ in range(2):  # .grad None, then sparse
+            torch.testing.assert_close(f(model, ids), _sparse_step(ref, ids))
+            self.assertEqual(model[0].weight.grad.layout, torch.sparse_coo)
+            torch.testing.assert_close(model[0].weight.grad.to_dense(), ref[0].weight.grad.to_dense())
+            torch.testing.assert_close(model[1].weight.grad, ref[1].weight.grad)
+        for fn in (_sparse_step_reading_grad, _sparse_steps_accumulated):
+            model = _sparse_embedding()
+            self.assertRefused(
+                r"^args\[0\]\.0\.weight gets a sparse gradient \(nn\.Embedding / nn\.EmbeddingBag with sparse=True\) "
+                r"from the backward at .*test_precompile_soundness\.py:\d+ \(loss\.backward\(\)\), and fn reads or "
+                r"changes its \.grad: the graph accumulates it into a dense \.grad .* Make the layer's gradient dense "
+                r"\(sparse=False\)",
+                lambda: precompile(fn, model, ids, backend=backend), model, ids,
+            )
 
     def _assert_grads_like_eager(self, model, reference):
         """Each .grad as eager's AccumulateGrad leaves it: values, strides, and which are one tensor."""

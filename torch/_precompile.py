@@ -274,7 +274,8 @@ says who guarantees it and, where it is enforced, which tests (in
    ``_PRECOMPILE_LOCK``), because capture and lowering change process-global
    state, not per-thread state: capture disables MKLDNN
    (``torch.backends.mkldnn.flags``), sets torch.compiler's compiling and
-   exporting flags, swaps the module arguments' tensors for traced leaves
+   exporting flags, runs selective activation checkpointing as in eager
+   (``compat.checkpoint_regions_as_in_eager``), swaps the module arguments' tensors for traced leaves
    (``_reparametrize_module``), points optimizer arguments at traced state and
    forks the global RNG; lowering patches Inductor's global config.  All of it
    is restored on exit, also when fn raises
@@ -609,7 +610,12 @@ says who guarantees it and, where it is enforced, which tests (in
      next draw (naming its line) or when fn returns
      (test_reseeding_the_rng_inside_fn_is_refused_at_capture).  A draw that
      restarts from an earlier draw's state repeats its numbers and is
-     replayed from a copy: ``torch.utils.checkpoint`` (reentrant or not)
+     replayed from a copy: ``torch.utils.checkpoint`` (reentrant or not,
+     selective too: ``create_selective_checkpoint_contexts``, which the trace
+     runs as in eager, saving and recomputing by its policy, not as under
+     torch.compile;
+     test_precompile_global_guards.py
+     test_selective_checkpointing_around_dropout_is_honoured)
      around dropout is honoured, grads and RNG as eager's; a replayed op
      whose numbers depend on tensor values (``rrelu``, symbolic traces'
      ``native_dropout``) is REFUSED
@@ -747,7 +753,13 @@ says who guarantees it and, where it is enforced, which tests (in
    graph's gradient is assigned (an incoming ``.grad`` the graph takes must
    be dense, of the parameter's shape, dtype and strides: another, a sparse
    one included, is refused before anything runs:
-   test_sparse_grad_read_inside_the_graph_is_refused); when fn clears it last,
+   test_sparse_grad_read_inside_the_graph_is_refused); a sparse gradient
+   (``nn.Embedding(sparse=True)``) backward accumulates into such a taken
+   ``.grad`` (fn reads it, or runs two backwards) is REFUSED at capture, naming
+   the parameter: the graph's ``.grad`` is dense, eager's None becomes a sparse
+   one; plain accumulation leaves it sparse as in eager
+   (test_precompile_soundness.py
+   test_sparse_gradients_keep_eager_layout_or_are_refused); when fn clears it last,
    the runnable sets it to None (test_precompile_capture_soundness.py
    test_gradient_accumulation_matches_eager,
    test_grad_bookkeeping_follows_what_fn_does_with_grad,

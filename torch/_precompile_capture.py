@@ -1150,6 +1150,12 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
             for index in watched:
                 hook = state[index].register_post_accumulate_grad_hook(lambda _, index=index: reached.add(index))
                 stack.callback(hook.remove)
+            sparse = _SparseGradients(
+                {i: grad for i, grad in zip(candidates, incoming_grads) if i in watched and i not in traced_none}
+            )
+            for index in sparse.incoming:
+                for hook in sparse.hooks(state[index], index):
+                    stack.callback(hook.remove)
             grad_reads = _grad_reads(args, state, whole, watched, traced_none, reached)
             if grad_reads is not None:
                 stack.enter_context(grad_reads)
@@ -1175,6 +1181,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
             ):
                 result = fn(*call_args)
                 recorded["grads_unreached"] = [i for i in watched if i not in reached]
+                recorded["sparse_into_incoming"] = dict(sparse.into_incoming)
                 recorded["frozen_grads_read"], recorded["grads_used_early"] = (), ()
                 if grad_reads is not None:
                     recorded["grads_used_early"] = grad_reads.used_before_backward()
@@ -1217,6 +1224,50 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         return (*outputs, *[state[i].grad for i in recorded["grad_state"]])
 
     return flat_fn
+
+
+class _SparseGradients:
+    """While fn is traced: the parameters whose backward accumulates a sparse gradient
+    (``nn.Embedding(sparse=True)``) into the incoming ``.grad`` the trace gave them (Note
+    invariant 13).  The trace's incoming ``.grad`` is a dense graph input, zeros where the
+    caller's is None; eager's None takes a sparse gradient as a sparse ``.grad``.  Only a
+    plain accumulation, which the runnable does like eager, keeps that: _finish_grad_inputs
+    refuses the others."""
+
+    def __init__(self, incoming: dict):
+        self.incoming = incoming  # state index -> its incoming .grad in the trace
+        self.arriving: set = set()  # a sparse gradient is on its way into the parameter
+        self.into_incoming: dict = {}  # state index -> fn's line that ran the backward
+
+    def hooks(self, param: torch.Tensor, index: int) -> tuple:
+        def before(grad: torch.Tensor) -> None:  # what AccumulateGrad receives, summed over the uses
+            if grad.layout != torch.strided:
+                self.arriving.add(index)
+            else:  # (torch.autograd.grad runs this hook and accumulates nothing)
+                self.arriving.discard(index)
+
+        def after(param: torch.Tensor) -> None:  # in place into the incoming .grad: its identity kept
+            if index in self.arriving and param.grad is self.incoming[index]:
+                self.into_incoming.setdefault(index, _user_line(traceback.extract_stack()))
+            self.arriving.discard(index)
+
+        return param.register_hook(before), param.register_post_accumulate_grad_hook(after)
+
+
+def _refuse_sparse_gradients_read(args: _Arguments, recorded: dict, read: list) -> None:
+    """A parameter whose gradient is sparse, where fn reads or changes its ``.grad`` (the graph
+    takes the incoming one): the trace made that ``.grad`` dense (_SparseGradients)."""
+    paths = [path for path, _ in _named_state(args.module_positions, args.lifted)]
+    for index in read:
+        if index in recorded.get("sparse_into_incoming", {}):
+            raise PrecompileError(
+                f"{paths[index]} gets a sparse gradient (nn.Embedding / nn.EmbeddingBag with sparse=True) from the "
+                f"backward{recorded['sparse_into_incoming'][index]}, and fn reads or changes its .grad: the graph accumulates it into "
+                "a dense .grad (zeros where the caller's is None), where eager leaves a sparse .grad, so the "
+                "artifact would leave another layout (a sparse optimizer such as torch.optim.SparseAdam refuses it). "
+                "Make the layer's gradient dense (sparse=False), or leave its .grad to backward inside fn and read "
+                "or clip it outside fn"
+            )
 
 
 def _grad_reads(args: _Arguments, state: tuple, whole: dict, watched: list, traced_none: tuple, reached: set):
@@ -1967,6 +2018,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         _without_mkldnn(),
         _LstmUnderAutocast() if torch.backends.mkldnn.is_available() else contextlib.nullcontext(),
         _seen_as_export(),
+        compat.checkpoint_regions_as_in_eager(),
         _caller_grads_kept(args),
         _ModuleReads(args) as module_reads,
         _StateReads(),
@@ -3785,6 +3837,7 @@ def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _
             assigned.append(index)
     output.args = (tuple(results),)
     read = [(i, node) for i, node in zip(_grad_candidates(args), placeholders) if node.users]
+    _refuse_sparse_gradients_read(args, recorded, [i for i, _ in read])
     read_only = _read_only(graph, [node for _, node in read])
     accumulated = {index: results[first + k] for k, index in enumerate(grad_state) if index not in assigned}
     return {

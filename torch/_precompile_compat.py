@@ -202,6 +202,30 @@ def compiling_and_exporting() -> contextlib.AbstractContextManager:
     return _compiling_state_context()
 
 
+@contextlib.contextmanager
+def checkpoint_regions_as_in_eager():
+    """Inside, torch.utils.checkpoint's selective checkpointing (``context_fn=
+    create_selective_checkpoint_contexts``) saves and recomputes as in eager, also under make_fx.
+
+    Its dispatch modes ask ``torch.utils.checkpoint._is_compiling`` (torch 2.11-2.14: true under any
+    proxy mode, unless torch's non-strict tracing flag is set), and then keep every op's output for a
+    compiler's partitioner and hand it back at recomputation instead of running the op: a random op
+    is not drawn again, and an output a later in-place op of the region writes (dropout's mask) trips
+    its "has been mutated" check.  Process-global while set, like the compiling flags."""
+    import torch.utils.checkpoint as checkpoint
+
+    original = checkpoint._is_compiling
+    checkpoint._is_compiling = _not_compiling
+    try:
+        yield
+    finally:
+        checkpoint._is_compiling = original
+
+
+def _not_compiling(func: Any, args: Any, kwargs: Any) -> bool:
+    return False
+
+
 def compiling_flag() -> bool:
     # The variable behind torch.compiler.is_compiling(); no public setter as of 2.13.
     return torch.compiler._is_compiling_flag
