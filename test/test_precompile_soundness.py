@@ -807,9 +807,12 @@ class TestSoundness(TestCase):
         ids = torch.tensor([[1, 2, 1], [3, 4, 5]])
         f = _runnable("sparse step", _sparse_step, _sparse_embedding(), ids, backend=backend)
         model, ref = _sparse_embedding(), _sparse_embedding()
-        for _ in range(2):  # .grad None, then sparse
+        for call in range(2):  # .grad None, then sparse: accumulated in place, as eager's `grad += new`
+            held = model[0].weight.grad
             torch.testing.assert_close(f(model, ids), _sparse_step(ref, ids))
             self.assertEqual(model[0].weight.grad.layout, torch.sparse_coo)
+            if call:
+                self.assertIs(model[0].weight.grad, held)
             torch.testing.assert_close(model[0].weight.grad.to_dense(), ref[0].weight.grad.to_dense())
             torch.testing.assert_close(model[1].weight.grad, ref[1].weight.grad)
         for fn in (_sparse_step_reading_grad, _sparse_steps_accumulated):

@@ -2603,7 +2603,7 @@ class Gradients:
 
     def write(self, state: list, outputs: Any) -> None:
         # Like eager backward() (AccumulateGrad): a new .grad when None, else accumulate in
-        # place, but onto a sparse .grad out of place, `new + old` (a dense tensor), as eager
+        # place, but a dense gradient onto a sparse .grad out of place, `new + old`, as eager
         # does; grads_assigned: the graph's gradient is already the final .grad.
         assigned, kept_if_contiguous = self._grads_assigned, self._grads_kept_if_contiguous
         for index, grad in zip(self._grad_state, outputs[self._num_outputs :]):
@@ -2616,7 +2616,7 @@ class Gradients:
                     param.grad = grad
                 else:
                     param.grad = new_grad(grad, param, index in self._grads_owned)
-            elif old.is_sparse:  # the graph's gradients are dense: add(sparse, dense) would raise
+            elif old.is_sparse and not grad.is_sparse:  # add_(sparse, dense) would raise
                 param.grad = grad + old
             else:
                 old.add_(grad)
