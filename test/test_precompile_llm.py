@@ -68,11 +68,12 @@ def _llama():
     return model
 
 
-def _prompt(batch=2, length=6, seed=0):
+def _prompt(batch=2, length=6, seed=0, padded=True):
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 100, (batch, length), generator=generator)
     mask = torch.ones(batch, length, dtype=torch.long)
-    mask[0, : length // 3] = 0  # left padding
+    if padded:
+        mask[0, : length // 3] = 0  # left padding
     return ids, mask
 
 
@@ -783,9 +784,40 @@ class TestGenerate(TestCase):
                 self._assert_same_tokens(model, runnables, ids, mask, **({"do_sample": False} | options))
 
     @needs_mark_bounds
+    def test_unpadded_requests_on_artifacts_recorded_padded(self):
+        # generate() drops an all-ones mask before calling forward: serving() passes it back, as
+        # the artifacts recorded on a left-padded batch take it (a batch-1 prompt is unpadded).
+        model, runnables = _served("dynamic")
+        for batch, length in [(1, 5), (3, 7)]:
+            with self.subTest(batch=batch, length=length):
+                ids, mask = _prompt(batch, length, seed=batch, padded=False)
+                self._assert_same_tokens(model, runnables, ids, mask, do_sample=False)
+
+    def test_artifacts_recorded_without_a_mask(self):
+        # Artifacts from before the mask was recorded whatever the padding: unpadded requests are
+        # served; a padded one is refused naming what generate() passed and what they were recorded with.
+        model, (ids, mask) = _llama(), _prompt(padded=False)
+        recorded = generation.record_forward_calls(model, ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+        runnables = {}
+        for phase, kwargs in recorded.items():
+            del kwargs["attention_mask"]
+            cache = kwargs.pop("past_key_values")
+            runnables[phase] = load(torch_precompile.precompile(generation._call_forward, model, kwargs, cache, backend="eager"))
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+        with generation.serving(model, runnables):
+            self.assertEqual(model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False).tolist(), expected.tolist())
+            with self.assertRaisesRegex(
+                PrecompileError,
+                r"^generation\.serving: generate\(\) passed the prefill call the keyword arguments \['input_ids', "
+                r"'position_ids', 'attention_mask', .*\], but the prefill artifact was recorded with \['input_ids', "
+                r"'position_ids', 'logits_to_keep', .*\]: generate\(\) passes an attention_mask only for a padded prompt "
+                r"\(it drops an all-ones one\); these artifacts were recorded without a mask .* precompile_generate again",
+            ):
+                model.generate(ids, attention_mask=_prompt()[1], max_new_tokens=2, do_sample=False)
+
+    @needs_mark_bounds
     def test_a_prompt_outside_the_size_facts_is_refused(self):
-        # A one-token prompt with the prefill's arguments (generate() itself drops an all-ones
-        # mask there, which the artifact refuses by its keys).
+        # A one-token prompt with the prefill's arguments.
         model, runnables = _served("dynamic")
         ids, mask = _prompt(2, 6)
         kwargs = generation.record_forward_calls(model, ids, attention_mask=mask, max_new_tokens=2, do_sample=False)["prefill"]
@@ -804,16 +836,20 @@ class TestGenerate(TestCase):
         # generate() passes position_ids made from the mask only to a forward whose signature
         # takes them; GPT-2 adds learned absolute position embeddings, so the left-padded row's
         # tokens differed where the recorded and served forward hid the model's signature.
+        # Recorded on an unpadded prompt, whose all-ones mask generate() drops: recorded as a
+        # mask all the same, so left-padded requests are served too.
         torch.manual_seed(0)
         config = transformers.GPT2Config(
             vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2,
             pad_token_id=0, initializer_range=0.5,
         )
         model = transformers.GPT2LMHeadModel(config).eval()
-        ids, mask = _prompt()
+        ids, mask = _prompt(padded=False)
         pairs = generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
         runnables = {phase: torch_precompile.load(*pair) for phase, pair in pairs.items()}
-        self._assert_same_tokens(model, runnables, ids, mask, do_sample=False)
+        for padded in (True, False):
+            with self.subTest(padded=padded):
+                self._assert_same_tokens(model, runnables, *_prompt(3, 7, padded=padded), do_sample=False)
 
     def test_static_cache(self):
         model, runnables = _served("static")
@@ -825,6 +861,15 @@ class TestGenerate(TestCase):
         ids, mask = _prompt(3, 6)
         with generation.serving(model, runnables), self.assertRaisesRegex(
             PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(2, \*\), got \(3, 6\)"
+        ):
+            model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+        # An unpadded prompt's prefill gets no mask, where the recorded one had generate()'s 4-D mask.
+        ids, mask = _prompt(2, 6, padded=False)
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError,
+            r"^generation\.serving: generate\(\) passed the prefill call the keyword arguments \['input_ids', "
+            r"'position_ids', 'logits_to_keep', .*\], but the prefill artifact was recorded with \['input_ids', "
+            r"'position_ids', 'attention_mask', .*\]: .* with a StaticCache generate\(\) passes the 4-D mask it builds",
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
 

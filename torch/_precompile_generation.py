@@ -15,6 +15,16 @@ programming model], invariants 3 and 5):
 A ``StaticCache`` (passed as ``past_key_values``) is allocated for one batch
 size and cache length, which stay the example's.
 
+``generate()`` drops an all-ones 2-D ``attention_mask`` (no padding) before
+calling forward, treating it as no mask, so whether a call has that key
+depends on the request's padding, and an artifact maps dict inputs by key.
+Both calls are recorded with the mask (an all-ones one where generate()
+dropped it), and ``serving()`` passes back the all-ones mask generate()
+dropped where an artifact takes a 2-D one: one pair serves padded and
+unpadded requests.  With a ``StaticCache`` generate() passes the 4-D mask it
+builds, and none for an unpadded prompt's prefill, which serving() does not
+make up: its prefill serves prompts padded (or not) as the recorded one.
+
 Each mark's ``min``/``max`` is an inclusive bound on that size, checked at
 every call; the graph may need more of the sizes than the bounds say (sdpa's
 ``q_length > 1`` branch makes prefill require a prompt of at least 2 tokens):
@@ -58,6 +68,12 @@ PHASES = ("prefill", "decode")
 DEFAULT_MAX_BATCH = 64
 
 
+_MASK = "attention_mask"
+# The model inputs prepare_inputs_for_generation() sets before the mask; the keyword
+# arguments it forwards (use_cache, logits_to_keep, ...) follow it.
+_BEFORE_MASK = frozenset({"input_ids", "inputs_embeds", "past_key_values", "position_ids", "token_type_ids"})
+
+
 class _Recorded(Exception):
     """Stops the recording generate() once the forward calls it needs were seen."""
 
@@ -81,6 +97,8 @@ def record_forward_calls(model: torch.nn.Module, *args: Any, **generate_kwargs: 
 
     Runs ``model.generate(*args, **generate_kwargs)`` until its second forward
     call, with the global RNG restored afterwards (sampling draws from it).
+    Where generate() dropped an all-ones 2-D mask, the calls have it back, as
+    ``serving()`` passes it (module docstring).
     """
     calls: list = []
     forward = model.forward
@@ -101,7 +119,17 @@ def record_forward_calls(model: torch.nn.Module, *args: Any, **generate_kwargs: 
             f"model.generate() called the model's forward {len(calls)} time(s); precompile_generate needs a "
             "prefill and a decode step: pass max_new_tokens >= 2"
         )
-    return {phase: _contiguous(kwargs) for phase, kwargs in zip(PHASES, calls)}
+    mask = generate_kwargs.get(_MASK)
+    dtype = mask.dtype if isinstance(mask, torch.Tensor) else torch.long  # generate()'s own mask is long
+    takes_mask = _MASK in inspect.signature(model.forward).parameters
+    recorded = {}
+    for phase, kwargs in zip(PHASES, calls):
+        cache = kwargs.get("past_key_values")
+        # A compileable cache (StaticCache) gets the 4-D mask generate() builds, or none.
+        if takes_mask and _MASK not in kwargs and not getattr(cache, "is_compileable", False):
+            kwargs = _with_ones_mask(kwargs, _cache_length(cache), dtype, _BEFORE_MASK)
+        recorded[phase] = _contiguous(kwargs)
+    return recorded
 
 
 def mark_free_dims(kwargs: dict, phase: str, max_batch: int, max_length: int) -> None:
@@ -207,10 +235,16 @@ def serving(model: torch.nn.Module, runnables: dict):
     cache is empty, decode after.  A call the artifact does not fit raises a PrecompileError
     (nothing changed) instead of running eagerly."""
 
+    recorded = {phase: _RecordedKeys.of(runnable) for phase, runnable in runnables.items()}
+
     def forward(**kwargs: Any) -> Any:
         kwargs = _contiguous(kwargs)
         cache = kwargs.pop("past_key_values", None)
-        return runnables["prefill" if _cache_length(cache) == 0 else "decode"](model, kwargs, cache)
+        phase = "prefill" if _cache_length(cache) == 0 else "decode"
+        keys = recorded[phase]
+        if keys is not None and kwargs.keys() != keys.names:
+            kwargs = keys.conform(kwargs, cache, phase)
+        return runnables[phase](model, kwargs, cache)
 
     config = getattr(model, "generation_config", None)
     disabled = getattr(config, "disable_compile", None)
@@ -222,6 +256,75 @@ def serving(model: torch.nn.Module, runnables: dict):
     finally:
         if config is not None:
             config.disable_compile = disabled
+
+
+class _RecordedKeys:
+    """The keyword arguments a served artifact was recorded with (``_call_forward``'s args[1])."""
+
+    def __init__(self, keys: list, mask_dtype: torch.dtype | None):
+        self.keys = keys
+        self.names = frozenset(keys)
+        # Of a 2-D attention_mask, put back where generate() dropped an all-ones one (module docstring).
+        self.mask_dtype = mask_dtype
+        self.before_mask = frozenset(keys[: keys.index(_MASK)]) if mask_dtype is not None else frozenset()
+
+    @classmethod
+    def of(cls, runnable: Callable) -> "_RecordedKeys | None":
+        """None for a callable that is not such an artifact (it gets generate()'s arguments as they are)."""
+        convention = getattr(runnable, "convention", None)
+        if convention is None or convention.input_spec.num_children == 0:
+            return None
+        spec = convention.input_spec.children()[0]
+        if spec.type is not dict:
+            return None
+        keys, mask_dtype = list(spec.context), None
+        if _MASK in keys:
+            leaf = convention.inputs[sum(child.num_leaves for child in spec.children()[: keys.index(_MASK)])]
+            if leaf.tensor is not None and len(leaf.tensor.shape) == 2:
+                mask_dtype = getattr(torch, leaf.tensor.dtype)
+        return cls(keys, mask_dtype)
+
+    def conform(self, kwargs: dict, cache: Any, phase: str) -> dict:
+        """``kwargs`` with the all-ones mask generate() dropped, where the artifact takes one; refused
+        where the keys still differ, naming both (the artifact's own refusal would name only its input)."""
+        passed = list(kwargs)
+        if _MASK not in kwargs and self.mask_dtype is not None:
+            kwargs = _with_ones_mask(kwargs, _cache_length(cache), self.mask_dtype, self.before_mask)
+            if kwargs.keys() == self.names:
+                return kwargs
+        if _MASK in self.names.symmetric_difference(kwargs):
+            if getattr(cache, "is_compileable", False):
+                fix = (
+                    f"with a {type(cache).__name__} generate() passes the 4-D mask it builds, and none for an unpadded "
+                    "prompt's prefill, which serving() cannot make up: serve prompts padded (or not) as the recorded "
+                    "one, or call generate() eagerly"
+                )
+            else:
+                fix = (
+                    "these artifacts were recorded without a mask (an unpadded prompt, by an earlier version): "
+                    "precompile_generate again, which records the mask whatever the prompt's padding"
+                )
+            why = f"generate() passes an attention_mask only for a padded prompt (it drops an all-ones one); {fix}"
+        else:
+            why = "pass generate() the options the artifacts were recorded with, or precompile_generate again"
+        raise PrecompileError(
+            f"generation.serving: generate() passed the {phase} call the keyword arguments {passed}, but the "
+            f"{phase} artifact was recorded with {self.keys}: {why}"
+        )
+
+
+def _with_ones_mask(kwargs: dict, cache_length: int, dtype: torch.dtype, before: frozenset) -> dict:
+    """``kwargs`` with the all-ones 2-D mask of the sequence so far (the cache and the new tokens)
+    after its leading keys in ``before``, as generate() would have passed it: fn's ``model(**kwargs)``
+    observes the order."""
+    tokens = kwargs.get("input_ids")
+    if tokens is None:
+        tokens = kwargs["inputs_embeds"]
+    batch, new = tokens.shape[:2]
+    items = list(kwargs.items())
+    at = next((index for index, (name, _) in enumerate(items) if name not in before), len(items))
+    mask = torch.ones(batch, cache_length + new, dtype=dtype, device=tokens.device)
+    return dict(items[:at] + [(_MASK, mask)] + items[at:])
 
 
 @contextlib.contextmanager
