@@ -436,16 +436,33 @@ class TestOptimizerContract(TestCase):
             step(eager, eager_opt, x)
             self.assertEqual(torch.signbit(ours.weight).tolist(), torch.signbit(eager.weight).tolist(), f"lr={lr}")
 
-    def test_returned_lr_is_refused(self):
-        # A Python float in eager; in the trace, the graph input lr is read from.
-        def step_returning_lr(model, opt, x, y):
-            train_step(model, opt, x, y)
-            return opt.param_groups[0]["lr"]
+    def test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused(self):
+        # A Python float in eager's fn; in the trace, the graph input the step reads (a 0-dim
+        # float64 tensor): returned, it would be a tensor, loss * lr float64, float(lr) refused
+        # as a tensor's value, and grad.mul_(lr) leave the .grad with autograd history.
+        uses = [
+            ("sgd", "lr", "", lambda opt, loss: opt.param_groups[0]["lr"]),
+            ("sgd", "lr", "", lambda opt, loss: loss * opt.param_groups[0]["lr"]),
+            ("sgd", "lr", "", lambda opt, loss: -opt.param_groups[0].get("lr")),
+            ("adam", "lr", "", lambda opt, loss: float(opt.param_groups[0].setdefault("lr", 0.1))),
+            ("adam", "lr", "", lambda opt, loss: [p.grad.mul_(opt.param_groups[0]["lr"]) for p in opt.param_groups[0]["params"]]),
+            ("sgd_momentum_foreach", "momentum", "", lambda opt, loss: loss * opt.param_groups[0]["momentum"]),
+            ("adamw", "betas", r" \(betas\[0\] of it\)", lambda opt, loss: opt.param_groups[0]["betas"][1]),
+        ]
+        for name, key, held, use in uses:
 
-        model = small_mlp()
-        x, y = _data()[0]
-        with self.assertRaisesRegex(PrecompileError, r"^fn returns args\[1\]\.param_groups\[0\]\['lr'\], a Python float in eager"):
-            precompile(step_returning_lr, model, OPTIMIZERS["sgd"](model), x, y, backend="eager")
+            def using_step(model, opt, x, y):
+                loss = train_step(model, opt, x, y)
+                return loss, use(opt, loss)
+
+            with self.subTest(name=name, key=key):
+                self.assert_capture_refused_unchanged(
+                    using_step,
+                    OPTIMIZERS[name],
+                    rf"^fn reads args\[1\]\.param_groups\[0\]\['{key}'\] at .*test_precompile_optimizer\.py:\d+ .*: "
+                    rf"the artifact reads it{held} from the optimizer at every call.*read it outside fn and pass it "
+                    r"as an argument \(as a tensor, torch\.tensor\(lr, dtype=torch\.float64\), it follows every call",
+                )
 
     def test_shared_state_tensors_are_refused(self):
         # Eager's step updates two state entries sharing one tensor one after the other
@@ -510,16 +527,27 @@ class TestOptimizerContract(TestCase):
                 group["lr"] = group["lr"] * 0.5
             return train_step(model, opt, x, y)
 
+        def warming_step(model, opt, x, y):
+            opt.param_groups[0]["lr"] = 0.05
+            return train_step(model, opt, x, y)
+
         model = small_mlp()
         ref_opt = OPTIMIZERS["sgd"](model)
         for lr in (0.05, 0.025):
             decaying_step(model, ref_opt, *_data()[0])
             self.assertEqual(ref_opt.param_groups[0]["lr"], lr)
-        self.assert_capture_refused_unchanged(
+        self.assert_capture_refused_unchanged(  # the read comes first
             decaying_step,
             OPTIMIZERS["sgd"],
+            r"^fn reads args\[1\]\.param_groups\[0\]\['lr'\] at .*test_precompile_optimizer\.py:\d+ "
+            r"\(group\[\"lr\"\] = group\[\"lr\"\] \* 0\.5\): .*to change it, step an LR scheduler between calls$",
+            backend,
+        )
+        self.assert_capture_refused_unchanged(
+            warming_step,
+            OPTIMIZERS["sgd"],
             r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] at .*test_precompile_optimizer\.py:\d+ "
-            r"\(group\[\"lr\"\] = group\[\"lr\"\] \* 0\.5\): .*never writes the group.*"
+            r"\(opt\.param_groups\[0\]\[\"lr\"\] = 0\.05\): .*never writes the group.*"
             r"set it outside fn, e\.g\. with an LR scheduler stepped between calls$",
             backend,
         )

@@ -843,9 +843,11 @@ says who guarantees it and, where it is enforced, which tests (in
    other optimizer classes, fused / capturable / differentiable, SGD
    dampening, tensor hyperparameters, step hooks, per-group state layouts that
    differ, free dims, an LR scheduler stepped inside fn
-   (test_scheduler_stepped_inside_fn_is_refused), and fn returning ``lr``
-   or a lifted hyperparameter itself (a Python float in eager;
-   test_returned_lr_is_refused).  Checked at every call: class, number of groups,
+   (test_scheduler_stepped_inside_fn_is_refused), and fn's own reads of
+   ``lr`` or a lifted hyperparameter (a Python float in eager's fn, a graph
+   input in the trace: ``loss * lr`` would be float64, ``lr * 2`` a tensor;
+   pass it as an argument;
+   test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
    (every group entry present at capture but ``params``, ``lr`` and the
    lifted ones: fn may read its own, a loss scale kept there), state keys,
