@@ -346,6 +346,20 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, "optimizer argument together with mark_unbacked"):
             precompile(train_step, model, OPTIMIZERS["adamw"](model), x, y, backend="inductor")
 
+    def test_optimizer_or_module_in_a_container_is_refused(self):
+        # Only fn's own arguments are lifted; registering the class as a pytree node would not do it.
+        model = small_mlp()
+        x, y = _data()[0]
+        cases = [
+            (lambda m, state, x, y: train_step(m, state["opt"], x, y), (model, {"opt": OPTIMIZERS["sgd"](model)}),
+             r"^args\[1\]\['opt'\] is an optimizer \(SGD\) inside a container: .*pass it as one"),
+            (lambda ms, x, y: F.cross_entropy(ms[0](x), y), ([model],),
+             r"^args\[0\]\[0\] is an nn\.Module \(Sequential\) inside a container: .*pass it as one"),
+        ]
+        for fn, args, message in cases:
+            with self.subTest(message), self.assertRaisesRegex(PrecompileError, message):
+                precompile(fn, *args, x, y, backend="eager")
+
     def test_step_hooks_are_refused(self):
         def with_hook(m):
             opt = torch.optim.SGD(m.parameters(), lr=0.1)

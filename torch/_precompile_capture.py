@@ -545,6 +545,13 @@ def _how_to_register(value: Any) -> str:
 
 def _input_value_literal(what: str, value: Any) -> Any:
     """A Python leaf of fn's inputs, baked as value_literal(): its type (a numpy scalar's dtype, an Enum's class) is checked too."""
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):  # lifted only where _split_arguments finds them
+        kind = "an nn.Module" if isinstance(value, torch.nn.Module) else "an optimizer"
+        raise PrecompileError(
+            f"{what} is {kind} ({type(value).__qualname__}) inside a container: precompile lifts modules and "
+            "optimizers only where they are arguments of fn themselves; pass it as one (fn(model, opt, x, y) "
+            "instead of fn({'model': model, 'opt': opt}, x, y))"
+        )
     literal = _value_literal_or_missing(value)
     if literal is schema.MISSING or type(literal) is dict and not schema.is_scalar_literal(literal):
         raise PrecompileError(
