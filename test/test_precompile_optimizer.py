@@ -11,6 +11,7 @@ built once per test process (``_artifact``); models stay tiny.
 
 import copy
 
+import numpy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -413,6 +414,25 @@ class TestOptimizerContract(TestCase):
         opt.state[model[0].weight]["exp_avg"] = opt.state[model[0].weight]["exp_avg"].double()
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
+
+    def test_lr_of_another_type_is_refused_with_the_fix(self):
+        # Eager's step takes these too; the call names the conversion that keeps their value.
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["sgd"](model)
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
+        for lr, kind in ((numpy.float32(0.05), "numpy.float32"), (torch.tensor(0.05), "torch.Tensor")):
+            opt.param_groups[0]["lr"] = lr
+            before = copy.deepcopy(model.state_dict())
+            with self.subTest(kind), self.assertRaisesRegex(
+                PrecompileError,
+                rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\]: expected a Python float, got {kind}; "
+                r"set it to float\(value\) \(e\.g\. opt\.param_groups\[0\]\['lr'\] = float\(lr\)",
+            ):
+                step(model, opt, x, y)
+            self.assertEqual(model.state_dict(), before, atol=0, rtol=0)
+        opt.param_groups[0]["lr"] = float(lr)
+        step(model, opt, x, y)
 
     def test_scheduler_stepped_inside_fn_is_refused(self):
         model = small_mlp()

@@ -3326,7 +3326,10 @@ def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
                 "input; other hyperparameters are baked)"
             )
         if key != "params" and not isinstance(value, (*schema.LEAF_VALUE_TYPES, tuple)):
-            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}")
+            raise PrecompileError(
+                f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}; use a Python float, int, "
+                "bool, str or None (float(value) for a numpy scalar)"
+            )
 
 
 def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: Any, param: torch.Tensor) -> dict:
