@@ -11,7 +11,7 @@ built once per test process (``_artifact``); models stay tiny.
 
 import copy
 
-import numpy
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -421,7 +421,7 @@ class TestOptimizerContract(TestCase):
         x, y = _data()[0]
         opt = OPTIMIZERS["sgd"](model)
         step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
-        for lr, kind in ((numpy.float32(0.05), "numpy.float32"), (torch.tensor(0.05), "torch.Tensor")):
+        for lr, kind in ((np.float32(0.05), "numpy.float32"), (torch.tensor(0.05), "torch.Tensor")):
             opt.param_groups[0]["lr"] = lr
             before = copy.deepcopy(model.state_dict())
             with self.subTest(kind), self.assertRaisesRegex(
