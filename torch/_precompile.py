@@ -813,8 +813,9 @@ says who guarantees it and, where it is enforced, which tests (in
    (``opt.loss_scale``), which no call checks.  Of a group, fn reads the
    values of keys it has (checked at every call, below); a lookup of a key
    it lacks (``g.get("loss_scale", 1.0)``: a key added later would go
-   unseen), its key set (iteration, ``len``, copies) and ``capturable`` /
-   ``foreach`` where the trace set them are refused; so is any write to a
+   unseen), its key set (iteration, ``len``, copies), ``capturable`` /
+   ``foreach`` where the trace set them and ``lr`` and the lifted
+   hyperparameters (below) are refused; so is any write to a
    group by any code (``g["lr"] *= 0.5``: eager compounds it, the artifact
    never writes a group; use an LR scheduler stepped between calls), to the
    caller's group dicts through a closure, and changes to the
