@@ -11,6 +11,7 @@ built once per test process (``_artifact``); models stay tiny.
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -346,6 +347,20 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, "optimizer argument together with mark_unbacked"):
             precompile(train_step, model, OPTIMIZERS["adamw"](model), x, y, backend="inductor")
 
+    def test_optimizer_or_module_in_a_container_is_refused(self):
+        # Only fn's own arguments are lifted; registering the class as a pytree node would not do it.
+        model = small_mlp()
+        x, y = _data()[0]
+        cases = [
+            (lambda m, state, x, y: train_step(m, state["opt"], x, y), (model, {"opt": OPTIMIZERS["sgd"](model)}),
+             r"^args\[1\]\['opt'\] is an optimizer \(SGD\) inside a container: .*pass it as one"),
+            (lambda ms, x, y: F.cross_entropy(ms[0](x), y), ([model],),
+             r"^args\[0\]\[0\] is an nn\.Module \(Sequential\) inside a container: .*pass it as one"),
+        ]
+        for fn, args, message in cases:
+            with self.subTest(message), self.assertRaisesRegex(PrecompileError, message):
+                precompile(fn, *args, x, y, backend="eager")
+
     def test_step_hooks_are_refused(self):
         def with_hook(m):
             opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -400,6 +415,25 @@ class TestOptimizerContract(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"state of param_groups\[0\]\['params'\]\[0\]\['exp_avg'\].*dtype"):
             step(model, opt, x, y)
 
+    def test_lr_of_another_type_is_refused_with_the_fix(self):
+        # Eager's step takes these too; the call names the conversion that keeps their value.
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["sgd"](model)
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
+        for lr, kind in ((np.float32(0.05), "numpy.float32"), (torch.tensor(0.05), "torch.Tensor")):
+            opt.param_groups[0]["lr"] = lr
+            before = copy.deepcopy(model.state_dict())
+            with self.subTest(kind), self.assertRaisesRegex(
+                PrecompileError,
+                rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\]: expected a Python float, got {kind}; "
+                r"set it to float\(value\) \(e\.g\. opt\.param_groups\[0\]\['lr'\] = float\(lr\)",
+            ):
+                step(model, opt, x, y)
+            self.assertEqual(model.state_dict(), before, atol=0, rtol=0)
+        opt.param_groups[0]["lr"] = float(lr)
+        step(model, opt, x, y)
+
     def test_scheduler_stepped_inside_fn_is_refused(self):
         model = small_mlp()
         x, y = _data()[0]
@@ -436,16 +470,33 @@ class TestOptimizerContract(TestCase):
             step(eager, eager_opt, x)
             self.assertEqual(torch.signbit(ours.weight).tolist(), torch.signbit(eager.weight).tolist(), f"lr={lr}")
 
-    def test_returned_lr_is_refused(self):
-        # A Python float in eager; in the trace, the graph input lr is read from.
-        def step_returning_lr(model, opt, x, y):
-            train_step(model, opt, x, y)
-            return opt.param_groups[0]["lr"]
+    def test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused(self):
+        # A Python float in eager's fn; in the trace, the graph input the step reads (a 0-dim
+        # float64 tensor): returned, it would be a tensor, loss * lr float64, float(lr) refused
+        # as a tensor's value, and grad.mul_(lr) leave the .grad with autograd history.
+        uses = [
+            ("sgd", "lr", "", lambda opt, loss: opt.param_groups[0]["lr"]),
+            ("sgd", "lr", "", lambda opt, loss: loss * opt.param_groups[0]["lr"]),
+            ("sgd", "lr", "", lambda opt, loss: -opt.param_groups[0].get("lr")),
+            ("adam", "lr", "", lambda opt, loss: float(opt.param_groups[0].setdefault("lr", 0.1))),
+            ("adam", "lr", "", lambda opt, loss: [p.grad.mul_(opt.param_groups[0]["lr"]) for p in opt.param_groups[0]["params"]]),
+            ("sgd_momentum_foreach", "momentum", "", lambda opt, loss: loss * opt.param_groups[0]["momentum"]),
+            ("adamw", "betas", r" \(betas\[0\] of it\)", lambda opt, loss: opt.param_groups[0]["betas"][1]),
+        ]
+        for name, key, held, use in uses:
 
-        model = small_mlp()
-        x, y = _data()[0]
-        with self.assertRaisesRegex(PrecompileError, r"^fn returns args\[1\]\.param_groups\[0\]\['lr'\], a Python float in eager"):
-            precompile(step_returning_lr, model, OPTIMIZERS["sgd"](model), x, y, backend="eager")
+            def using_step(model, opt, x, y):
+                loss = train_step(model, opt, x, y)
+                return loss, use(opt, loss)
+
+            with self.subTest(name=name, key=key):
+                self.assert_capture_refused_unchanged(
+                    using_step,
+                    OPTIMIZERS[name],
+                    rf"^fn reads args\[1\]\.param_groups\[0\]\['{key}'\] at .*test_precompile_optimizer\.py:\d+ .*: "
+                    rf"the artifact reads it{held} from the optimizer at every call.*read it outside fn and pass it "
+                    r"as an argument \(as a tensor, torch\.tensor\(lr, dtype=torch\.float64\), it follows every call",
+                )
 
     def test_shared_state_tensors_are_refused(self):
         # Eager's step updates two state entries sharing one tensor one after the other
@@ -510,16 +561,27 @@ class TestOptimizerContract(TestCase):
                 group["lr"] = group["lr"] * 0.5
             return train_step(model, opt, x, y)
 
+        def warming_step(model, opt, x, y):
+            opt.param_groups[0]["lr"] = 0.05
+            return train_step(model, opt, x, y)
+
         model = small_mlp()
         ref_opt = OPTIMIZERS["sgd"](model)
         for lr in (0.05, 0.025):
             decaying_step(model, ref_opt, *_data()[0])
             self.assertEqual(ref_opt.param_groups[0]["lr"], lr)
-        self.assert_capture_refused_unchanged(
+        self.assert_capture_refused_unchanged(  # the read comes first
             decaying_step,
             OPTIMIZERS["sgd"],
+            r"^fn reads args\[1\]\.param_groups\[0\]\['lr'\] at .*test_precompile_optimizer\.py:\d+ "
+            r"\(group\[\"lr\"\] = group\[\"lr\"\] \* 0\.5\): .*to change it, step an LR scheduler between calls$",
+            backend,
+        )
+        self.assert_capture_refused_unchanged(
+            warming_step,
+            OPTIMIZERS["sgd"],
             r"^fn writes args\[1\]\.param_groups\[0\]\['lr'\] at .*test_precompile_optimizer\.py:\d+ "
-            r"\(group\[\"lr\"\] = group\[\"lr\"\] \* 0\.5\): .*never writes the group.*"
+            r"\(opt\.param_groups\[0\]\[\"lr\"\] = 0\.05\): .*never writes the group.*"
             r"set it outside fn, e\.g\. with an LR scheduler stepped between calls$",
             backend,
         )

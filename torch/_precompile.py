@@ -813,8 +813,9 @@ says who guarantees it and, where it is enforced, which tests (in
    (``opt.loss_scale``), which no call checks.  Of a group, fn reads the
    values of keys it has (checked at every call, below); a lookup of a key
    it lacks (``g.get("loss_scale", 1.0)``: a key added later would go
-   unseen), its key set (iteration, ``len``, copies) and ``capturable`` /
-   ``foreach`` where the trace set them are refused; so is any write to a
+   unseen), its key set (iteration, ``len``, copies), ``capturable`` /
+   ``foreach`` where the trace set them and ``lr`` and the lifted
+   hyperparameters (below) are refused; so is any write to a
    group by any code (``g["lr"] *= 0.5``: eager compounds it, the artifact
    never writes a group; use an LR scheduler stepped between calls), to the
    caller's group dicts through a closure, and changes to the
@@ -843,9 +844,11 @@ says who guarantees it and, where it is enforced, which tests (in
    other optimizer classes, fused / capturable / differentiable, SGD
    dampening, tensor hyperparameters, step hooks, per-group state layouts that
    differ, free dims, an LR scheduler stepped inside fn
-   (test_scheduler_stepped_inside_fn_is_refused), and fn returning ``lr``
-   or a lifted hyperparameter itself (a Python float in eager;
-   test_returned_lr_is_refused).  Checked at every call: class, number of groups,
+   (test_scheduler_stepped_inside_fn_is_refused), and fn's own reads of
+   ``lr`` or a lifted hyperparameter (a Python float in eager's fn, a graph
+   input in the trace: ``loss * lr`` would be float64, ``lr * 2`` a tensor;
+   pass it as an argument;
+   test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
    (every group entry present at capture but ``params``, ``lr`` and the
    lifted ones: fn may read its own, a loss scale kept there), state keys,

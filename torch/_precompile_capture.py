@@ -545,6 +545,13 @@ def _how_to_register(value: Any) -> str:
 
 def _input_value_literal(what: str, value: Any) -> Any:
     """A Python leaf of fn's inputs, baked as value_literal(): its type (a numpy scalar's dtype, an Enum's class) is checked too."""
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):  # lifted only where _split_arguments finds them
+        kind = "an nn.Module" if isinstance(value, torch.nn.Module) else "an optimizer"
+        raise PrecompileError(
+            f"{what} is {kind} ({type(value).__qualname__}) inside a container: precompile lifts modules and "
+            "optimizers only where they are arguments of fn themselves; pass it as one (fn(model, opt, x, y) "
+            "instead of fn({'model': model, 'opt': opt}, x, y))"
+        )
     literal = _value_literal_or_missing(value)
     if literal is schema.MISSING or type(literal) is dict and not schema.is_scalar_literal(literal):
         raise PrecompileError(
@@ -1209,7 +1216,6 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         if rebound:  # their state after fn is part of what the call gives back (invariant 5)
             result = (result, tuple(call_args[position] for position in rebound))
         out_leaves, out_spec = pytree.tree_flatten(result)  # an input dict returned: order observed
-        _refuse_returned_hyperparameters(args, optimizer_inputs, out_leaves)
         out_spec = _without_probes(out_spec)
         _check_recordable_structure("fn's output", out_spec, rebuilt=True)
         recorded["ran_autograd"] = guard.ran_autograd
@@ -3320,7 +3326,10 @@ def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
                 "input; other hyperparameters are baked)"
             )
         if key != "params" and not isinstance(value, (*schema.LEAF_VALUE_TYPES, tuple)):
-            raise PrecompileError(f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}")
+            raise PrecompileError(
+                f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}; use a Python float, int, "
+                "bool, str or None (float(value) for a numpy scalar)"
+            )
 
 
 def _example_optimizer_state(where: str, g: int, j: int, keys: tuple, existing: Any, param: torch.Tensor) -> dict:
@@ -3417,24 +3426,6 @@ def _requires_grad_read(reads: dict, tensors: tuple, whole: dict) -> tuple:
 def _caller_parameter(entry: Any) -> torch.Tensor:
     """The parameter the caller's module holds for a lifted entry: a sharded one's DTensor, else the tensor."""
     return entry.param if entry.sharded is not None else entry.tensor
-
-
-def _refuse_returned_hyperparameters(args: _Arguments, optimizer_inputs: tuple, out_leaves: list) -> None:
-    """fn returning a group's ``lr`` (or a hyperparameter lifted with it, invariant 15): a
-    Python float in eager, the graph input that stands for it here."""
-    scalars, position = {}, 0
-    for lifted in args.optimizers:
-        per_group = 1 + len(lifted.lifted)
-        for k in range(lifted.num_group_inputs):
-            key = ("lr", *lifted.lifted)[k % per_group]
-            scalars[id(optimizer_inputs[position + k])] = f"args[{lifted.position}].param_groups[{k // per_group}][{key!r}]"
-        position += lifted.num_group_inputs + sum(len(entry) for entry in lifted.state)
-    returned = next((scalars[id(leaf)] for leaf in out_leaves if id(leaf) in scalars), None)
-    if returned is not None:
-        raise PrecompileError(
-            f"fn returns {returned}, a Python float in eager, which the artifact reads as a graph input: "
-            "read it from the optimizer outside fn"
-        )
 
 
 def _num_optimizer_inputs(args: _Arguments) -> int:
@@ -3541,16 +3532,20 @@ class _GroupProbe(dict):
     ``initial_lr``), so fn's own code may not look up a key the group lacks
     (``g.get("loss_scale", 1.0)``) or read its key set (iteration, ``len``,
     copies); nor read a key whose traced value is not the caller's
-    (``capturable``, ``foreach``, set for the trace).  torch's step reads only
-    keys the optimizer's constructor fills in.  Each refusal names fn's line.
+    (``capturable``, ``foreach``, set for the trace), nor ``lr`` or a lifted
+    hyperparameter (a graph input the call reads for the step, not the Python
+    float eager's fn computes with).  torch's step reads only keys the
+    optimizer's constructor fills in.  Each refusal names fn's line.
     """
 
-    __slots__ = ("where", "traced_only")
+    __slots__ = ("where", "traced_only", "graph_inputs")
 
     def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple):
         super().__init__(traced)
         self.where = where
-        kept = ("params", "lr", *(key.partition("[")[0] for key in lifted))  # what fn sees as graph inputs
+        # key -> the graph input it holds ("betas" -> "betas[0]")
+        self.graph_inputs = {"lr": "lr", **{key.partition("[")[0]: key for key in lifted}}
+        kept = ("params", *self.graph_inputs)
         self.traced_only = {k: caller.get(k) for k in traced if k not in kept and traced[k] is not caller.get(k)}
 
     def refuse_write(self, what: str) -> None:
@@ -3566,6 +3561,8 @@ class _GroupProbe(dict):
             self.refuse_absent(key)
         if key in self.traced_only:
             self.refuse_traced_only(key)
+        if key in self.graph_inputs:
+            self.refuse_graph_input(key)
 
     def refuse_absent(self, key: Any) -> None:
         raise PrecompileError(
@@ -3589,9 +3586,20 @@ class _GroupProbe(dict):
             "compute without it"
         )
 
+    def refuse_graph_input(self, key: Any) -> None:
+        held = "" if self.graph_inputs[key] == key else f" ({self.graph_inputs[key]} of it)"
+        raise PrecompileError(
+            f"fn reads {self.where}[{key!r}]{_user_line(traceback.extract_stack())}: the artifact reads "
+            f"it{held} from the optimizer at every call as an input of the optimizer's step, so fn's own use "
+            "of it would be traced as a tensor where eager's fn has a Python float (results of another type "
+            "or dtype), or baked; read it outside fn and pass it as an argument (as a tensor, "
+            "torch.tensor(lr, dtype=torch.float64), it follows every call; a float argument is baked and "
+            "checked at every call); to change it, step an LR scheduler between calls"
+        )
+
     def __getitem__(self, key: Any) -> Any:
-        if key in self.traced_only and _caller_is_fn():
-            self.refuse_traced_only(key)
+        if (key in self.traced_only or key in self.graph_inputs) and _caller_is_fn():
+            self.refuse_unchecked_read(key)
         return dict.__getitem__(self, key)
 
     def __missing__(self, key: Any) -> Any:  # dict.__getitem__ found no key

@@ -3181,7 +3181,9 @@ class OptimizerArgument:
         if not same_value(number, value):
             if not isinstance(number, (float, int)) or isinstance(number, bool):
                 raise PrecompileError(
-                    f"{self.where} param_groups[{index}]{_group_key(key)}: expected a float, got {type(number).__name__}"
+                    f"{self.where} param_groups[{index}]{_group_key(key)}: expected a Python float, got "
+                    f"{type(number).__module__}.{type(number).__qualname__}; set it to float(value) (e.g. opt.param_groups[{index}]"
+                    f"{_group_key(key)} = float(lr) for a numpy scalar or a 0-dim tensor)"
                 )
             tensor = torch.tensor(float(number), dtype=torch.float64)
             self.scalars[index, key] = (number, tensor)
