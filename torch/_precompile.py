@@ -496,7 +496,14 @@ says who guarantees it and, where it is enforced, which tests (in
      found by ``_precompile_runtime.accumulate_grad_hooks``): REFUSED at
      capture and CHECKED at a call, the refusal naming the hook's function
      (``module.qualname``, as ``transformers.utils.output_capturing...``) for
-     a caller who holds no handle to it.  Each module-cache entry (per model
+     a caller who holds no handle to it, and, for a library's hook
+     (``_precompile_runtime.LIBRARY_HOOK_FIXES``), how to take it off:
+     transformers' ``gradient_checkpointing_enable()`` hook by
+     ``model.disable_input_require_grads()``; its output capturing's by hand
+     (README), fn asking for ``output_hidden_states`` / ``output_attentions``
+     being refused either way (test_precompile_llm.py
+     test_gradient_checkpointing_hook_refusal_names_its_fix,
+     test_asking_for_hidden_states_is_refused_naming_a_way_through).  Each module-cache entry (per model
      instance; rebuilt when a submodule or parameter is swapped in) is
      scanned when built and again only when a hook was registered anywhere
      since its last clean scan, so a second instance or a submodule hooked
