@@ -54,7 +54,11 @@ says who guarantees it and, where it is enforced, which tests (in
    ``torch.compiler.is_compiling()`` and ``is_exporting()`` are true, as in
    torch.export's non-strict capture, so model libraries take their
    trace-friendly paths (a padding mask stays a runtime input instead of a
-   data-dependent shortcut) (test_precompile_real_models.py).  Strides are
+   data-dependent shortcut) (test_precompile_real_models.py).  Where a
+   library branches on it, results can therefore differ from eager's in
+   the last bits (about 1 ulp): transformers applies a causal mask where
+   eager sdpa runs ``is_causal=True`` without one, and attends over a whole
+   ``StaticCache`` with a mask where eager slices it to the used length.  Strides are
    specialized too, on both backends (except empty tensors, and an
    input's size-1 dims; a module's tensors' size-1 dims are compared, torch
    picks memory formats from them:
