@@ -748,14 +748,17 @@ class TestCaptureLeavesTheModel(TestCase):
         model, (ids, _) = _llama(), _prompt()
         fn = lambda m, i: m(input_ids=i, output_hidden_states=True).hidden_states[-1]  # noqa: E731
         way = r"precompile cannot capture that: take the last hidden state from the base model \(model\.base_model"
-        with self.assertRaisesRegex(PrecompileError, r"_output_capturing_hooks_installed \(from missing to True\); transformers sets it .*" + way):
+        first = r"_output_capturing_hooks_installed \(from missing to True\); transformers sets it .*"
+        with self.assertRaisesRegex(PrecompileError, first + way):
             torch_precompile.precompile(fn, model, ids, backend="eager")
         with torch.no_grad():
             last = fn(model, ids)  # the hooks are on the model now
-        with self.assertRaisesRegex(PrecompileError, r"output_capturing_hook\): .*fn itself asking for them cannot be precompiled: take the last"):
+        hooked = r"output_capturing_hook\): .*fn itself asking for them cannot be precompiled: take the last"
+        with self.assertRaisesRegex(PrecompileError, hooked):
             torch_precompile.precompile(fn, model, ids, backend="eager")
         _take_off_output_capturing(model)
-        base = load(torch_precompile.precompile(lambda m, i: m.base_model(input_ids=i).last_hidden_state, model, ids, backend="eager"))
+        base_fn = lambda m, i: m.base_model(input_ids=i).last_hidden_state  # noqa: E731
+        base = load(torch_precompile.precompile(base_fn, model, ids, backend="eager"))
         with torch.no_grad():
             torch.testing.assert_close(base(model, ids), last)
 
@@ -772,7 +775,9 @@ class TestCaptureLeavesTheModel(TestCase):
             return loss.detach()
 
         with self.assertRaisesRegex(
-            PrecompileError, r"make_inputs_require_grads\): .*gradient_checkpointing_enable\(\) registered it .*call model\.disable_input_require_grads\(\)"
+            PrecompileError,
+            r"make_inputs_require_grads\): .*gradient_checkpointing_enable\(\) registered it .*"
+            r"call model\.disable_input_require_grads\(\)",
         ):
             torch_precompile.precompile(step, model, ids, mask, backend="eager")
         model.disable_input_require_grads()
