@@ -729,13 +729,72 @@ class TestCaptureLeavesTheModel(TestCase):
         self.assertEqual(sum(len(sub._forward_hooks) for sub in model.modules()), 0)
         with torch.no_grad():
             torch.testing.assert_close(logits(model, ids), model(input_ids=ids).logits)
-        # Hooks the model installed in an eager call are named by the refusal.
+        # Hooks the model installed in an eager call are named by the refusal, with the way to take them off,
+        # after which the artifact and eager's hidden states work again.
         with torch.no_grad():
-            model(input_ids=ids, output_hidden_states=True)
+            hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
         with self.assertRaisesRegex(
-            PrecompileError, r"args\[0\]\.model\.\S+ has a forward hook \(transformers\.utils\.output_capturing\.\S+\), which was not there"
+            PrecompileError,
+            r"args\[0\]\.model\.\S+ has a forward hook \(transformers\.utils\.output_capturing\.\S+\), which was not there"
+            r".*transformers' output capturing installed it .* Take these hooks off: .*README, 'Hooks transformers installs'",
         ):
             logits(model, ids)
+        _take_off_output_capturing(model)
+        with torch.no_grad():
+            torch.testing.assert_close(logits(model, ids), model(input_ids=ids).logits)
+            for mine, eager in zip(model(input_ids=ids, output_hidden_states=True).hidden_states, hidden, strict=True):
+                torch.testing.assert_close(mine, eager)
+
+    def test_asking_for_hidden_states_is_refused_naming_a_way_through(self):
+        model, (ids, _) = _llama(), _prompt()
+        fn = lambda m, i: m(input_ids=i, output_hidden_states=True).hidden_states[-1]  # noqa: E731
+        way = r"precompile cannot capture that: take the last hidden state from the base model \(model\.base_model"
+        first = r"_output_capturing_hooks_installed \(from missing to True\); transformers sets it .*"
+        with self.assertRaisesRegex(PrecompileError, first + way):
+            torch_precompile.precompile(fn, model, ids, backend="eager")
+        with torch.no_grad():
+            last = fn(model, ids)  # the hooks are on the model now
+        hooked = r"output_capturing_hook\): .*fn itself asking for them cannot be precompiled: take the last"
+        with self.assertRaisesRegex(PrecompileError, hooked):
+            torch_precompile.precompile(fn, model, ids, backend="eager")
+        _take_off_output_capturing(model)
+        base_fn = lambda m, i: m.base_model(input_ids=i).last_hidden_state  # noqa: E731
+        base = load(torch_precompile.precompile(base_fn, model, ids, backend="eager"))
+        with torch.no_grad():
+            torch.testing.assert_close(base(model, ids), last)
+
+    def test_gradient_checkpointing_hook_refusal_names_its_fix(self):
+        model, (ids, mask) = _llama(), _prompt()
+        model.train()
+        reference = copy.deepcopy(model)
+        model.gradient_checkpointing_enable()
+        reference.gradient_checkpointing_enable()  # keeps transformers' hook
+
+        def step(m, ids, mask):
+            loss = m(input_ids=ids, attention_mask=mask, labels=ids).loss
+            loss.backward()
+            return loss.detach()
+
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"make_inputs_require_grads\): .*gradient_checkpointing_enable\(\) registered it .*"
+            r"call model\.disable_input_require_grads\(\)",
+        ):
+            torch_precompile.precompile(step, model, ids, mask, backend="eager")
+        model.disable_input_require_grads()
+        runnable = load(torch_precompile.precompile(step, model, ids, mask, backend="eager"))
+        torch.testing.assert_close(runnable(model, ids, mask), step(reference, ids, mask))
+        for mine, eager in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(mine.grad, eager.grad)
+
+
+def _take_off_output_capturing(model):
+    """README's way of taking transformers' output-capturing hooks and flag off a model."""
+    for m in model.modules():
+        for key, hook in list(m._forward_hooks.items()):
+            if hook.__name__ == "output_capturing_hook":
+                del m._forward_hooks[key]
+        vars(m).pop("_output_capturing_hooks_installed", None)
 
 
 _GENERATED: dict = {}

@@ -54,7 +54,11 @@ says who guarantees it and, where it is enforced, which tests (in
    ``torch.compiler.is_compiling()`` and ``is_exporting()`` are true, as in
    torch.export's non-strict capture, so model libraries take their
    trace-friendly paths (a padding mask stays a runtime input instead of a
-   data-dependent shortcut) (test_precompile_real_models.py).  Strides are
+   data-dependent shortcut) (test_precompile_real_models.py).  Where a
+   library branches on it, results can therefore differ from eager's in
+   the last bits (about 1 ulp): transformers applies a causal mask where
+   eager sdpa runs ``is_causal=True`` without one, and attends over a whole
+   ``StaticCache`` with a mask where eager slices it to the used length.  Strides are
    specialized too, on both backends (except empty tensors, and an
    input's size-1 dims; a module's tensors' size-1 dims are compared, torch
    picks memory formats from them:
@@ -496,7 +500,14 @@ says who guarantees it and, where it is enforced, which tests (in
      found by ``_precompile_runtime.accumulate_grad_hooks``): REFUSED at
      capture and CHECKED at a call, the refusal naming the hook's function
      (``module.qualname``, as ``transformers.utils.output_capturing...``) for
-     a caller who holds no handle to it.  Each module-cache entry (per model
+     a caller who holds no handle to it, and, for a library's hook
+     (``_precompile_runtime.LIBRARY_HOOK_FIXES``), how to take it off:
+     transformers' ``gradient_checkpointing_enable()`` hook by
+     ``model.disable_input_require_grads()``; its output capturing's by hand
+     (README), fn asking for ``output_hidden_states`` / ``output_attentions``
+     being refused either way (test_precompile_llm.py
+     test_gradient_checkpointing_hook_refusal_names_its_fix,
+     test_asking_for_hidden_states_is_refused_naming_a_way_through).  Each module-cache entry (per model
      instance; rebuilt when a submodule or parameter is swapped in) is
      scanned when built and again only when a hook was registered anywhere
      since its last clean scan, so a second instance or a submodule hooked

@@ -382,12 +382,17 @@ def _refuse_hooks(
     The trace would inline what a hook computes once, and the artifact could
     not tell if it is removed later (or repeat its Python side effects).
     """
-    hook = runtime.find_hook(named_modules, named_tensors, named_accumulated, parallel_hooks)
-    if hook is not None:
+    found = runtime.find_hook(named_modules, named_tensors, named_accumulated, parallel_hooks)
+    if found is not None:
+        hook, fix = found
         raise PrecompileError(
             f"{hook}: precompile cannot keep a hook in step with the artifact (it would be "
-            "baked at capture and never run again). Remove it before precompile (handle.remove()); "
-            "for weight reparametrizations use torch.nn.utils.parametrize, which fn's trace includes"
+            "baked at capture and never run again). "
+            + (
+                fix
+                or "Remove it before precompile (handle.remove()); for weight reparametrizations "
+                "use torch.nn.utils.parametrize, which fn's trace includes"
+            )
         )
 
 
@@ -2602,6 +2607,16 @@ def _traced_value(tensor: torch.Tensor) -> bool:
     return get_proxy_slot(tensor, mode.tracer).constant is None
 
 
+# Flags a library sets on a module at fn's first call, by name: what the refusal of fn setting
+# one says instead of "keep fn from writing it".
+_LIBRARY_FLAG_FIXES = {
+    "_output_capturing_hooks_installed": (
+        "transformers sets it where fn asks for output_hidden_states or output_attentions, which it collects "
+        "with forward hooks installed on the layers at that first call (transformers.utils.output_capturing); "
+        "precompile cannot capture that: " + runtime.OUTPUT_CAPTURING_WAY
+    ),
+}
+
 # nn.Module's own bookkeeping (hook dicts, ``_parameters``, methods): the
 # driver checks structure and hooks itself, these are not values fn computes with.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | frozenset(dir(torch.nn.Module))
@@ -2668,8 +2683,12 @@ class _ModuleReads:
             if kind == "literal" and not schema.matches(now, what):
                 raise PrecompileError(
                     f"fn changes {where}.{path} (from {schema.describe_literal(what)} to "
-                    f"{'nothing' if now is schema.MISSING else repr(now)}); the artifact would "
-                    "compute with the value it read and not reproduce the change: keep fn from writing it"
+                    f"{'nothing' if now is schema.MISSING else repr(now)}); "
+                    + _LIBRARY_FLAG_FIXES.get(
+                        name,
+                        "the artifact would compute with the value it read and not reproduce the change: "
+                        "keep fn from writing it",
+                    )
                 )
             if kind == "literal":
                 found.append((path, what))
