@@ -784,6 +784,7 @@ class TestArtifact(TestCase):
                 code, _ = _artifact(f"parts_{name}", fn, *arguments(copy.deepcopy(m)), backend=backend)
                 self.assertEqual(format_module.driver_parts(format_module._read_convention(code)), parts)
                 self.assertEqual(artifact_module._split_sections(code)["driver"][1], format_module._driver_source(parts))
+                self.assertTrue(format_module.runs_installed_driver(code))
                 namespace = {}
                 exec(code, namespace)  # alone: the embedded driver, not the installed one
                 self.assertIsNot(namespace["PrecompiledFunction"], runtime.PrecompiledFunction)
@@ -796,6 +797,24 @@ class TestArtifact(TestCase):
                     torch.testing.assert_close(got, want)
                 if name == "rebinds":
                     torch.testing.assert_close(ours[1], theirs[1])
+
+    def test_installed_driver_is_recognised_only_by_its_exact_text(self):
+        """load() runs the installed driver for a driver section that is its core then whole installed
+        parts, compared in place inside python_code; any other text runs as the artifact's own."""
+        core, parts = format_module._installed_driver()
+        gradients, optimizer = parts["gradients"], parts["optimizer"]
+        for what, text, installed in (
+            ("core", core, True),
+            ("core and two parts", core + gradients + optimizer, True),
+            ("a part cut short", core + gradients[:-1], False),
+            ("a core cut short", core[:-1] + gradients, False),
+            ("an unknown part", core + gradients.replace("driver part: gradients", "driver part: gradient"), False),
+            ("code after the core", core + "\nx = 1\n", False),
+            ("an edited core", core.replace("def ", "def  ", 1), False),
+        ):
+            with self.subTest(what):
+                self.assertEqual(format_module._is_installed_driver(text), installed)
+                self.assertEqual(format_module._is_installed_driver("head" + text + "tail", 4, 4 + len(text)), installed)
 
     @parametrize("backend", BACKENDS)
     def test_embedded_driver_runs_when_installed_one_differs(self, backend):

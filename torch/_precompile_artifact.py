@@ -39,6 +39,7 @@ from ._precompile_format import (
     _payload_hash,
     _pin_line,
     _read_constants,
+    _section_spans,
     _split_sections,
     _text_hashes,
     Artifact,
@@ -246,7 +247,7 @@ def _exec_artifact(
     the installed driver is not its exact text, and a section is not compiled
     at all when ``compiled`` (the cache's marshalled parts) has it.
     """
-    sections = _split_sections(python_code)
+    spans = _section_spans(python_code)
     compiled = compiled or {}
     # Hashed once, and only if a section is compiled here (the cache has no driver
     # since cache version 11): the file name the cache's parts were compiled under.
@@ -255,7 +256,8 @@ def _exec_artifact(
     def code(name: str) -> Any:
         if name in compiled:
             return marshal.loads(compiled[name])
-        return _compile_section_of(python_code, filename(), *sections[name])
+        start, end = spans[name]
+        return _compile_section_of(python_code, filename(), start, python_code[start:end])
 
     namespace = {
         "__name__": "torch_precompile_artifact",
@@ -265,7 +267,7 @@ def _exec_artifact(
     graph = code("graph")
     _register_source(python_code, graph.co_filename)
     exec(graph, namespace)
-    driver = namespace["__precompile_driver__"] = _driver_namespace(sections["driver"][1], lambda: code("driver"))
+    driver = namespace["__precompile_driver__"] = _driver_namespace(python_code, spans["driver"], lambda: code("driver"))
     if convention is not None and driver is vars(runtime):  # the installed driver's records: no second decode
         namespace["__precompile_convention__"] = convention
     exec(code("forward"), namespace)
@@ -307,14 +309,14 @@ def _register_source(python_code: str, filename: str) -> None:
     linecache.cache[filename] = (lambda: python_code,)
 
 
-def _driver_namespace(source: str, compiled: Callable[[], Any]) -> dict:
-    """The artifact's driver: the installed module when the driver section is its exact text.
+def _driver_namespace(python_code: str, span: tuple[int, int], compiled: Callable[[], Any]) -> dict:
+    """The artifact's driver: the installed module when the driver section (``span`` of python_code) is its exact text.
 
     Importing ``torch._precompile_runtime`` reuses Python's cached bytecode;
     otherwise ``compiled()`` gives the section's code (the cache's, or compiled
     now: ~8 ms).
     """
-    if _is_installed_driver(source):
+    if _is_installed_driver(python_code, *span):
         return vars(runtime)
     namespace = {"__name__": "torch_precompile_driver"}
     exec(compiled(), namespace)
