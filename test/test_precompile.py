@@ -9,6 +9,7 @@ class (``_artifact`` caches them by key) and models stay tiny.
 import ast
 import builtins
 import copy
+import gc
 import hashlib
 import importlib.util
 import inspect
@@ -27,6 +28,7 @@ import threading
 import traceback
 import unittest
 import warnings
+import weakref
 import zipfile
 from unittest import mock
 
@@ -142,6 +144,41 @@ class TestAPI(TestCase):
         self.assertIn("aten.clamp_min", code)
         self.assertNotIn("aten.relu", code)
         torch.testing.assert_close(precompile.load(code, cache)(m, x), m(x))
+
+
+    def test_load_leaves_the_garbage_collector_as_it_was(self):
+        """load() pauses the collector and promotes what it made to the oldest generation unscanned:
+        the collector's switch is as it was, garbage made before a load is still collected, and
+        objects the process froze itself stay frozen."""
+        m, x = small_mlp(), torch.randn(2, 8)
+        pair = _artifact("mlp_forward", _forward, m, x, backend="eager")
+
+        class Node:
+            pass
+
+        node = Node()
+        node.cycle = node
+        garbage = weakref.ref(node)
+        del node
+        f = precompile.load(*pair)
+        self.assertTrue(gc.isenabled())
+        gc.collect()
+        self.assertIsNone(garbage())
+        torch.testing.assert_close(f(m, x), m(x))
+        gc.disable()
+        try:
+            precompile.load(*pair)
+            self.assertFalse(gc.isenabled())
+        finally:
+            gc.enable()
+        kept_frozen = []
+        gc.freeze()
+        try:
+            precompile.load(*pair)
+            self.assertFalse(any(o is kept_frozen for o in gc.get_objects()))  # still in the permanent generation
+        finally:
+            gc.unfreeze()
+        self.assertTrue(any(o is kept_frozen for o in gc.get_objects()))
 
 
 class TestCapture(TestCase):

@@ -1033,7 +1033,23 @@ def _gc_paused():
         yield
     finally:
         if enabled:
+            _promote_young_objects()
             gc.enable()
+
+
+def _promote_young_objects() -> None:
+    """Move every tracked object to the oldest generation without scanning it.
+
+    What a load made lives as long as its artifact (modules imported, code,
+    the runnable); the young collection its allocations would trigger next
+    scans them all: ~0.5 ms after a process's first load.  freeze() then
+    unfreeze() splices the generations' lists into the oldest, whose next full
+    collection sees them as it would have.  Not where the process froze objects
+    itself (a fork server): unfreeze() would let go of those too.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 # The first access to torch.compiler.precompile imports this module and
