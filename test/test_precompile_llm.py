@@ -932,6 +932,33 @@ class TestGenerate(TestCase):
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
 
+    def test_another_kind_of_cache_is_refused_naming_generates_options(self):
+        # Refused by serving() before the artifact's structure check, which would name a tree spec.
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt()
+        for options, passed in (({"use_cache": False}, r"None \(no cache\)"), ({"cache_implementation": "static"}, "a StaticCache")):
+            with self.subTest(**options), generation.serving(model, runnables), self.assertRaisesRegex(
+                PrecompileError,
+                rf"^generation\.serving: generate\(\) passed the prefill call {passed} as past_key_values, but the prefill "
+                r"artifact was recorded with a DynamicCache: call generate\(\) with the cache options the artifacts were "
+                r"recorded with \(use_cache, cache_implementation, or a past_key_values of that class\)",
+            ):
+                model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, **options)
+
+    @needs_mark_bounds
+    def test_a_sequence_past_max_length_is_refused_naming_max_length(self):
+        # max_length defaults to max_position_embeddings (64), past which eager Llama goes on: refused
+        # by serving() naming precompile_generate's option, not by a dim bound of the artifact.
+        model, runnables = _served("dynamic")
+        for length, phase, cached, new in ((60, "decode", 64, 1), (66, "prefill", 0, 66)):
+            ids, mask = _prompt(2, length)
+            with self.subTest(phase=phase), generation.serving(model, runnables), self.assertRaisesRegex(
+                PrecompileError,
+                rf"^generation\.serving: the {phase} call has a sequence of {cached + new} tokens \({cached} in the cache and "
+                rf"{new} new\), more than the 64 the artifacts were made for: precompile_generate\(\.\.\., max_length=N\)",
+            ):
+                model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+
     def test_precompile_generate_needs_free_dims(self):
         model, (ids, mask) = _llama(), _prompt()
         with self.assertRaisesRegex(PrecompileError, r"precompile_generate\(backend='eager'\): the decode step's cache length"):

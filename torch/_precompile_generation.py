@@ -232,18 +232,22 @@ def load(directory: str, model: torch.nn.Module) -> dict:
 @contextlib.contextmanager
 def serving(model: torch.nn.Module, runnables: dict):
     """Inside, ``model``'s forward calls (``generate()``'s) run the artifacts: prefill while the
-    cache is empty, decode after.  A call the artifact does not fit raises a PrecompileError
-    (nothing changed) instead of running eagerly."""
+    cache is empty, decode after.  A call the artifact does not fit (another kind of cache, a
+    sequence past ``max_length``, other keyword arguments, sizes or dtypes) raises a
+    PrecompileError (nothing changed) instead of running eagerly."""
 
-    recorded = {phase: _RecordedKeys.of(runnable) for phase, runnable in runnables.items()}
+    recorded = {phase: _RecordedCall.of(runnable) for phase, runnable in runnables.items()}
 
     def forward(**kwargs: Any) -> Any:
         kwargs = _contiguous(kwargs)
         cache = kwargs.pop("past_key_values", None)
-        phase = "prefill" if _cache_length(cache) == 0 else "decode"
-        keys = recorded[phase]
-        if keys is not None and kwargs.keys() != keys.names:
-            kwargs = keys.conform(kwargs, cache, phase)
+        cache_length = _cache_length(cache)
+        phase = "prefill" if cache_length == 0 else "decode"
+        call = recorded[phase]
+        if call is not None:
+            call.check(kwargs, cache, cache_length, phase)
+            if kwargs.keys() != call.names:
+                kwargs = call.conform(kwargs, cache, phase)
         return runnables[phase](model, kwargs, cache)
 
     config = getattr(model, "generation_config", None)
@@ -258,31 +262,58 @@ def serving(model: torch.nn.Module, runnables: dict):
             config.disable_compile = disabled
 
 
-class _RecordedKeys:
-    """The keyword arguments a served artifact was recorded with (``_call_forward``'s args[1])."""
+class _RecordedCall:
+    """What a served artifact was recorded with: ``_call_forward``'s keyword arguments (args[1])
+    and cache class (args[2]), and the longest sequence its free dims allow."""
 
-    def __init__(self, keys: list, mask_dtype: torch.dtype | None):
+    def __init__(self, keys: list, mask_dtype: torch.dtype | None, cache_type: Any, max_length: int | None):
         self.keys = keys
         self.names = frozenset(keys)
         # Of a 2-D attention_mask, put back where generate() dropped an all-ones one (module docstring).
         self.mask_dtype = mask_dtype
         self.before_mask = frozenset(keys[: keys.index(_MASK)]) if mask_dtype is not None else frozenset()
+        self.cache_type = cache_type
+        self.max_length = max_length  # the 2-D mask's bound: the cache and the new tokens
 
     @classmethod
-    def of(cls, runnable: Callable) -> "_RecordedKeys | None":
+    def of(cls, runnable: Callable) -> "_RecordedCall | None":
         """None for a callable that is not such an artifact (it gets generate()'s arguments as they are)."""
         convention = getattr(runnable, "convention", None)
-        if convention is None or convention.input_spec.num_children == 0:
+        children = convention.input_spec.children() if convention is not None else []
+        if not children or children[0].type is not dict:
             return None
-        spec = convention.input_spec.children()[0]
-        if spec.type is not dict:
-            return None
-        keys, mask_dtype = list(spec.context), None
+        spec, cache_spec = children[0], children[1] if len(children) > 1 else None
+        keys, mask_dtype, max_length = list(spec.context), None, None
         if _MASK in keys:
             leaf = convention.inputs[sum(child.num_leaves for child in spec.children()[: keys.index(_MASK)])]
             if leaf.tensor is not None and len(leaf.tensor.shape) == 2:
                 mask_dtype = getattr(torch, leaf.tensor.dtype)
-        return cls(keys, mask_dtype)
+                max_length = next((high for dim, _, _, high in leaf.tensor.free_dims if dim == 1), None)
+        cache_type = None if cache_spec is None or cache_spec.is_leaf() else cache_spec.type
+        return cls(keys, mask_dtype, cache_type, max_length)
+
+    def check(self, kwargs: dict, cache: Any, cache_length: int, phase: str) -> None:
+        """Refuse a call with another kind of cache, or longer than the artifacts' max_length, naming
+        generate()'s options (the artifact's own refusal would name a tree structure or a dim)."""
+        if self.cache_type is not None and type(cache) is not self.cache_type:
+            raise PrecompileError(
+                f"generation.serving: generate() passed the {phase} call {_cache_kind(type(cache))} as past_key_values, "
+                f"but the {phase} artifact was recorded with {_cache_kind(self.cache_type)}: call generate() with the "
+                "cache options the artifacts were recorded with (use_cache, cache_implementation, or a past_key_values "
+                "of that class), or precompile_generate again with these"
+            )
+        tokens = kwargs.get("input_ids")
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        length = cache_length + (tokens.shape[1] if tokens is not None else 0)
+        if self.max_length is not None and length > self.max_length:
+            raise PrecompileError(
+                f"generation.serving: the {phase} call has a sequence of {length} tokens ({cache_length} in the cache and "
+                f"{length - cache_length} new), more than the {self.max_length} the artifacts were made for: "
+                "precompile_generate(..., max_length=N) bounds the prompt and the cache (by default, by the model's "
+                "max_position_embeddings); precompile_generate again with a larger max_length, or give generate() a "
+                "shorter prompt or fewer new tokens"
+            )
 
     def conform(self, kwargs: dict, cache: Any, phase: str) -> dict:
         """``kwargs`` with the all-ones mask generate() dropped, where the artifact takes one; refused
@@ -311,6 +342,10 @@ class _RecordedKeys:
             f"generation.serving: generate() passed the {phase} call the keyword arguments {passed}, but the "
             f"{phase} artifact was recorded with {self.keys}: {why}"
         )
+
+
+def _cache_kind(cache_type: type) -> str:
+    return "None (no cache)" if cache_type is type(None) else f"a {cache_type.__name__}"
 
 
 def _with_ones_mask(kwargs: dict, cache_length: int, dtype: torch.dtype, before: frozenset) -> dict:
