@@ -57,12 +57,21 @@ def _free_port() -> int:
 # scripts of ours and plain eager ones alike.  Everything a test checks was saved or
 # printed before it, so a job whose every rank ``finished`` is accepted with a warning.
 _TEARDOWN_ABORT = "terminate called without an active exception"
+# Where a rank died of a signal: its own lines (with PYTHONFAULTHANDLER, every thread's stack),
+# which the other ranks' tracebacks that follow would push out of the output's tail.
+_RANK_DIED = ("Fatal Python error", "terminate called", "what():")
+
+
+def _first_death(stderr: str, lines: int = 80) -> str:
+    text = stderr.splitlines()
+    first = next((i for i, line in enumerate(text) if any(mark in line for mark in _RANK_DIED)), None)
+    return "" if first is None else "\n".join(["where a rank died:", *text[first : first + lines], "..."])
 
 
 def _run_job(script_and_args: list, world_size: int = WORLD_SIZE, finished: Any = None) -> None:
     """torch.distributed.run with ``world_size`` processes on loopback; raises with the output when
     it fails (unless only the teardown aborted and ``finished(job)`` says every rank had finished)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc-per-node", str(world_size),
@@ -75,7 +84,7 @@ def _run_job(script_and_args: list, world_size: int = WORLD_SIZE, finished: Any 
         warnings.warn(f"{script_and_args[0]}: every rank finished, then one aborted in gloo's teardown")
     elif job.returncode != 0:
         raise AssertionError(
-            f"distributed job failed (exit {job.returncode}):\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}"
+            f"distributed job failed (exit {job.returncode}):\n{_first_death(job.stderr)}\n{job.stdout[-4000:]}\n{job.stderr[-8000:]}"
         )
 
 
