@@ -382,7 +382,11 @@ def _refuse_hooks(
     The trace would inline what a hook computes once, and the artifact could
     not tell if it is removed later (or repeat its Python side effects).
     """
-    found = runtime.find_hook(named_modules, named_tensors, named_accumulated, parallel_hooks)
+    # Capture names a library's fix wherever it finds its hook; an artifact, where its
+    # convention has the library's classes (the driver's library_hooks part).
+    found = runtime.find_hook(
+        named_modules, named_tensors, named_accumulated, parallel_hooks, runtime.LIBRARY_HOOK_FIXES
+    )
     if found is not None:
         hook, fix = found
         raise PrecompileError(
