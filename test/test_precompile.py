@@ -763,7 +763,9 @@ class TestArtifact(TestCase):
         """The core refers to a part's names only where the convention has what the part serves
         (format_module.driver_parts); a part refers to the core and itself alone."""
         core, parts = format_module._installed_driver()
-        self.assertEqual(list(parts), ["gradients", "data_parallel", "sharded", "optimizer", "input_objects", "inductor"])
+        self.assertEqual(
+            list(parts), ["gradients", "data_parallel", "sharded", "optimizer", "input_objects", "inductor", "library_hooks"]
+        )
         known = set(dir(builtins)) | _top_level_names(core)
         owners = {name: part for part, text in parts.items() for name in _top_level_names(text)}
         called_from_core = {name: owners.get(name) for name in _global_references(core) - known}
@@ -785,6 +787,7 @@ class TestArtifact(TestCase):
                      "shared_container_error", "write_back", "write_places"),
                     "input_objects",
                 ),
+                "LIBRARY_HOOK_FIXES": "library_hooks",  # where a module argument has a library's class
             },
         )
         for part, text in parts.items():
@@ -834,6 +837,18 @@ class TestArtifact(TestCase):
                     torch.testing.assert_close(got, want)
                 if name == "rebinds":
                     torch.testing.assert_close(ours[1], theirs[1])
+                if name == "forward" and backend == "eager":
+                    # A hook is refused by the core alone: no library's fix is looked up.
+                    ours[0].register_forward_hook(lambda *_: None)
+                    with self.assertRaisesRegex(PrecompileError, r"args\[0\] has a forward hook .* Remove it"):
+                        namespace["forward"](*ours)
+        # library_hooks: carried where a module argument has a submodule of a library whose
+        # handle-less hooks it names (test_precompile_llm.py runs one, transformers' Llama).
+        convention = format_module._read_convention(_artifact("parts_forward", _forward, m, x, backend="eager")[0])
+        module = convention.modules[0]
+        library = module._replace(classes=(*module.classes[:-1], "transformers.activations.GELUActivation"))
+        self.assertEqual(format_module.driver_parts(convention._replace(modules=(library,))), ("library_hooks",))
+        self.assertEqual({key.partition(".")[0] for key in runtime.LIBRARY_HOOK_FIXES}, schema.HOOK_LIBRARIES)
 
     def test_installed_driver_is_recognised_only_by_its_exact_text(self):
         """load() runs the installed driver for a driver section that is its core then whole installed

@@ -43,7 +43,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import torch_precompile
-from torch_precompile import _precompile_inspect as inspect_artifact, generation, PrecompileError
+from torch_precompile import _precompile_format as _format, _precompile_inspect as inspect_artifact, generation, PrecompileError
 from _precompile_testing import Artifacts, load, needs_mark_bounds
 
 
@@ -722,7 +722,12 @@ class TestCaptureLeavesTheModel(TestCase):
         # transformers registers output-capturing forward hooks on the layers and sets a flag at the
         # first call asking for hidden states: a refused capture must not leave them on the model.
         model, (ids, _) = _llama(), _prompt()
-        logits = load(torch_precompile.precompile(lambda m, i: m(input_ids=i).logits, model, ids, backend="eager"))
+        pair = torch_precompile.precompile(lambda m, i: m(input_ids=i).logits, model, ids, backend="eager")
+        logits = load(pair)
+        # transformers' classes: the artifact carries the driver part naming its hooks' fixes.
+        self.assertEqual(_format.driver_parts(_format._read_convention(pair[0])), ("library_hooks",))
+        alone = {}
+        exec(pair[0], alone)  # the embedded driver, run by the second refusal below
         with self.assertRaisesRegex(PrecompileError, r"fn changes args\[0\]\.model\._output_capturing_hooks_installed"):
             torch_precompile.precompile(lambda m, i: m(input_ids=i, output_hidden_states=True), model, ids, backend="eager")
         self.assertNotIn("_output_capturing_hooks_installed", vars(model.model))
@@ -739,6 +744,8 @@ class TestCaptureLeavesTheModel(TestCase):
             r".*transformers' output capturing installed it .* Take these hooks off: .*README, 'Hooks transformers installs'",
         ):
             logits(model, ids)
+        with self.assertRaisesRegex(PrecompileError, r"transformers' output capturing installed it .* Take these hooks off"):
+            alone["forward"](model, ids)
         _take_off_output_capturing(model)
         with torch.no_grad():
             torch.testing.assert_close(logits(model, ids), model(input_ids=ids).logits)

@@ -187,7 +187,8 @@ says who guarantees it and, where it is enforced, which tests (in
    (test_eager_graph_names_the_source_line_of_each_node), or Inductor's module),
    ``driver`` (``torch/_precompile_runtime.py``'s core verbatim, and of its
    optional parts -- gradients, data_parallel, sharded, optimizer,
-   input_objects, inductor -- those the convention uses: ``driver_parts``)
+   input_objects, inductor, library_hooks -- those the convention uses:
+   ``driver_parts``)
    and ``forward`` (binds them) -- each opened by a marker line.  Run alone
    they share one namespace, so the driver may not rebind the other sections'
    names (checked at render).  ``load``
@@ -501,7 +502,9 @@ says who guarantees it and, where it is enforced, which tests (in
      capture and CHECKED at a call, the refusal naming the hook's function
      (``module.qualname``, as ``transformers.utils.output_capturing...``) for
      a caller who holds no handle to it, and, for a library's hook
-     (``_precompile_runtime.LIBRARY_HOOK_FIXES``), how to take it off:
+     (``_precompile_runtime.LIBRARY_HOOK_FIXES``, which an artifact carries
+     in the driver's library_hooks part where a module argument has a class
+     of ``_precompile_schema.HOOK_LIBRARIES``: test_driver_parts), how to take it off:
      transformers' ``gradient_checkpointing_enable()`` hook by
      ``model.disable_input_require_grads()``; its output capturing's by hand
      (README), fn asking for ``output_hidden_states`` / ``output_attentions``

@@ -382,7 +382,11 @@ def _refuse_hooks(
     The trace would inline what a hook computes once, and the artifact could
     not tell if it is removed later (or repeat its Python side effects).
     """
-    found = runtime.find_hook(named_modules, named_tensors, named_accumulated, parallel_hooks)
+    # Capture names a library's fix wherever it finds its hook; an artifact, where its
+    # convention has the library's classes (the driver's library_hooks part).
+    found = runtime.find_hook(
+        named_modules, named_tensors, named_accumulated, parallel_hooks, runtime.LIBRARY_HOOK_FIXES
+    )
     if found is not None:
         hook, fix = found
         raise PrecompileError(
@@ -3312,19 +3316,27 @@ def _cycled_hyperparameters(cls: str, group: dict) -> tuple:
     return ("betas[0]",)
 
 
+def _graph_input_keys(lifted: tuple) -> dict:
+    """The group keys whose values are graph inputs, each to the input it holds: ``lr``, and
+    each lifted hyperparameter's key (``"betas"`` -> ``"betas[0]"``: the rest of the tuple
+    stays baked; LIFTED_HYPERPARAMETERS lifts one element of a tuple at most).  The one
+    source for what the artifact bakes and what fn's own code may not read (_GroupProbe)."""
+    return {"lr": "lr", **{key.partition("[")[0]: key for key in lifted}}
+
+
 def _baked_hyperparameters(group: dict, lifted: tuple) -> list:
-    """(key, value) of the group's entries the artifact bakes: all but params, lr and the lifted ones.
+    """(key, value) of the group's entries the artifact bakes: all but params and the graph inputs.
 
     Keys beyond the optimizer's defaults too: fn may read one (a loss scale kept in the group).
     """
+    graph_inputs = _graph_input_keys(lifted)
     baked = []
     for key in sorted(k for k in group if k != "params"):
-        if key == "lr" or key in lifted:
-            continue
-        if f"{key}[0]" in lifted:  # betas: the rest of the tuple stays baked
-            baked += [(f"{key}[{i}]", value) for i, value in enumerate(group[key]) if f"{key}[{i}]" not in lifted]
-        else:
+        held = graph_inputs.get(key)
+        if held is None:
             baked.append((key, group[key]))
+        elif held != key:  # betas: the rest of the tuple stays baked
+            baked += [(f"{key}[{i}]", value) for i, value in enumerate(group[key]) if f"{key}[{i}]" != held]
     return baked
 
 
@@ -3562,8 +3574,7 @@ class _GroupProbe(dict):
     def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple):
         super().__init__(traced)
         self.where = where
-        # key -> the graph input it holds ("betas" -> "betas[0]")
-        self.graph_inputs = {"lr": "lr", **{key.partition("[")[0]: key for key in lifted}}
+        self.graph_inputs = _graph_input_keys(lifted)  # key -> the graph input it holds ("betas" -> "betas[0]")
         kept = ("params", *self.graph_inputs)
         self.traced_only = {k: caller.get(k) for k in traced if k not in kept and traced[k] is not caller.get(k)}
 

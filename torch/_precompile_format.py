@@ -155,6 +155,7 @@ def driver_parts(convention: CallingConvention) -> tuple[str, ...]:
         "optimizer": bool(convention.optimizers),
         "input_objects": bool(convention.rebound_inputs or convention.returned_inputs),
         "inductor": convention.backend == "inductor",
+        "library_hooks": convention.library_modules,
     }
     return tuple(name for name in _installed_driver()[1] if used[name])
 

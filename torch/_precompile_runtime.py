@@ -141,30 +141,6 @@ _MODULE_HOOKS = {
 _TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
 MODULE_HOOK_DICTS = tuple(_MODULE_HOOKS)  # what nn.Module.__call__ reads of a module it calls
 
-# What fn asking a transformers (5.x) model for output_hidden_states / output_attentions can do
-# instead: transformers collects them with forward hooks it installs at the first such call.
-OUTPUT_CAPTURING_WAY = (
-    "take the last hidden state from the base model (model.base_model(...).last_hidden_state, which is "
-    "hidden_states[-1]), or call fn eagerly"
-)
-# Hooks a library registers without handing the caller a handle, by hook_name: how to take
-# each off, said instead of handle.remove() (invariant 11).
-LIBRARY_HOOK_FIXES = {
-    "transformers.modeling_utils.PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads": (
-        "transformers' gradient_checkpointing_enable() registered it (enable_input_require_grads): call "
-        "model.disable_input_require_grads(). The hook only makes the input embeddings' output require grad, "
-        "which checkpointing needs with use_reentrant=True and frozen embeddings, not with use_reentrant=False "
-        "(gradient_checkpointing_enable()'s default)"
-    ),
-    "transformers.utils.output_capturing.install_output_capuring_hook.<locals>.output_capturing_hook": (
-        "transformers' output capturing installed it at a call asking for output_hidden_states or "
-        "output_attentions, on every layer, for good and with no handle. Take these hooks off: delete each "
-        "output_capturing_hook from the modules' _forward_hooks and their _output_capturing_hooks_installed "
-        "attribute (README, 'Hooks transformers installs'); ask a copy (copy.deepcopy(model)) for hidden states. "
-        "fn itself asking for them cannot be precompiled: " + OUTPUT_CAPTURING_WAY
-    ),
-}
-
 
 def _global_module_hooks(attribute: str) -> Any:
     return getattr(_nn_module, "_global" + attribute, None)
@@ -1018,10 +994,14 @@ def hook_epoch() -> int:
 
 
 def find_hook(
-    named_modules: Any, named_tensors: Any, named_accumulated: Any = (), parallel_hooks: frozenset = frozenset()
+    named_modules: Any,
+    named_tensors: Any,
+    named_accumulated: Any = (),
+    parallel_hooks: frozenset = frozenset(),
+    library_fixes: dict | None = None,
 ) -> tuple[str, str | None] | None:
     """Describe a module or tensor hook on what fn receives and, for a library's
-    (LIBRARY_HOOK_FIXES), how to take it off; or return None.
+    (``library_fixes``: LIBRARY_HOOK_FIXES), how to take it off; or return None.
 
     ``named_accumulated``: the parameters whose gradient eager's backward
     accumulates, whose AccumulateGrad nodes are probed too.  fully_shard's hooks
@@ -1041,7 +1021,8 @@ def find_hook(
                     continue
                 description = parallel_hook_description(hook) if parallel_hooks else None
                 if description is None:
-                    return f"{path} has a {kind} ({hook_name(hook)})", LIBRARY_HOOK_FIXES.get(hook_name(hook))
+                    fix = library_fixes.get(hook_name(hook)) if library_fixes else None
+                    return f"{path} has a {kind} ({hook_name(hook)})", fix
                 if (path, attribute, description) not in parallel_hooks:
                     raise PrecompileError(
                         f"{path} has a tensor parallel {kind} other than at capture, {description}: the graph "
@@ -1498,6 +1479,7 @@ class ModuleArguments:
         self._first_same = first if len(first) > 1 else None
         self.sharded = [(index, spec.sharded) for index, spec in enumerate(convention.state) if spec.sharded is not None]
         self.parallel_hooks = frozenset(convention.parallel_hooks)
+        self.library_fixes = LIBRARY_HOOK_FIXES if convention.library_modules else None  # its driver part
         # id(module), or tuple(id(module)) of several -> _ModuleCache, while those modules live.
         self.cache: dict[Any, _ModuleCache] = {}
 
@@ -1525,7 +1507,7 @@ class ModuleArguments:
         # AccumulateGrad nodes never run (and probing a DTensor's costs ~1 ms).
         sharded = {index for index, _ in self.sharded}
         accumulated = [named_state[i] for i in self.convention.grad_state if i not in sharded]
-        found = find_hook(named_modules, named_state, accumulated, self.parallel_hooks)
+        found = find_hook(named_modules, named_state, accumulated, self.parallel_hooks, self.library_fixes)
         if found is not None:
             hook, fix = found
             raise PrecompileError(
@@ -3787,3 +3769,34 @@ def bind_inductor_graph(
         run_intermediate_hooks=_run_intermediate_hooks,
     )
     return loader
+
+
+# ~~~~ driver part: library_hooks ~~~~
+# What a refusal says of a library's hooks (find_hook's ``library_fixes``).  Only
+# in artifacts whose module arguments have a submodule of a HOOK_LIBRARIES class
+# (CallingConvention.library_modules); elsewhere such a hook is refused as any other.
+
+
+# What fn asking a transformers (5.x) model for output_hidden_states / output_attentions can do
+# instead: transformers collects them with forward hooks it installs at the first such call.
+OUTPUT_CAPTURING_WAY = (
+    "take the last hidden state from the base model (model.base_model(...).last_hidden_state, which is "
+    "hidden_states[-1]), or call fn eagerly"
+)
+# Hooks a library registers without handing the caller a handle, by hook_name: how to take
+# each off, said instead of handle.remove() (invariant 11).
+LIBRARY_HOOK_FIXES = {
+    "transformers.modeling_utils.PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads": (
+        "transformers' gradient_checkpointing_enable() registered it (enable_input_require_grads): call "
+        "model.disable_input_require_grads(). The hook only makes the input embeddings' output require grad, "
+        "which checkpointing needs with use_reentrant=True and frozen embeddings, not with use_reentrant=False "
+        "(gradient_checkpointing_enable()'s default)"
+    ),
+    "transformers.utils.output_capturing.install_output_capuring_hook.<locals>.output_capturing_hook": (
+        "transformers' output capturing installed it at a call asking for output_hidden_states or "
+        "output_attentions, on every layer, for good and with no handle. Take these hooks off: delete each "
+        "output_capturing_hook from the modules' _forward_hooks and their _output_capturing_hooks_installed "
+        "attribute (README, 'Hooks transformers installs'); ask a copy (copy.deepcopy(model)) for hidden states. "
+        "fn itself asking for them cannot be precompiled: " + OUTPUT_CAPTURING_WAY
+    ),
+}

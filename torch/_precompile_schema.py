@@ -573,6 +573,11 @@ class CallingConvention(Record):
         )
 
     @property
+    def library_modules(self) -> bool:
+        """Whether a module argument has a HOOK_LIBRARIES class (the driver's library_hooks part)."""
+        return any(name.partition(".")[0] in HOOK_LIBRARIES for m in self.modules for name in m.classes)
+
+    @property
     def touches_grads(self) -> bool:
         """Whether a call checks, reads or writes a parameter's ``.grad`` (the fields that
         name parameters by their .grad; the others are subsets of these)."""
@@ -915,6 +920,9 @@ def describe_literal(want: Any) -> str:
     if tag == "missing":
         return "missing"
     return f"numpy.{payload[0]}({payload[1]!r})"
+
+
+HOOK_LIBRARIES = frozenset({"transformers"})  # packages whose handle-less hooks LIBRARY_HOOK_FIXES names
 
 
 def class_name(cls: type) -> str:
