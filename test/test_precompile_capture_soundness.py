@@ -572,6 +572,52 @@ class TestCaptureSoundness(TestCase):
         torch.testing.assert_close(traced(x), original(x))  # the caller's module still runs
         scripted(x)
 
+    def test_python_state_fn_changes_around_its_arguments_is_refused_and_put_back(self):
+        # Eager fn changes such state at every call; the artifact never runs fn's Python. A fresh
+        # GradScaler creates its scale tensor at the first scale(): capture would bake 16.0 and the
+        # artifact keep scaling by it after update() grew the caller's scale.
+        model, x = small_mlp(), torch.randn(4, 8)
+        scaler = torch.amp.GradScaler("cpu", init_scale=16.0)
+
+        class Counter:
+            calls = 0
+
+        counter, history, cache = Counter(), [], {}
+
+        def scaled_step(m, x):
+            scaler.scale(m(x).sum()).backward()
+
+        def counted(m, x):
+            counter.calls += 1
+            return m(x)
+
+        def logged(m, x):
+            out = m(x)
+            history.append(out.detach())
+            return out
+
+        def cached(m, x):
+            cache["last"] = out = m(x)
+            return out
+
+        for fn, what in (
+            (scaled_step, r"closure variable 'scaler' \(a GradScaler\) while traced: it sets the attributes '_scale', '_growth_tracker'"),
+            (counted, r"closure variable 'counter' \(a Counter\) while traced: it sets the attributes 'calls'"),
+            (logged, r"closure variable 'history' \(a list\) while traced: its items, 0 before the trace and 1 after"),
+            (cached, r"closure variable 'cache' \(a dict\) while traced: it sets the items 'last'"),
+        ):
+            with self.subTest(fn.__name__), self.assertRaisesRegex(
+                PrecompileError, rf"^fn changes its {what}\. Eager fn changes it at every call; .* precompile\(\) has put it back as it was$"
+            ):
+                precompile(fn, model, x, backend="eager")
+        self.assertEqual((scaler._scale, vars(counter), history, cache), (None, {}, [], {}))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        # State fn only reads is no change.
+        scale = Counter()
+        scale.factor = 2.0
+        fn = lambda m, x: m(x) * scale.factor  # noqa: E731
+        torch.testing.assert_close(load(precompile(fn, model, x, backend="eager"))(model, x), fn(model, x))
+
     @parametrize("backend", BACKENDS)
     def test_module_arguments_reached_around_fn_are_refused(self, backend):
         # At capture the closure's / global's module is the argument: the trace would read it as the

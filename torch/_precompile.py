@@ -667,17 +667,26 @@ says who guarantees it and, where it is enforced, which tests (in
      hook runs once more at each later call
      (test_gradient_hooks_fn_registers_are_refused,
      test_requires_grad_changed_by_fn_is_refused).
+   - fn changing Python state it reaches around its arguments (closure
+     cells, the globals its code names, a bound ``self``, a partial's
+     arguments): an attribute of such an object or an item of such a dict,
+     list or set (a fresh GradScaler creating its scale tensor at its first
+     ``scale()``, a call counter, a list of losses, a scheduler stepped):
+     REFUSED at capture and put back, as eager changes it at every call and
+     the artifact never would
+     (test_python_state_fn_changes_around_its_arguments_is_refused_and_put_back).
    Caller's responsibility (not recorded, stated here so nothing is baked
-   silently): fn's Python side effects (appending to a list, counting calls,
-   printing, setting a plain module attribute fn does not read, stepping an
-   LR scheduler) happen once, at capture, as under any tracer; functions,
+   silently): fn's other Python side effects (printing, setting a plain
+   module attribute fn does not read, a change deeper inside state it
+   reaches around its arguments) happen once, at capture, as under any
+   tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
    are the modules' classes: a class redefined under the same import path (a
    re-run notebook cell, an upgraded library, the class a factory function
    makes at each call, the class each ``torch.fx.GraphModule`` gets) passes
    the class check and the call runs the captured code; and so is what code
    reads outside the arguments: fn's closure cells and globals (a
-   closed-over GradScaler's scale), the model code's module
+   closed-over config's value), the model code's module
    globals, class attributes read through ``type(self)`` or a classmethod,
    a held ``functools.partial``'s bound arguments, and torch's other
    process settings (thread count, matmul precision): a Python value there

@@ -1966,6 +1966,76 @@ def _values_fn_names(fn: Callable):
             yield f"global {name!r}", fn_globals[name]
 
 
+@contextlib.contextmanager
+def _outer_state_kept(fn: Callable):
+    """Python state fn reaches around its arguments (``_values_fn_names``) that capture changed:
+    put back, and refused where capture otherwise succeeded (Note invariant 2).
+
+    Eager fn changes it at every call (``scaler.scale(loss)`` creating a fresh GradScaler's scale
+    tensor, a step counter on a global object, a cache dict); the artifact runs the graph, never
+    fn's Python, so it would not.  One level: an object's attributes, a dict's, list's or set's
+    items, compared by identity.
+    """
+    kept = [(where, value, _shallow_state(value)) for where, value in _values_fn_names(fn)]
+    kept = [entry for entry in kept if entry[2] is not None]
+    try:
+        yield
+    finally:
+        changed = [(where, value, before) for where, value, before in kept if not _same_state(before, _shallow_state(value))]
+        if changed:
+            where, value, before = changed[0]
+            first = f"fn changes its {where} (a {type(value).__name__}) while traced: {_describe_outer_change(before, value)}"
+        for _, value, before in changed:
+            _put_back(value, before)
+    if changed:
+        raise PrecompileError(
+            f"{first}. Eager "
+            "fn changes it at every call; the artifact runs the graph, never fn's Python, so it would not. Keep the "
+            "change outside fn, passing what fn needs as arguments (a tensor it computes with, a module "
+            "argument's buffer); precompile() has put it back as it was"
+        )
+
+
+def _shallow_state(value: Any) -> Any:
+    """What ``_outer_state_kept`` compares of ``value``; None for what it does not follow (immutable
+    values, tensors -- refused as live state when read --, modules, classes and functions)."""
+    if isinstance(value, (dict, list, set)):
+        return type(value)(value) if type(value) in (dict, list, set) else None
+    if isinstance(value, (torch.Tensor, types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        return None
+    attributes = getattr(value, "__dict__", None)
+    return dict(attributes) if type(attributes) is dict else None
+
+
+def _same_state(before: Any, after: Any) -> bool:
+    if type(before) is set:
+        return before == after
+    if type(before) is list:
+        return len(before) == len(after) and all(a is b for a, b in zip(before, after))
+    return before.keys() == after.keys() and all(before[key] is after[key] for key in before)
+
+
+def _put_back(value: Any, before: Any) -> None:
+    state = value if type(before) is not dict or isinstance(value, dict) else vars(value)
+    state.clear()
+    if type(before) is list:
+        state.extend(before)
+    else:
+        state.update(before)
+
+
+def _describe_outer_change(before: Any, value: Any) -> str:
+    if isinstance(value, (list, set)):
+        return f"its items, {len(before)} before the trace and {len(value)} after"
+    after = value if isinstance(value, dict) else vars(value)
+    keys = [key for key in {**before, **after} if before.get(key, _ABSENT) is not after.get(key, _ABSENT)]
+    shown = ", ".join(map(repr, keys[:5])) + (", ..." if len(keys) > 5 else "")
+    return f"{'it sets the items' if isinstance(value, dict) else 'it sets the attributes'} {shown}"
+
+
+_ABSENT = object()
+
+
 def _global_names(code: types.CodeType) -> set:
     """The names ``code`` and the code objects nested in it load as globals."""
     names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
@@ -2015,7 +2085,7 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "Call precompile() outside them; to pack saved tensors at every call, enter the "
             "hooks inside fn"
         )
-    with _modules_kept(args) as kept:  # around every trace and the checks after them, which may refuse
+    with _modules_kept(args) as kept, _outer_state_kept(fn):  # around every trace and the checks after them
         return _traced(fn, args, free_dims, backend, decompositions, kept)
 
 
