@@ -572,6 +572,29 @@ class TestCaptureSoundness(TestCase):
         torch.testing.assert_close(traced(x), original(x))  # the caller's module still runs
         scripted(x)
 
+    def test_module_tensors_held_in_containers_fn_reaches_are_refused(self):
+        # In the trace the modules hold stand-ins: a dict keyed by parameters (per-parameter
+        # multipliers) would miss every lookup and bake its default, where eager finds the entry.
+        model, x = small_mlp(), torch.randn(4, 8)
+        multipliers, frozen = {model[0].weight: 0.0}, [model[2].bias]
+
+        def scaled(m, x):
+            return m(x) * multipliers.get(m[0].weight, 1.0)
+
+        def masked(m, x):
+            return m(x) * (0.0 if m[2].bias in frozen else 1.0)
+
+        for fn, where, path in ((scaled, "closure variable 'multipliers'", r"args\[0\]\.0\.weight"), (masked, "closure variable 'frozen'", r"args\[0\]\.2\.bias")):
+            with self.subTest(fn.__name__), self.assertRaisesRegex(
+                PrecompileError,
+                rf"^fn's {where} holds {path}, a tensor of the module argument args\[0\]: in the trace the modules hold "
+                r"stand-ins .* Key such a container by name \(dict\(m\.named_parameters\(\)\)\)",
+            ):
+                precompile(fn, model, x, backend="eager")
+        names = {"0.weight": 0.0}
+        fn = lambda m, x: m(x) * names.get("0.weight", 1.0)  # noqa: E731
+        torch.testing.assert_close(load(precompile(fn, model, x, backend="eager"))(model, x), fn(model, x))
+
     def test_python_state_fn_changes_around_its_arguments_is_refused_and_put_back(self):
         # Eager fn changes such state at every call; the artifact never runs fn's Python. A fresh
         # GradScaler creates its scale tensor at the first scale(): capture would bake 16.0 and the

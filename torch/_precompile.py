@@ -44,7 +44,10 @@ says who guarantees it and, where it is enforced, which tests (in
    tensors the trace swaps for its own, but eager fn would keep reading it
    when called with another module (a parameter held there is the caller's
    tensor, refused as above when read) (test_precompile_capture_soundness.py
-   test_module_arguments_reached_around_fn_are_refused).  An
+   test_module_arguments_reached_around_fn_are_refused); so is a container
+   there holding a module argument's parameter or buffer (a dict keyed by
+   parameters would miss every lookup of the trace's stand-ins)
+   (test_module_tensors_held_in_containers_fn_reaches_are_refused).  An
    ``nn.Parameter`` made inside fn (by fn or a module it builds) is refused:
    the trace cannot follow it (test_a_parameter_made_inside_fn_is_refused_saying_so).
    Enforced (TestCaptureContract).

@@ -1928,7 +1928,14 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
     as live state when read.)"""
     if not args.modules:
         return
-    owned = {id(sub): path for path, sub in runtime.named_submodules(args.module_positions, args.modules)}
+    submodules = runtime.named_submodules(args.module_positions, args.modules)
+    owned = {id(sub): path for path, sub in submodules}
+    tensors = {  # a parameter or buffer held in a container: in the trace the modules hold stand-ins
+        id(tensor): f"{path}.{name}"
+        for path, sub in submodules
+        for name, tensor in (*sub._parameters.items(), *sub._buffers.items())
+        if tensor is not None
+    }
     for where, value in _values_fn_names(fn):
         found = _argument_within(value, owned, depth=3)  # containers nested deeper are not followed
         if found is not None:
@@ -1937,6 +1944,15 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
                 f"fn's {where} {'is' if owned.get(id(value)) == found else 'holds'} {found}, of the module "
                 f"argument {argument}: the trace reads it as {argument}'s, but eager fn would keep reading "
                 f"the {where} when called with another module. Reach it through fn's argument instead"
+            )
+        found = _argument_within(value, tensors, depth=3) if type(value) in _CONTAINERS else None
+        if found is not None:
+            raise PrecompileError(
+                f"fn's {where} holds {found}, a tensor of the module argument {found.split('.')[0]}: in the trace the "
+                "modules hold stand-ins for their tensors, so a lookup of a module's tensor there (a dict keyed by "
+                "parameters, `p in params`) would not find it where eager fn does, and a read of it would read the "
+                "caller's tensor. Key such a container by name (dict(m.named_parameters())) or reach the tensors "
+                "through fn's argument"
             )
 
 
@@ -2046,20 +2062,23 @@ def _global_names(code: types.CodeType) -> set:
 
 
 def _argument_within(value: Any, owned: dict, depth: int) -> str | None:
-    """The path of the first module of ``owned`` (id -> path) that ``value`` is, or holds as a
-    submodule or an element of a list, tuple, set or dict."""
+    """The path of the first object of ``owned`` (id -> path) that ``value`` is, or holds as a
+    submodule or an element of a list, tuple, set or dict (a key or a value)."""
     if id(value) in owned:
         return owned[id(value)]
     if isinstance(value, torch.nn.Module):
         for sub in value.modules():
             if id(sub) in owned:
                 return owned[id(sub)]
-    elif depth and type(value) in (list, tuple, set, frozenset, dict):
-        for element in value.values() if type(value) is dict else value:
+    elif depth and type(value) in _CONTAINERS:
+        for element in (*value.keys(), *value.values()) if type(value) is dict else value:
             found = _argument_within(element, owned, depth - 1)
             if found is not None:
                 return found
     return None
+
+
+_CONTAINERS = (list, tuple, set, frozenset, dict)
 
 
 def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
