@@ -354,6 +354,39 @@ class TestReadGuards(TestCase):
         with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.mult is 3\.0, but was 2\.0"):
             f(model, x)
 
+    def test_a_forward_set_on_an_instance_after_capture_is_refused(self):
+        """``m.forward = wrapper`` (accelerate's prepare() wraps forward in autocast this way): eager runs
+        the wrapper, the graph holds the class's forward; also a helper method the model calls."""
+
+        class Helper(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(3, 2)
+
+            def scale(self, y):
+                return y * 2
+
+            def forward(self, x):
+                return self.scale(self.lin(x))
+
+        model, x = nn.Sequential(Helper(), nn.ReLU()), torch.randn(4, 3)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        for path, name, replacement in (
+            ("0", "forward", lambda x: model[0].lin(x)),
+            ("1", "forward", lambda x: x),
+            ("0", "scale", lambda y: y * 3),
+        ):
+            with self.subTest(path=path, name=name):
+                setattr(model.get_submodule(path), name, replacement)
+                with self.assertRaisesRegex(
+                    PrecompileError,
+                    rf"^args\[0\]\.{path}\.{name} is set on the instance \(<function .*\), where at capture its class's "
+                    r"method ran, which the graph holds: delete that instance attribute to call the artifact",
+                ):
+                    f(model, x)
+                delattr(model.get_submodule(path), name)
+                torch.testing.assert_close(f(model, x), model(x))
+
     def test_enum_or_numpy_output_leaf_is_refused_not_a_syntax_error(self):
         """An output leaf is returned as recorded: only plain int, float, bool, str or None."""
         for leaf, kind in ((_Mode.SUM, "_Mode"), (np.float64(1.0), "float64")):
@@ -377,7 +410,8 @@ class TestReadGuards(TestCase):
 
         model, x = Norm(PretrainedConfig(rms_norm_eps=1e-6, hidden_size=4)), torch.randn(2, 4)
         f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
-        self.assertEqual(f.convention.modules[0].attributes, (("", "config.rms_norm_eps", 1e-6),))
+        self.assertIn(("", "config.rms_norm_eps", 1e-6), f.convention.modules[0].attributes)
+        self.assertEqual(len(f.convention.modules[0].attributes), 2)  # and forward, guarded absent from the instance
         self.assertIs(type(model.config), PretrainedConfig)  # the read probe is gone
         torch.testing.assert_close(f(model, x), model(x))
         model.config.hidden_size = 8  # never read: honoured
@@ -478,7 +512,8 @@ class TestReadGuards(TestCase):
             torch.testing.assert_close(f(model, x), model(x))
 
     def test_code_and_submodules_are_not_values(self):
-        """Functions, methods, modules and loggers held as attributes are code: read freely, never guarded."""
+        """Functions, methods, modules and loggers held as attributes are code: read freely, never guarded
+        (the methods nn.Module.__call__ reads, ``forward``, are guarded absent from the instance)."""
 
         class Coded(nn.Module):
             def __init__(self):
@@ -493,7 +528,7 @@ class TestReadGuards(TestCase):
                 return self.helpers[0](self.act(self.lin(x)))
 
         f = precompile.load(*precompile(lambda m, x: m(x), Coded(), torch.randn(2, 4), backend="eager"))
-        self.assertEqual(f.convention.modules[0].attributes, ())
+        self.assertEqual(f.convention.modules[0].attributes, (("", "forward", {"missing": ()}), ("lin", "forward", {"missing": ()})))
 
 
 instantiate_parametrized_tests(TestReadGuards)

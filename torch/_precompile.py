@@ -470,7 +470,10 @@ says who guarantees it and, where it is enforced, which tests (in
      value), and tuples, lists and dicts of them, as typed literals; an
      attribute found absent (``getattr(config, "sliding_window", None)``)
      as absent, and so is a name a module's own ``__getattr__`` computes
-     (an instance attribute would shadow it; test_name_a_class_getattr_computes_is_read_absent); a name a config's own ``__getattribute__`` resolves
+     (an instance attribute would shadow it; test_name_a_class_getattr_computes_is_read_absent)
+     and a method read from the class, ``forward`` included (one set on
+     the instance later, as accelerate's prepare() wraps forward, would run
+     instead; test_a_forward_set_on_an_instance_after_capture_is_refused); a name a config's own ``__getattribute__`` resolves
      (transformers' ``attribute_map``) through it -- and CHECKED at every
      call: a changed value (an instance override of a class attribute, a
      class attribute changed on the class, an element written into a list or

@@ -2843,6 +2843,10 @@ class _ModuleReads:
             raw = runtime.class_value(type(obj), name)
         if raw is schema.MISSING and id(obj) in self.objects and runtime.computes_attributes(self.objects[id(obj)][1], name):
             raw = value  # an alias the object's own __getattribute__ resolves: read with getattr at every call
+        if raw is schema.MISSING and _is_code(value) and name not in values:
+            # A method of the class (``forward``): guarded absent from the instance, so one set on it
+            # later (``m.forward = wrapper``, as accelerate's prepare() does) is seen, not run past.
+            return ("literal", schema.value_literal(schema.MISSING))
         if raw is not value or isinstance(value, torch.Tensor) or _is_code(value):
             return _SKIPPED  # a property's or method's result, code, or a tensor (invariants 1, 2)
         try:
@@ -2906,7 +2910,7 @@ class _ModuleReads:
                     if absent_when_raised and name[:2] != "__":
                         cls._note_read(obj, name, schema.MISSING)
                     raise
-                if name[:2] != "__" and name not in internals:
+                if name[:2] != "__" and (name not in internals or name == "forward"):  # forward: nn.Module's too
                     cls._note_read(obj, name, value)
                 elif name in runtime.MODULE_HOOK_DICTS:  # nn.Module.__call__ looks for hooks: fn calls it
                     cls._note_read(obj, runtime.MODULE_HOOK_DICTS[0], _CALLED)

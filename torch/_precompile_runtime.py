@@ -1723,6 +1723,12 @@ class ModuleArguments:
             got = reads.read_path(subs[name], path)
             if not matches(got, want):
                 where = f"args[{spec.position}]{'.' + name if name else ''}.{path}"
+                if callable(got) and matches(MISSING, want):  # absent from the object at capture
+                    raise PrecompileError(
+                        f"{where} is set on the instance ({_describe_read(got)}), where at capture its class's method "
+                        "ran, which the graph holds: delete that instance attribute to call the artifact, or "
+                        "precompile again with it set"
+                    )
                 raise PrecompileError(
                     f"{where} is {_describe_read(got)}, but was "
                     f"{describe_literal(want)} at capture (fn read it, so it is baked into the graph): "
