@@ -260,10 +260,11 @@ class TestConcurrentPrecompile(TestCase):
 
         def observe(what):
             events.append((what, torch._C._get_mkldnn_enabled(), torch.compiler.is_compiling()))
+            if what == "infer starts":
+                tracing.set()  # in a function fn calls: fn changing state it closes over is refused
 
         def slow_infer(model, x):
             observe("infer starts")
-            tracing.set()
             time.sleep(0.5)  # the other thread calls precompile() meanwhile
             observe("infer ends")
             return _infer(model, x)

@@ -678,8 +678,8 @@ says who guarantees it and, where it is enforced, which tests (in
      arguments): an attribute of such an object or an item of such a dict,
      list or set (a fresh GradScaler creating its scale tensor at its first
      ``scale()``, a call counter, a list of losses, a scheduler stepped):
-     REFUSED at capture and put back, as eager changes it at every call and
-     the artifact never would
+     REFUSED at capture, as eager changes it at every call and the
+     artifact never would (put back where it holds a tensor the trace made)
      (test_python_state_fn_changes_around_its_arguments_is_refused_and_put_back).
    Caller's responsibility (not recorded, stated here so nothing is baked
    silently): fn's other Python side effects (printing, setting a plain

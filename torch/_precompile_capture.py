@@ -1933,8 +1933,7 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
     tensors = {  # a parameter or buffer held in a container: in the trace the modules hold stand-ins
         id(tensor): f"{path}.{name}"
         for path, sub in submodules
-        for name, tensor in (*sub._parameters.items(), *sub._buffers.items())
-        if tensor is not None
+        for name, tensor in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))
     }
     for where, value in _values_fn_names(fn):
         found = _argument_within(value, owned, depth=3)  # containers nested deeper are not followed
@@ -1945,7 +1944,7 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
                 f"argument {argument}: the trace reads it as {argument}'s, but eager fn would keep reading "
                 f"the {where} when called with another module. Reach it through fn's argument instead"
             )
-        found = _argument_within(value, tensors, depth=3) if type(value) in _CONTAINERS else None
+        found = _argument_within(value, tensors, depth=1) if type(value) in _CONTAINERS else None  # its keys and items
         if found is not None:
             raise PrecompileError(
                 f"fn's {where} holds {found}, a tensor of the module argument {found.split('.')[0]}: in the trace the "
@@ -1985,7 +1984,8 @@ def _values_fn_names(fn: Callable):
 @contextlib.contextmanager
 def _outer_state_kept(fn: Callable):
     """Python state fn reaches around its arguments (``_values_fn_names``) that capture changed:
-    put back, and refused where capture otherwise succeeded (Note invariant 2).
+    refused where capture otherwise succeeded (Note invariant 2), and put back where it holds a
+    tensor the trace made (other changes stay, as any Python side effect of a trace).
 
     Eager fn changes it at every call (``scaler.scale(loss)`` creating a fresh GradScaler's scale
     tensor, a step counter on a global object, a cache dict); the artifact runs the graph, never
@@ -2002,13 +2002,14 @@ def _outer_state_kept(fn: Callable):
             where, value, before = changed[0]
             first = f"fn changes its {where} (a {type(value).__name__}) while traced: {_describe_outer_change(before, value)}"
         for _, value, before in changed:
-            _put_back(value, before)
+            if _holds_new_tensors(before, _shallow_state(value)):  # the trace's tensors do not stay in the caller's state
+                _put_back(value, before)
     if changed:
         raise PrecompileError(
             f"{first}. Eager "
             "fn changes it at every call; the artifact runs the graph, never fn's Python, so it would not. Keep the "
             "change outside fn, passing what fn needs as arguments (a tensor it computes with, a module "
-            "argument's buffer); precompile() has put it back as it was"
+            "argument's buffer)"
         )
 
 
@@ -2029,6 +2030,11 @@ def _same_state(before: Any, after: Any) -> bool:
     if type(before) is list:
         return len(before) == len(after) and all(a is b for a, b in zip(before, after))
     return before.keys() == after.keys() and all(before[key] is after[key] for key in before)
+
+
+def _holds_new_tensors(before: Any, after: Any) -> bool:
+    old = {id(item) for item in (before.values() if type(before) is dict else before)}
+    return any(isinstance(item, torch.Tensor) and id(item) not in old for item in (after.values() if type(after) is dict else after))
 
 
 def _put_back(value: Any, before: Any) -> None:

@@ -59,7 +59,7 @@ import torch.utils._pytree as pytree
 from . import _precompile_compat as compat
 from ._precompile import precompile
 from ._precompile_kernel_store import write_atomically
-from ._precompile_runtime import write_back
+from ._precompile_runtime import SERVES_ARTIFACTS, write_back
 from ._precompile_schema import PrecompileError
 
 
@@ -255,6 +255,7 @@ def serving(model: torch.nn.Module, runnables: dict):
     if config is not None:
         config.disable_compile = True  # generate() would torch.compile the forward it is given
     try:
+        setattr(forward, SERVES_ARTIFACTS, True)  # the artifacts' own forward check lets it stand for the class's
         with _forward_replaced(model, forward):
             yield
     finally:

@@ -140,6 +140,9 @@ _MODULE_HOOKS = {
 }
 _TENSOR_HOOKS = {"_backward_hooks": "gradient hook", "_post_accumulate_grad_hooks": "post-accumulate-grad hook"}
 MODULE_HOOK_DICTS = tuple(_MODULE_HOOKS)  # what nn.Module.__call__ reads of a module it calls
+# Marks an instance ``forward`` that calls the artifacts themselves (generation.serving()'s):
+# it stands for the class's forward the graph holds, where another instance forward is refused.
+SERVES_ARTIFACTS = "__precompile_serves_artifacts__"
 
 
 def _global_module_hooks(attribute: str) -> Any:
@@ -1724,6 +1727,8 @@ class ModuleArguments:
             if not matches(got, want):
                 where = f"args[{spec.position}]{'.' + name if name else ''}.{path}"
                 if callable(got) and matches(MISSING, want):  # absent from the object at capture
+                    if getattr(got, SERVES_ARTIFACTS, False):
+                        continue  # generation.serving()'s forward: it calls the artifacts themselves
                     raise PrecompileError(
                         f"{where} is set on the instance ({_describe_read(got)}), where at capture its class's method "
                         "ran, which the graph holds: delete that instance attribute to call the artifact, or "
