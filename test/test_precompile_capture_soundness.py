@@ -378,6 +378,45 @@ class TestCaptureSoundness(TestCase):
         ):
             precompile(fn, torch.randn(4, 8), backend=backend)
 
+    @parametrize("backend", BACKENDS)
+    def test_python_and_numpy_rng_draws_are_refused_naming_the_rng(self, backend):
+        import random
+
+        import numpy as np
+
+        class LayerDrop(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+            def forward(self, x):
+                for layer in self.layers:
+                    if random.random() < 0.5:  # the draw the trace would bake
+                        continue
+                    x = x + layer(x)
+                return x
+
+        def flip(m, x):
+            return m.layers[0](x.flip(-1) if np.random.rand() < 0.5 else x)
+
+        def seeded_and_restored(m, x):  # no net draw: eager leaves both RNGs as they were
+            state, np_state = random.getstate(), np.random.get_state()
+            random.random(), np.random.rand()
+            random.setstate(state)
+            np.random.set_state(np_state)
+            return m.layers[0](x)
+
+        m, x = LayerDrop(), torch.randn(2, 4)
+        for fn, rng in ((lambda m, x: m(x), r"Python's global RNG \(the random module"), (flip, r"numpy's global RNG")):
+            state, np_state = random.getstate(), np.random.get_state()
+            with self.assertRaisesRegex(PrecompileError, rf"^fn draws from {rng}.*Draw with torch's RNG instead"):
+                precompile(fn, m, x, backend=backend)
+            self.assertEqual(random.getstate(), state)  # the refusal leaves them as the caller did
+            after = np.random.get_state()
+            self.assertTrue(all(np.array_equal(a, b) for a, b in zip(after, np_state)))
+        f = load(precompile(seeded_and_restored, m, x, backend=backend))
+        torch.testing.assert_close(f(m, x), seeded_and_restored(m, x))
+
     # -- data-dependent Python (invariant 11) ---------------------------------
 
     @parametrize("backend", BACKENDS)

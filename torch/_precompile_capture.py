@@ -886,6 +886,7 @@ class _RandomDraws:
         self.expected = {device: _state_of(g) for device, g in self.generators.items()}
         self.draws: dict = {}  # (device, state before) -> _Draw; states are bytes
         self.copies: list = []  # the copies' graph nodes (dropped when nothing replays them)
+        self.python_states = _python_rng_states()  # Python's and numpy's global RNGs at fn's start
 
     def draw(self, func, args: tuple, kwargs: dict):
         if kwargs.get("generator") is not None:
@@ -929,7 +930,21 @@ class _RandomDraws:
         return torch.ops.aten.clone.default(earlier.copy)
 
     def finish(self) -> None:
-        """Refuse fn leaving a generator elsewhere than its last draw did."""
+        """Refuse fn leaving a generator elsewhere than its last draw did, and fn drawing
+        from Python's or numpy's global RNG (the trace bakes those numbers)."""
+        moved = [name for name, (state, _) in _python_rng_states().items() if state != self.python_states[name][0]]
+        if moved:
+            for name in moved:  # as the caller left it: capture changes no state where it refuses
+                self.python_states[name][1]()
+            rng, fix = _PYTHON_RNGS[moved[0]]
+            raise PrecompileError(
+                f"fn draws from {rng} (or seeds it) while it is traced: the artifact bakes the numbers drawn "
+                f"at capture, takes the same branches at every call and never advances that RNG, where eager "
+                f"draws anew at each call. Draw with torch's RNG instead ({fix}), which the artifact "
+                "draws anew at every call, and use the draw as a tensor (torch.where(torch.rand(()) < p, a, b), "
+                "not an `if`: Python branches on tensor values are refused); or draw outside fn and pass the "
+                "value in as a tensor argument (a Python number argument is baked)"
+            )
         for device, generator in self.generators.items():
             if _state_of(generator) != self.expected[device]:
                 raise PrecompileError(
@@ -955,6 +970,31 @@ class _RandomDraws:
         copy = torch.ops.aten.clone.default(drawn)
         self.copies.append(get_proxy_slot(copy, get_proxy_mode().tracer).proxy.node)
         return copy
+
+
+# Python's and numpy's global RNGs: the message naming each, and torch's draw to use instead.
+_PYTHON_RNGS = {
+    "random": ("Python's global RNG (the random module: random.random(), random.choice() ...)",
+               "torch.rand for random.random, torch.randint for random.randint, torch.randperm for random.shuffle"),
+    "numpy": ("numpy's global RNG (np.random.rand(), np.random.randint() ...)",
+              "torch.rand / torch.bernoulli for np.random.rand, torch.randint for np.random.randint"),
+}
+
+
+def _python_rng_states() -> dict:
+    """name -> (a comparable state of that global RNG, a function that restores it); numpy's only
+    where numpy is imported already (capture never imports it)."""
+    import random
+
+    states = {}
+    state = random.getstate()
+    states["random"] = (state, functools.partial(random.setstate, state))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        state = numpy.random.get_state()
+        comparable = tuple(v.tobytes() if hasattr(v, "tobytes") else v for v in state)
+        states["numpy"] = (comparable, functools.partial(numpy.random.set_state, state))
+    return states
 
 
 def _global_generators() -> dict:
