@@ -417,6 +417,54 @@ class TestCaptureSoundness(TestCase):
         f = load(precompile(seeded_and_restored, m, x, backend=backend))
         torch.testing.assert_close(f(m, x), seeded_and_restored(m, x))
 
+    @parametrize("backend", BACKENDS)
+    def test_data_assignment_is_refused_and_the_advised_copy_matches_eager(self, backend):
+        def halve(m, x):
+            m.weight.data = m.weight.data * 0.5
+            return m(x)
+
+        def v2p(m, x):
+            vec = torch.nn.utils.parameters_to_vector(m.parameters())
+            torch.nn.utils.vector_to_parameters(vec * 0.5, m.parameters())
+            return m(x)
+
+        def scale_grad(m, x):
+            m(x).sum().backward()
+            m.weight.grad.data = m.weight.grad.data / 4
+            return m.weight.grad.clone()
+
+        def v2p_as_advised(m, x):
+            vec = torch.nn.utils.parameters_to_vector(m.parameters()) * 0.5
+            with torch.no_grad():
+                i = 0
+                for p in m.parameters():
+                    p.copy_(vec[i : i + p.numel()].view_as(p))
+                    i += p.numel()
+            loss = m(x).pow(2).sum()
+            loss.backward()
+            return loss.detach()
+
+        torch.manual_seed(0)
+        m, x = nn.Linear(3, 2), torch.randn(4, 3)
+        before = _snapshot(m)
+        for fn, line in (
+            (halve, r"m\.weight\.data = m\.weight\.data \* 0\.5"),
+            (v2p, r"torch\.nn\.utils\.vector_to_parameters\(vec \* 0\.5, m\.parameters\(\)\)"),
+            (scale_grad, r"m\.weight\.grad\.data = m\.weight\.grad\.data / 4"),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"^fn assigns a tensor's \.data at {THIS_FILE}:\d+ \({line}\).*p\.copy_\(new\)"
+            ):
+                precompile(fn, m, x, backend=backend)
+            self.assertEqual(_snapshot(m), before)
+        f = load(precompile(v2p_as_advised, copy.deepcopy(m), x, backend=backend))
+        ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+        for _ in range(2):
+            torch.testing.assert_close(f(ours, x), v2p_as_advised(eager, x))
+            for p, q in zip(ours.parameters(), eager.parameters()):
+                torch.testing.assert_close(p, q)
+                torch.testing.assert_close(p.grad, q.grad)
+
     # -- data-dependent Python (invariant 11) ---------------------------------
 
     @parametrize("backend", BACKENDS)

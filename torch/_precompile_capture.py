@@ -2457,6 +2457,8 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        data = self._refusing_data_assignment(compat.tensor_attribute("data"))
+        self._stack.enter_context(_patched(torch.Tensor, "data", data))
         mkldnn = type(torch.backends.mkldnn)
         self._stack.enter_context(_patched(mkldnn, "enabled", self._refusing_mkldnn_flag(vars(mkldnn)["enabled"])))
         for name in self._AUTOCAST_DTYPE_USES:
@@ -2520,6 +2522,28 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _refusing_data_assignment(cls, descriptor: Any) -> property:
+        """``Tensor.data`` refusing assignments by fn's or its modules' code (torch.nn's included,
+        as ``vector_to_parameters``): make_fx does not trace the setter, so the artifact would
+        neither compute with the new value nor leave it in the tensor."""
+
+        def set_(tensor: torch.Tensor, value: torch.Tensor) -> None:
+            reads = getattr(cls._tracing, "reads", None)
+            if reads is not None and _is_model_code(os.path.abspath(sys._getframe(1).f_code.co_filename)):
+                raise PrecompileError(
+                    f"fn assigns a tensor's .data{_user_line(traceback.extract_stack())} (itself, or through "
+                    "torch.nn.utils.vector_to_parameters): the trace does not record the assignment, so the "
+                    "artifact would neither compute with the new value nor leave it in the tensor. Write the "
+                    "new values in place instead: `with torch.no_grad(): p.copy_(new)` (for "
+                    "vector_to_parameters, copy each parameter's slice of the vector, "
+                    "`p.copy_(vec[i:i + p.numel()].view_as(p))`); a .data of another shape or dtype "
+                    "cannot be precompiled"
+                )
+            descriptor.__set__(tensor, value)
+
+        return property(descriptor.__get__, set_)
 
     @classmethod
     def _refusing_parameters(cls, make: Callable) -> Callable:
