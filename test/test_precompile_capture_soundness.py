@@ -465,6 +465,61 @@ class TestCaptureSoundness(TestCase):
                 torch.testing.assert_close(p, q)
                 torch.testing.assert_close(p.grad, q.grad)
 
+    @parametrize("backend", BACKENDS)
+    def test_parameters_are_nn_parameters_in_fn_as_in_eager(self, backend):
+        class Scaled(nn.Module):  # CLIP-style temperature: learnable as a Parameter, else fixed
+            def __init__(self, learnable):
+                super().__init__()
+                self.lin = nn.Linear(3, 2)
+                if learnable:
+                    self.logit_scale = nn.Parameter(torch.tensor(0.5))
+                else:
+                    self.register_buffer("logit_scale", torch.tensor(0.5))
+
+            def forward(self, x):
+                learnable = isinstance(self.logit_scale, nn.Parameter)
+                return self.lin(x) * (self.logit_scale.exp() if learnable else self.logit_scale)
+
+        def step(m, x):
+            out = m(x)
+            out.pow(2).sum().backward()
+            return out.detach()
+
+        x = torch.randn(4, 3)
+        for learnable in (True, False):
+            torch.manual_seed(0)
+            m = Scaled(learnable)
+            f = load(precompile(step, copy.deepcopy(m), x, backend=backend))
+            ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+            torch.testing.assert_close(f(ours, x), step(eager, x), msg=f"learnable={learnable}")
+            for p, q in zip(ours.parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad)
+            self.assertNotIsInstance(ours.lin.weight.detach(), nn.Parameter)  # no mark left behind
+
+    @parametrize("backend", BACKENDS)
+    def test_load_state_dict_assign_is_refused_and_the_advised_copy_matches_eager(self, backend):
+        def assigned(m, t, x):
+            t.load_state_dict(m.state_dict(), assign=True)
+            return t(x)
+
+        def copied(m, t, x):
+            t.load_state_dict(m.state_dict())
+            return t(x)
+
+        torch.manual_seed(0)
+        m, t, x = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)), torch.randn(3, 4)
+        before = _snapshot(t)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"^fn calls Sequential\.load_state_dict\(\.\.\., assign=True\) at {THIS_FILE}:\d+ .*without assign=True",
+        ):
+            precompile(assigned, m, t, x, backend=backend)
+        self.assertEqual(_snapshot(t), before)
+        f = load(precompile(copied, m, copy.deepcopy(t), x, backend=backend))
+        ours, eager = copy.deepcopy(t), copy.deepcopy(t)
+        torch.testing.assert_close(f(m, ours, x), copied(m, eager, x))
+        torch.testing.assert_close(ours.state_dict(), eager.state_dict())
+
     # -- data-dependent Python (invariant 11) ---------------------------------
 
     @parametrize("backend", BACKENDS)

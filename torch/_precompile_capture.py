@@ -1190,6 +1190,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(compat.reparametrized(module, mapping))
+            # fn sees its modules' parameters as nn.Parameter, as in eager (code branches on it)
+            stack.enter_context(compat.seen_as_parameters([whole[i] for i, e in enumerate(args.lifted) if e.kind == "parameter"]))
             if args.optimizers:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             # Invariant 13: a .grad None at capture that fn observes and backward does not
@@ -2457,6 +2459,8 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        load = self._refusing_assigned_loads(torch.nn.Module.load_state_dict)
+        self._stack.enter_context(_patched(torch.nn.Module, "load_state_dict", load))
         data = self._refusing_data_assignment(compat.tensor_attribute("data"))
         self._stack.enter_context(_patched(torch.Tensor, "data", data))
         mkldnn = type(torch.backends.mkldnn)
@@ -2522,6 +2526,25 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _refusing_assigned_loads(cls, load: Callable) -> Callable:
+        """``nn.Module.load_state_dict`` refusing ``assign=True`` inside fn: it rebinds the module's
+        parameters to the state dict's tensors (new ``nn.Parameter`` s the trace cannot follow),
+        which the artifact cannot repeat; torch would wrap the refusal in its own RuntimeError."""
+
+        @functools.wraps(load)
+        def refusing_load(module: torch.nn.Module, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+            if assign and getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn calls {type(module).__name__}.load_state_dict(..., assign=True)"
+                    f"{_user_line(traceback.extract_stack())}: it rebinds the module's parameters and buffers "
+                    "to the state dict's tensors, which the artifact cannot repeat. Copy the values in place "
+                    "instead: load_state_dict(state_dict) without assign=True (it copies under no_grad)"
+                )
+            return load(module, state_dict, strict=strict, assign=assign)
+
+        return refusing_load
 
     @classmethod
     def _refusing_data_assignment(cls, descriptor: Any) -> property:
