@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import types
+import unittest
 
 import torch
 import torch.nn as nn
@@ -519,6 +520,41 @@ class TestCaptureSoundness(TestCase):
         ours, eager = copy.deepcopy(t), copy.deepcopy(t)
         torch.testing.assert_close(f(m, ours, x), copied(m, eager, x))
         torch.testing.assert_close(ours.state_dict(), eager.state_dict())
+
+    @unittest.skipIf(not hasattr(torch.Tensor, "grad_dtype"), "this torch has no per-parameter grad_dtype")
+    @parametrize("backend", BACKENDS)
+    def test_grad_dtype_is_refused_at_capture_and_before_a_call_changes_state(self, backend):
+        def step(m, x):
+            loss = m(x).float().pow(2).mean()
+            loss.backward()
+            return loss.detach()
+
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).to(torch.bfloat16)
+        x = torch.randn(5, 3, dtype=torch.bfloat16)
+        wide = copy.deepcopy(m)
+        for p in wide.parameters():
+            p.grad_dtype = torch.float32
+        before = _snapshot(wide)
+        with self.assertRaisesRegex(
+            PrecompileError, r"^args\[0\]\.0\.weight has grad_dtype torch\.float32, not its dtype torch\.bfloat16: .*p\.grad_dtype = p\.dtype"
+        ):
+            precompile(step, wide, x, backend=backend)
+        self.assertEqual(_snapshot(wide), before)
+        m, x = m.float(), x.float()  # bfloat16 numerics of Inductor are not eager's
+        for p in m.parameters():
+            p.grad_dtype = torch.float32  # its own dtype: honoured
+        f = load(precompile(step, copy.deepcopy(m), x, backend=backend))
+        ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+        torch.testing.assert_close(f(ours, x), step(eager, x))
+        for p, q in zip(ours.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        ours.zero_grad()  # torch lets grad_dtype change only without a .grad
+        ours[0].weight.grad_dtype = torch.float64  # set after capture: refused before the graph writes the BN stats
+        before = _snapshot(ours)
+        with self.assertRaisesRegex(PrecompileError, r"^args\[0\]\.0\.weight has grad_dtype torch\.float64, not its dtype"):
+            f(ours, x)
+        self.assertEqual(_snapshot(ours), before)
 
     # -- data-dependent Python (invariant 11) ---------------------------------
 

@@ -1271,6 +1271,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
         _refuse_grads_with_history(args, state, recorded["grad_state"])
+        _refuse_grad_dtypes(args, recorded["grad_state"])
         recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None and i not in traced_none]
         recorded["ordered_dicts"] = tuple(path for path, probe in probes.items() if probe.observed)
         outputs = _unique_tensors(out_leaves)  # one tensor returned twice is one graph output, as in eager
@@ -3311,6 +3312,22 @@ def _refuse_grads_with_history(args: _Arguments, state: tuple, grad_state: list)
                 "(backward(create_graph=True)), which the artifact's .grad would not have: a later backward "
                 "through it runs in eager and fails on the artifact's. Take higher-order gradients inside fn "
                 "(torch.autograd.grad(..., create_graph=True)), or leave create_graph off"
+            )
+
+
+def _refuse_grad_dtypes(args: _Arguments, grad_state: list) -> None:
+    """Refuse a parameter fn gives a gradient whose ``grad_dtype`` (torch 2.11+) is not its dtype:
+    eager's AccumulateGrad casts the gradient to it, the trace's stand-ins have none."""
+    for index in grad_state:
+        param = _caller_parameter(args.lifted[index])
+        grad_dtype = getattr(param, "grad_dtype", None)
+        if grad_dtype is not None and grad_dtype != param.dtype:
+            module_index, fqn = args.lifted[index].names[0]
+            raise PrecompileError(
+                f"args[{args.module_positions[module_index]}].{fqn} has grad_dtype {grad_dtype}, not its dtype "
+                f"{param.dtype}: eager's backward casts its gradient to {grad_dtype}, which precompile does not "
+                f"support (the graph computes it in {param.dtype}). Set p.grad_dtype = p.dtype (or None) "
+                "before precompile and at its calls, or call fn eagerly"
             )
 
 
