@@ -2460,6 +2460,7 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        self._stack.enter_context(_patched(torch.utils, "swap_tensors", self._refusing_swaps(torch.utils.swap_tensors)))
         load = self._refusing_assigned_loads(torch.nn.Module.load_state_dict)
         self._stack.enter_context(_patched(torch.nn.Module, "load_state_dict", load))
         data = self._refusing_data_assignment(compat.tensor_attribute("data"))
@@ -2527,6 +2528,26 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _refusing_swaps(cls, swap: Callable) -> Callable:
+        """``torch.utils.swap_tensors`` refused inside fn: it swaps two Python tensor objects, which
+        the trace cannot follow (torch would fail on the weak references its tracer keeps)."""
+
+        @functools.wraps(swap)
+        def refusing_swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+            if getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn calls torch.utils.swap_tensors{_user_line(traceback.extract_stack())}: it swaps two "
+                    "tensor objects, which the trace cannot follow and the artifact cannot repeat. Swap the "
+                    "tensors outside fn, before or after calling it; with backend='eager', swapping their values "
+                    "in place inside fn also works (same shape and dtype): `with torch.no_grad(): "
+                    "t = a.clone(); a.copy_(b); b.copy_(t)` (torch 2.13's Inductor compiles that swap of two "
+                    "inputs wrongly, as torch.compile does)"
+                )
+            return swap(t1, t2)
+
+        return refusing_swap
 
     @classmethod
     def _refusing_assigned_loads(cls, load: Callable) -> Callable:
