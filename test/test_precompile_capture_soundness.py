@@ -589,6 +589,35 @@ class TestCaptureSoundness(TestCase):
             torch.testing.assert_close(p, q)
             torch.testing.assert_close(p.grad, q.grad)
 
+    @parametrize("backend", BACKENDS)
+    def test_a_generator_argument_is_refused_with_advice_that_works(self, backend):
+        def noisy(m, x, g):
+            return m(x) + torch.randn(4, 2, generator=g)
+
+        def noisy_default(m, x):  # advised: the default generator, seeded outside fn
+            return m(x) + torch.randn(4, 2)
+
+        def noise_passed(m, x, noise):  # advised: drawn with the generator outside fn
+            return m(x) + noise
+
+        torch.manual_seed(0)
+        m, x, g = nn.Linear(3, 2), torch.randn(4, 3), torch.Generator().manual_seed(0)
+        state = g.get_state()
+        with self.assertRaisesRegex(
+            PrecompileError, r"^args\[2\]: unsupported leaf of type Generator.*A torch\.Generator cannot be passed.*torch\.manual_seed"
+        ):
+            precompile(noisy, m, x, g, backend=backend)
+        self.assertTrue(torch.equal(g.get_state(), state))
+        f = load(precompile(noisy_default, m, x, backend=backend))
+        torch.manual_seed(5)
+        ours = f(m, x)
+        torch.manual_seed(5)
+        torch.testing.assert_close(ours, noisy_default(m, x))
+        f = load(precompile(noise_passed, m, x, torch.randn(4, 2), backend=backend))
+        g_ours, g_eager = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+        torch.testing.assert_close(f(m, x, torch.randn(4, 2, generator=g_ours)), noisy(m, x, g_eager))
+        self.assertTrue(torch.equal(g_ours.get_state(), g_eager.get_state()))
+
     # -- data-dependent Python (invariant 11) ---------------------------------
 
     @parametrize("backend", BACKENDS)

@@ -541,6 +541,13 @@ def _how_to_register(value: Any) -> str:
         )
     if isinstance(value, (torch.Tensor, int, float, bool, str, type(None))):
         return ""
+    if isinstance(value, torch.Generator):  # its state is the point, and no pytree node can carry it
+        return (
+            ". A torch.Generator cannot be passed: the artifact can neither carry its state nor advance it. "
+            "Draw inside fn from torch's default generator (torch.randn(...) without generator=; the artifact "
+            "draws anew from it at every call, as eager does) and seed that outside fn (torch.manual_seed), "
+            "or draw with your generator outside fn and pass the numbers in as a tensor argument"
+        )
     return (
         f". To pass a {cls.__qualname__}, register it: torch.utils._pytree.register_pytree_node({cls.__qualname__}, "
         "flatten_fn, unflatten_fn, serialized_type_name=..., flatten_with_keys_fn=...); its tensors "
