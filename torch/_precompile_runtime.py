@@ -2541,7 +2541,7 @@ class Gradients:
         capture, and each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``)."""
         for index in self._grad_state:
             param = params[index]
-            grad_dtype = param.grad_dtype
+            grad_dtype = getattr(param, "grad_dtype", None)  # fully_shard's ShardedGradient: its own path
             if grad_dtype is not None and grad_dtype is not param.dtype:
                 raise PrecompileError(
                     f"{self._parameter(index)} has grad_dtype {grad_dtype}, not its dtype {param.dtype}: eager's "
