@@ -150,7 +150,7 @@ class TestAPI(TestCase):
         """load() pauses the collector and promotes what it made to the oldest generation unscanned:
         the collector's switch is as it was, garbage made before a load is still collected, and
         objects the process froze itself stay frozen."""
-        m, x = small_mlp(), torch.randn(3, 8)
+        m, x = small_mlp(), torch.randn(3, 8)  # the shape the other tests build "mlp_forward" with
         pair = _artifact("mlp_forward", _forward, m, x, backend="eager")
 
         class Node:

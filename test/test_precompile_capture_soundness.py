@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import types
+import unittest
 
 import torch
 import torch.nn as nn
@@ -377,6 +378,245 @@ class TestCaptureSoundness(TestCase):
             PrecompileError, rf"^fn calls aten\.random_\.from at {THIS_FILE}:\d+ .*torch\.randint\(low, high"
         ):
             precompile(fn, torch.randn(4, 8), backend=backend)
+
+    @parametrize("backend", BACKENDS)
+    def test_python_and_numpy_rng_draws_are_refused_naming_the_rng(self, backend):
+        import random
+
+        import numpy as np
+
+        class LayerDrop(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+            def forward(self, x):
+                for layer in self.layers:
+                    if random.random() < 0.5:  # the draw the trace would bake
+                        continue
+                    x = x + layer(x)
+                return x
+
+        def flip(m, x):
+            return m.layers[0](x.flip(-1) if np.random.rand() < 0.5 else x)
+
+        def seeded_and_restored(m, x):  # no net draw: eager leaves both RNGs as they were
+            state, np_state = random.getstate(), np.random.get_state()
+            random.random(), np.random.rand()
+            random.setstate(state)
+            np.random.set_state(np_state)
+            return m.layers[0](x)
+
+        m, x = LayerDrop(), torch.randn(2, 4)
+        for fn, rng in ((lambda m, x: m(x), r"Python's global RNG \(the random module"), (flip, r"numpy's global RNG")):
+            state, np_state = random.getstate(), np.random.get_state()
+            with self.assertRaisesRegex(PrecompileError, rf"^fn draws from {rng}.*Draw with torch's RNG instead"):
+                precompile(fn, m, x, backend=backend)
+            self.assertEqual(random.getstate(), state)  # the refusal leaves them as the caller did
+            after = np.random.get_state()
+            self.assertTrue(all(np.array_equal(a, b) for a, b in zip(after, np_state)))
+        f = load(precompile(seeded_and_restored, m, x, backend=backend))
+        torch.testing.assert_close(f(m, x), seeded_and_restored(m, x))
+
+    @parametrize("backend", BACKENDS)
+    def test_data_assignment_is_refused_and_the_advised_copy_matches_eager(self, backend):
+        def halve(m, x):
+            m.weight.data = m.weight.data * 0.5
+            return m(x)
+
+        def v2p(m, x):
+            vec = torch.nn.utils.parameters_to_vector(m.parameters())
+            torch.nn.utils.vector_to_parameters(vec * 0.5, m.parameters())
+            return m(x)
+
+        def scale_grad(m, x):
+            m(x).sum().backward()
+            m.weight.grad.data = m.weight.grad.data / 4
+            return m.weight.grad.clone()
+
+        def v2p_as_advised(m, x):
+            vec = torch.nn.utils.parameters_to_vector(m.parameters()) * 0.5
+            with torch.no_grad():
+                i = 0
+                for p in m.parameters():
+                    p.copy_(vec[i : i + p.numel()].view_as(p))
+                    i += p.numel()
+            loss = m(x).pow(2).sum()
+            loss.backward()
+            return loss.detach()
+
+        torch.manual_seed(0)
+        m, x = nn.Linear(3, 2), torch.randn(4, 3)
+        before = _snapshot(m)
+        for fn, line in (
+            (halve, r"m\.weight\.data = m\.weight\.data \* 0\.5"),
+            (v2p, r"torch\.nn\.utils\.vector_to_parameters\(vec \* 0\.5, m\.parameters\(\)\)"),
+            (scale_grad, r"m\.weight\.grad\.data = m\.weight\.grad\.data / 4"),
+        ):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"^fn assigns a tensor's \.data at {THIS_FILE}:\d+ \({line}\).*p\.copy_\(new\)"
+            ):
+                precompile(fn, m, x, backend=backend)
+            self.assertEqual(_snapshot(m), before)
+        f = load(precompile(v2p_as_advised, copy.deepcopy(m), x, backend=backend))
+        ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+        for _ in range(2):
+            torch.testing.assert_close(f(ours, x), v2p_as_advised(eager, x))
+            for p, q in zip(ours.parameters(), eager.parameters()):
+                torch.testing.assert_close(p, q)
+                torch.testing.assert_close(p.grad, q.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_parameters_are_nn_parameters_in_fn_as_in_eager(self, backend):
+        class Scaled(nn.Module):  # CLIP-style temperature: learnable as a Parameter, else fixed
+            def __init__(self, learnable):
+                super().__init__()
+                self.lin = nn.Linear(3, 2)
+                if learnable:
+                    self.logit_scale = nn.Parameter(torch.tensor(0.5))
+                else:
+                    self.register_buffer("logit_scale", torch.tensor(0.5))
+
+            def forward(self, x):
+                learnable = isinstance(self.logit_scale, nn.Parameter)
+                return self.lin(x) * (self.logit_scale.exp() if learnable else self.logit_scale)
+
+        def step(m, x):
+            out = m(x)
+            out.pow(2).sum().backward()
+            return out.detach()
+
+        x = torch.randn(4, 3)
+        for learnable in (True, False):
+            torch.manual_seed(0)
+            m = Scaled(learnable)
+            f = load(precompile(step, copy.deepcopy(m), x, backend=backend))
+            ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+            torch.testing.assert_close(f(ours, x), step(eager, x), msg=f"learnable={learnable}")
+            for p, q in zip(ours.parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad)
+            self.assertNotIsInstance(ours.lin.weight.detach(), nn.Parameter)  # no mark left behind
+
+    @parametrize("backend", BACKENDS)
+    def test_load_state_dict_assign_is_refused_and_the_advised_copy_matches_eager(self, backend):
+        def assigned(m, t, x):
+            t.load_state_dict(m.state_dict(), assign=True)
+            return t(x)
+
+        def copied(m, t, x):
+            t.load_state_dict(m.state_dict())
+            return t(x)
+
+        torch.manual_seed(0)
+        m, t, x = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)), torch.randn(3, 4)
+        before = _snapshot(t)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"^fn calls Sequential\.load_state_dict\(\.\.\., assign=True\) at {THIS_FILE}:\d+ .*without assign=True",
+        ):
+            precompile(assigned, m, t, x, backend=backend)
+        self.assertEqual(_snapshot(t), before)
+        f = load(precompile(copied, m, copy.deepcopy(t), x, backend=backend))
+        ours, eager = copy.deepcopy(t), copy.deepcopy(t)
+        torch.testing.assert_close(f(m, ours, x), copied(m, eager, x))
+        torch.testing.assert_close(ours.state_dict(), eager.state_dict())
+
+    @unittest.skipIf(not hasattr(torch.Tensor, "grad_dtype"), "this torch has no per-parameter grad_dtype")
+    @parametrize("backend", BACKENDS)
+    def test_grad_dtype_is_refused_at_capture_and_before_a_call_changes_state(self, backend):
+        def step(m, x):
+            loss = m(x).float().pow(2).mean()
+            loss.backward()
+            return loss.detach()
+
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).to(torch.bfloat16)
+        x = torch.randn(5, 3, dtype=torch.bfloat16)
+        wide = copy.deepcopy(m)
+        for p in wide.parameters():
+            p.grad_dtype = torch.float32
+        before = _snapshot(wide)
+        with self.assertRaisesRegex(
+            PrecompileError, r"^args\[0\]\.0\.weight has grad_dtype torch\.float32, not its dtype torch\.bfloat16: .*p\.grad_dtype = p\.dtype"
+        ):
+            precompile(step, wide, x, backend=backend)
+        self.assertEqual(_snapshot(wide), before)
+        m, x = m.float(), x.float()  # bfloat16 numerics of Inductor are not eager's
+        for p in m.parameters():
+            p.grad_dtype = torch.float32  # its own dtype: honoured
+        f = load(precompile(step, copy.deepcopy(m), x, backend=backend))
+        ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+        torch.testing.assert_close(f(ours, x), step(eager, x))
+        for p, q in zip(ours.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        ours.zero_grad()  # torch lets grad_dtype change only without a .grad
+        ours[0].weight.grad_dtype = torch.float64  # set after capture: refused before the graph writes the BN stats
+        before = _snapshot(ours)
+        with self.assertRaisesRegex(PrecompileError, r"^args\[0\]\.0\.weight has grad_dtype torch\.float64, not its dtype"):
+            f(ours, x)
+        self.assertEqual(_snapshot(ours), before)
+
+    @parametrize("backend", BACKENDS)
+    def test_swap_tensors_is_refused_and_the_advised_swap_matches_eager(self, backend):
+        def swapped(m, x):
+            torch.utils.swap_tensors(m[0].weight, m[1].weight)
+            return m(x)
+
+        def swapped_in_place(m, x):
+            with torch.no_grad():
+                t = m[0].weight.clone()
+                m[0].weight.copy_(m[1].weight)
+                m[1].weight.copy_(t)
+            out = m(x)
+            out.sum().backward()
+            return out.detach()
+
+        torch.manual_seed(0)
+        m, x = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), torch.randn(3, 4)
+        before = _snapshot(m)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"^fn calls torch\.utils\.swap_tensors at {THIS_FILE}:\d+ .*Swap the tensors outside fn",
+        ):
+            precompile(swapped, m, x, backend=backend)
+        self.assertEqual(_snapshot(m), before)
+        if backend == "inductor":  # Inductor (torch.compile too) writes b from the already-written a
+            return
+        f = load(precompile(swapped_in_place, copy.deepcopy(m), x, backend=backend))
+        ours, eager = copy.deepcopy(m), copy.deepcopy(m)
+        torch.testing.assert_close(f(ours, x), swapped_in_place(eager, x))
+        for p, q in zip(ours.parameters(), eager.parameters()):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(p.grad, q.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_a_generator_argument_is_refused_with_advice_that_works(self, backend):
+        def noisy(m, x, g):
+            return m(x) + torch.randn(4, 2, generator=g)
+
+        def noisy_default(m, x):  # advised: the default generator, seeded outside fn
+            return m(x) + torch.randn(4, 2)
+
+        def noise_passed(m, x, noise):  # advised: drawn with the generator outside fn
+            return m(x) + noise
+
+        torch.manual_seed(0)
+        m, x, g = nn.Linear(3, 2), torch.randn(4, 3), torch.Generator().manual_seed(0)
+        state = g.get_state()
+        with self.assertRaisesRegex(
+            PrecompileError, r"^args\[2\]: unsupported leaf of type Generator.*A torch\.Generator cannot be passed.*torch\.manual_seed"
+        ):
+            precompile(noisy, m, x, g, backend=backend)
+        self.assertTrue(torch.equal(g.get_state(), state))
+        f = load(precompile(noisy_default, m, x, backend=backend))
+        torch.manual_seed(5)
+        ours = f(m, x)
+        torch.manual_seed(5)
+        torch.testing.assert_close(ours, noisy_default(m, x))
+        f = load(precompile(noise_passed, m, x, torch.randn(4, 2), backend=backend))
+        g_ours, g_eager = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+        torch.testing.assert_close(f(m, x, torch.randn(4, 2, generator=g_ours)), noisy(m, x, g_eager))
+        self.assertTrue(torch.equal(g_ours.get_state(), g_eager.get_state()))
 
     # -- data-dependent Python (invariant 11) ---------------------------------
 

@@ -565,6 +565,14 @@ class TestCaptureInternals(TestCase):
         self.assertIs(model.weight, original)
         self.assertIsInstance(compat.reparametrized(model, {}), contextlib.AbstractContextManager)
 
+    def test_seen_as_parameters_marks_and_unmarks(self):
+        plain, parameter = torch.ones(2), nn.Parameter(torch.ones(2))
+        with compat.seen_as_parameters([plain, parameter]):
+            self.assertIsInstance(plain, nn.Parameter)
+            self.assertIsInstance(parameter, nn.Parameter)
+        self.assertNotIsInstance(plain, nn.Parameter)
+        self.assertIsInstance(parameter, nn.Parameter)
+
     def test_compiling_and_exporting_flags(self):
         self.assertFalse(torch.compiler.is_compiling())
         with compat.compiling_and_exporting():

@@ -545,6 +545,13 @@ def _how_to_register(value: Any) -> str:
         )
     if isinstance(value, (torch.Tensor, int, float, bool, str, type(None))):
         return ""
+    if isinstance(value, torch.Generator):  # its state is the point, and no pytree node can carry it
+        return (
+            ". A torch.Generator cannot be passed: the artifact can neither carry its state nor advance it. "
+            "Draw inside fn from torch's default generator (torch.randn(...) without generator=; the artifact "
+            "draws anew from it at every call, as eager does) and seed that outside fn (torch.manual_seed), "
+            "or draw with your generator outside fn and pass the numbers in as a tensor argument"
+        )
     return (
         f". To pass a {cls.__qualname__}, register it: torch.utils._pytree.register_pytree_node({cls.__qualname__}, "
         "flatten_fn, unflatten_fn, serialized_type_name=..., flatten_with_keys_fn=...); its tensors "
@@ -890,6 +897,7 @@ class _RandomDraws:
         self.expected = {device: _state_of(g) for device, g in self.generators.items()}
         self.draws: dict = {}  # (device, state before) -> _Draw; states are bytes
         self.copies: list = []  # the copies' graph nodes (dropped when nothing replays them)
+        self.python_states = _python_rng_states()  # Python's and numpy's global RNGs at fn's start
 
     def draw(self, func, args: tuple, kwargs: dict):
         if kwargs.get("generator") is not None:
@@ -933,7 +941,21 @@ class _RandomDraws:
         return torch.ops.aten.clone.default(earlier.copy)
 
     def finish(self) -> None:
-        """Refuse fn leaving a generator elsewhere than its last draw did."""
+        """Refuse fn leaving a generator elsewhere than its last draw did, and fn drawing
+        from Python's or numpy's global RNG (the trace bakes those numbers)."""
+        moved = [name for name, (state, _) in _python_rng_states().items() if state != self.python_states[name][0]]
+        if moved:
+            for name in moved:  # as the caller left it: capture changes no state where it refuses
+                self.python_states[name][1]()
+            rng, fix = _PYTHON_RNGS[moved[0]]
+            raise PrecompileError(
+                f"fn draws from {rng} (or seeds it) while it is traced: the artifact bakes the numbers drawn "
+                f"at capture, takes the same branches at every call and never advances that RNG, where eager "
+                f"draws anew at each call. Draw with torch's RNG instead ({fix}), which the artifact "
+                "draws anew at every call, and use the draw as a tensor (torch.where(torch.rand(()) < p, a, b), "
+                "not an `if`: Python branches on tensor values are refused); or draw outside fn and pass the "
+                "value in as a tensor argument (a Python number argument is baked)"
+            )
         for device, generator in self.generators.items():
             if _state_of(generator) != self.expected[device]:
                 raise PrecompileError(
@@ -959,6 +981,31 @@ class _RandomDraws:
         copy = torch.ops.aten.clone.default(drawn)
         self.copies.append(get_proxy_slot(copy, get_proxy_mode().tracer).proxy.node)
         return copy
+
+
+# Python's and numpy's global RNGs: the message naming each, and torch's draw to use instead.
+_PYTHON_RNGS = {
+    "random": ("Python's global RNG (the random module: random.random(), random.choice() ...)",
+               "torch.rand for random.random, torch.randint for random.randint, torch.randperm for random.shuffle"),
+    "numpy": ("numpy's global RNG (np.random.rand(), np.random.randint() ...)",
+              "torch.rand / torch.bernoulli for np.random.rand, torch.randint for np.random.randint"),
+}
+
+
+def _python_rng_states() -> dict:
+    """name -> (a comparable state of that global RNG, a function that restores it); numpy's only
+    where numpy is imported already (capture never imports it)."""
+    import random
+
+    states = {}
+    state = random.getstate()
+    states["random"] = (state, functools.partial(random.setstate, state))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        state = numpy.random.get_state()
+        comparable = tuple(v.tobytes() if hasattr(v, "tobytes") else v for v in state)
+        states["numpy"] = (comparable, functools.partial(numpy.random.set_state, state))
+    return states
 
 
 def _global_generators() -> dict:
@@ -1154,6 +1201,8 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         with contextlib.ExitStack() as stack:
             for module, mapping in zip(args.modules, mappings):
                 stack.enter_context(compat.reparametrized(module, mapping))
+            # fn sees its modules' parameters as nn.Parameter, as in eager (code branches on it)
+            stack.enter_context(compat.seen_as_parameters([whole[i] for i, e in enumerate(args.lifted) if e.kind == "parameter"]))
             if args.optimizers:
                 stack.enter_context(_redirect_optimizers(args, state, optimizer_inputs))
             # Invariant 13: a .grad None at capture that fn observes and backward does not
@@ -1233,6 +1282,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
         _check_gradients_reach_only_parameters(args, state, tensors)
         recorded["grad_state"] = [i for i in candidates if state[i].grad is not None]
         _refuse_grads_with_history(args, state, recorded["grad_state"])
+        _refuse_grad_dtypes(args, recorded["grad_state"])
         recorded["grads_cleared"] = [i for i in candidates if state[i].grad is None and i not in traced_none]
         recorded["ordered_dicts"] = tuple(path for path, probe in probes.items() if probe.observed)
         outputs = _unique_tensors(out_leaves)  # one tensor returned twice is one graph output, as in eager
@@ -2516,6 +2566,11 @@ class _StateReads:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
             self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        self._stack.enter_context(_patched(torch.utils, "swap_tensors", self._refusing_swaps(torch.utils.swap_tensors)))
+        load = self._refusing_assigned_loads(torch.nn.Module.load_state_dict)
+        self._stack.enter_context(_patched(torch.nn.Module, "load_state_dict", load))
+        data = self._refusing_data_assignment(compat.tensor_attribute("data"))
+        self._stack.enter_context(_patched(torch.Tensor, "data", data))
         mkldnn = type(torch.backends.mkldnn)
         self._stack.enter_context(_patched(mkldnn, "enabled", self._refusing_mkldnn_flag(vars(mkldnn)["enabled"])))
         for name in self._AUTOCAST_DTYPE_USES:
@@ -2579,6 +2634,67 @@ class _StateReads:
             return setter(*args, **kwargs)
 
         return noted_setter
+
+    @classmethod
+    def _refusing_swaps(cls, swap: Callable) -> Callable:
+        """``torch.utils.swap_tensors`` refused inside fn: it swaps two Python tensor objects, which
+        the trace cannot follow (torch would fail on the weak references its tracer keeps)."""
+
+        @functools.wraps(swap)
+        def refusing_swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+            if getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn calls torch.utils.swap_tensors{_user_line(traceback.extract_stack())}: it swaps two "
+                    "tensor objects, which the trace cannot follow and the artifact cannot repeat. Swap the "
+                    "tensors outside fn, before or after calling it; with backend='eager', swapping their values "
+                    "in place inside fn also works (same shape and dtype): `with torch.no_grad(): "
+                    "t = a.clone(); a.copy_(b); b.copy_(t)` (torch 2.13's Inductor compiles that swap of two "
+                    "inputs wrongly, as torch.compile does)"
+                )
+            return swap(t1, t2)
+
+        return refusing_swap
+
+    @classmethod
+    def _refusing_assigned_loads(cls, load: Callable) -> Callable:
+        """``nn.Module.load_state_dict`` refusing ``assign=True`` inside fn: it rebinds the module's
+        parameters to the state dict's tensors (new ``nn.Parameter`` s the trace cannot follow),
+        which the artifact cannot repeat; torch would wrap the refusal in its own RuntimeError."""
+
+        @functools.wraps(load)
+        def refusing_load(module: torch.nn.Module, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+            if assign and getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn calls {type(module).__name__}.load_state_dict(..., assign=True)"
+                    f"{_user_line(traceback.extract_stack())}: it rebinds the module's parameters and buffers "
+                    "to the state dict's tensors, which the artifact cannot repeat. Copy the values in place "
+                    "instead: load_state_dict(state_dict) without assign=True (it copies under no_grad)"
+                )
+            return load(module, state_dict, strict=strict, assign=assign)
+
+        return refusing_load
+
+    @classmethod
+    def _refusing_data_assignment(cls, descriptor: Any) -> property:
+        """``Tensor.data`` refusing assignments by fn's or its modules' code (torch.nn's included,
+        as ``vector_to_parameters``): make_fx does not trace the setter, so the artifact would
+        neither compute with the new value nor leave it in the tensor."""
+
+        def set_(tensor: torch.Tensor, value: torch.Tensor) -> None:
+            reads = getattr(cls._tracing, "reads", None)
+            if reads is not None and _is_model_code(os.path.abspath(sys._getframe(1).f_code.co_filename)):
+                raise PrecompileError(
+                    f"fn assigns a tensor's .data{_user_line(traceback.extract_stack())} (itself, or through "
+                    "torch.nn.utils.vector_to_parameters): the trace does not record the assignment, so the "
+                    "artifact would neither compute with the new value nor leave it in the tensor. Write the "
+                    "new values in place instead: `with torch.no_grad(): p.copy_(new)` (for "
+                    "vector_to_parameters, copy each parameter's slice of the vector, "
+                    "`p.copy_(vec[i:i + p.numel()].view_as(p))`); a .data of another shape or dtype "
+                    "cannot be precompiled"
+                )
+            descriptor.__set__(tensor, value)
+
+        return property(descriptor.__get__, set_)
 
     @classmethod
     def _refusing_parameters(cls, make: Callable) -> Callable:
@@ -3327,6 +3443,22 @@ def _refuse_grads_with_history(args: _Arguments, state: tuple, grad_state: list)
                 "(backward(create_graph=True)), which the artifact's .grad would not have: a later backward "
                 "through it runs in eager and fails on the artifact's. Take higher-order gradients inside fn "
                 "(torch.autograd.grad(..., create_graph=True)), or leave create_graph off"
+            )
+
+
+def _refuse_grad_dtypes(args: _Arguments, grad_state: list) -> None:
+    """Refuse a parameter fn gives a gradient whose ``grad_dtype`` (torch 2.11+) is not its dtype:
+    eager's AccumulateGrad casts the gradient to it, the trace's stand-ins have none."""
+    for index in grad_state:
+        param = _caller_parameter(args.lifted[index])
+        grad_dtype = getattr(param, "grad_dtype", None)
+        if grad_dtype is not None and grad_dtype != param.dtype:
+            module_index, fqn = args.lifted[index].names[0]
+            raise PrecompileError(
+                f"args[{args.module_positions[module_index]}].{fqn} has grad_dtype {grad_dtype}, not its dtype "
+                f"{param.dtype}: eager's backward casts its gradient to {grad_dtype}, which precompile does not "
+                f"support (the graph computes it in {param.dtype}). Set p.grad_dtype = p.dtype (or None) "
+                "before precompile and at its calls, or call fn eagerly"
             )
 
 

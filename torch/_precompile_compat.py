@@ -193,6 +193,22 @@ def reparametrized(module: torch.nn.Module, mapping: dict) -> contextlib.Abstrac
     return _reparametrize_module(module, mapping)
 
 
+@contextlib.contextmanager
+def seen_as_parameters(tensors: list):
+    """Inside, ``isinstance(t, nn.Parameter)`` is True for each of ``tensors`` (capture's stand-ins
+    of parameters, plain traced tensors), as it is for the parameters eager fn reads."""
+    # torch 2.11-2.14: _ParameterMeta.__instancecheck__ answers True for a tensor whose private
+    # _is_param attribute is true (what torch's own tracing sets); no public way to say so.
+    marked = [t for t in tensors if not isinstance(t, torch.nn.Parameter)]
+    for tensor in marked:
+        tensor._is_param = True
+    try:
+        yield
+    finally:
+        for tensor in marked:
+            vars(tensor).pop("_is_param", None)
+
+
 def compiling_and_exporting() -> contextlib.AbstractContextManager:
     """``torch.compiler.is_compiling()`` and ``is_exporting()`` true inside, restored on exit."""
     # torch 2.13 has public readers for the flags but no setter: torch.export's

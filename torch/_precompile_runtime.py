@@ -2221,7 +2221,8 @@ class PrecompiledFunction:
         self._copies_inputs = bool(self._constants or convention.output_views)
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
-        self._checks_grads = bool(convention.grads_none or convention.grads_present)
+        # grad_state: each new gradient's parameter must take it as the graph computes it (grad_dtype)
+        self._checks_grads = bool(convention.grads_none or convention.grads_present or convention.grad_state)
         self._writes_tensors = bool(convention.mutated)
         self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
         self._state_path = self._module_arguments.state_path
@@ -2529,7 +2530,18 @@ class Gradients:
     # -- before the graph --------------------------------------------------------
 
     def check_kept(self, params: list) -> None:
-        """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at capture."""
+        """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at
+        capture, and each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``)."""
+        for index in self._grad_state:
+            param = params[index]
+            grad_dtype = getattr(param, "grad_dtype", None)  # fully_shard's ShardedGradient: its own path
+            if grad_dtype is not None and grad_dtype is not param.dtype:
+                raise PrecompileError(
+                    f"{self._parameter(index)} has grad_dtype {grad_dtype}, not its dtype {param.dtype}: eager's "
+                    f"backward would cast its gradient to {grad_dtype}, the graph computes it in {param.dtype} "
+                    "(precompile refuses a grad_dtype at capture): set p.grad_dtype = p.dtype (or None), or call "
+                    "fn eagerly"
+                )
         for index in self._grads_none:
             if params[index].grad is not None:
                 raise PrecompileError(
