@@ -673,6 +673,23 @@ says who guarantees it and, where it is enforced, which tests (in
      hook runs once more at each later call
      (test_gradient_hooks_fn_registers_are_refused,
      test_requires_grad_changed_by_fn_is_refused).
+   - fn drawing from Python's ``random`` or numpy's global RNG (the trace's
+     draw would be baked, those RNGs never advanced), assigning a tensor's
+     ``.data`` (make_fx does not trace the setter;
+     ``torch.nn.utils.vector_to_parameters`` assigns it), calling
+     ``torch.utils.swap_tensors`` or ``load_state_dict(..., assign=True)``:
+     REFUSED at capture, naming fn's line and a form that is honoured (a
+     torch RNG draw, ``p.copy_(new)`` under ``no_grad``, a load without
+     ``assign``) (test_python_and_numpy_rng_draws_are_refused_naming_the_rng,
+     test_data_assignment_is_refused_and_the_advised_copy_matches_eager,
+     test_swap_tensors_is_refused_and_the_advised_swap_matches_eager,
+     test_load_state_dict_assign_is_refused_and_the_advised_copy_matches_eager).
+     A parameter given a gradient with a ``grad_dtype`` (torch 2.13+) other
+     than its dtype: REFUSED at capture, and at a call before anything
+     changes (test_grad_dtype_is_refused_at_capture_and_before_a_call_changes_state).
+     In the trace, parameters' stand-ins are marked as parameters (torch's
+     ``_is_param``), so ``isinstance(p, nn.Parameter)`` branches as in eager
+     (test_parameters_are_nn_parameters_in_fn_as_in_eager).
    - fn changing Python state it reaches around its arguments (closure
      cells, the globals its code names, a bound ``self``, a partial's
      arguments): an attribute of such an object or an item of such a dict,
