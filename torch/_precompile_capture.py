@@ -2047,12 +2047,13 @@ def _outer_state_kept(fn: Callable):
     try:
         yield
     finally:
-        changed = [(where, value, before) for where, value, before in kept if not _same_state(before, _shallow_state(value))]
+        now = [(where, value, before, _shallow_state(value)) for where, value, before in kept]
+        changed = [(where, value, before, after) for where, value, before, after in now if not _same_state(before, after)]
         if changed:
-            where, value, before = changed[0]
+            where, value, before, _ = changed[0]
             first = f"fn changes its {where} (a {type(value).__name__}) while traced: {_describe_outer_change(before, value)}"
-        for _, value, before in changed:
-            if _holds_new_tensors(before, _shallow_state(value)):  # the trace's tensors do not stay in the caller's state
+        for _, value, before, after in changed:
+            if _holds_new_tensors(before, after):  # the trace's tensors do not stay in the caller's state
                 _put_back(value, before)
     if changed:
         raise PrecompileError(
