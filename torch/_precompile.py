@@ -684,7 +684,7 @@ says who guarantees it and, where it is enforced, which tests (in
      test_data_assignment_is_refused_and_the_advised_copy_matches_eager,
      test_swap_tensors_is_refused_and_the_advised_swap_matches_eager,
      test_load_state_dict_assign_is_refused_and_the_advised_copy_matches_eager).
-     A parameter given a gradient with a ``grad_dtype`` (torch 2.13+) other
+     A parameter given a gradient with a ``grad_dtype`` (torch 2.11+) other
      than its dtype: REFUSED at capture, and at a call before anything
      changes (test_grad_dtype_is_refused_at_capture_and_before_a_call_changes_state).
      In the trace, parameters' stand-ins are marked as parameters (torch's
