@@ -3452,8 +3452,8 @@ def _refuse_grad_dtypes(args: _Arguments, grad_state: list) -> None:
     eager's AccumulateGrad casts the gradient to it, the trace's stand-ins have none."""
     for index in grad_state:
         param = _caller_parameter(args.lifted[index])
-        grad_dtype = getattr(param, "grad_dtype", None)
-        if grad_dtype is not None and grad_dtype != param.dtype:
+        grad_dtype = runtime.other_grad_dtype(param)
+        if grad_dtype is not None:
             module_index, fqn = args.lifted[index].names[0]
             raise PrecompileError(
                 f"args[{args.module_positions[module_index]}].{fqn} has grad_dtype {grad_dtype}, not its dtype "

@@ -2487,6 +2487,13 @@ def eager_runner(graph: Callable) -> Callable[[list], Any]:
 # whose calling convention checks, reads or writes a .grad: a training step.
 
 
+def other_grad_dtype(param: torch.Tensor) -> Any:
+    """The ``grad_dtype`` (torch 2.11+) eager's AccumulateGrad casts ``param``'s gradient to, where it
+    is not ``param``'s dtype; else None (fully_shard's ShardedGradient has none: its own path)."""
+    grad_dtype = getattr(param, "grad_dtype", None)
+    return grad_dtype if grad_dtype is not None and grad_dtype is not param.dtype else None
+
+
 class Gradients:
     """What a call does with the parameters' ``.grad``: the incoming ``.grad`` checked
     (None or a tensor, as at capture) and passed to the graph where fn reads it, and
@@ -2534,8 +2541,8 @@ class Gradients:
         capture, and each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``)."""
         for index in self._grad_state:
             param = params[index]
-            grad_dtype = getattr(param, "grad_dtype", None)  # fully_shard's ShardedGradient: its own path
-            if grad_dtype is not None and grad_dtype is not param.dtype:
+            grad_dtype = other_grad_dtype(param)
+            if grad_dtype is not None:
                 raise PrecompileError(
                     f"{self._parameter(index)} has grad_dtype {grad_dtype}, not its dtype {param.dtype}: eager's "
                     f"backward would cast its gradient to {grad_dtype}, the graph computes it in {param.dtype} "
