@@ -402,7 +402,12 @@ says who guarantees it and, where it is enforced, which tests (in
      itself is returned as eager returns it; test_views_of_a_grad).  An
      output fn computes is a new tensor, never an input's memory (Inductor's
      folding of uniform constants, which gave ``x + zeros`` back as ``x``
-     itself, is off: test_outputs_fn_computes_are_new_tensors).
+     itself, is off: test_outputs_fn_computes_are_new_tensors).  A copy fn
+     makes of an input stays a copy where the input is written after it or
+     the copy becomes an input's storage (``t = a.clone(); a.copy_(b);
+     b.copy_(t)``, ``p.set_(q.clone())``), which Inductor's no-op removal,
+     torch.compile's too, would read through the written input
+     (test_copies_of_inputs_are_kept_where_inductor_would_drop_them).
      ``unsafe_split`` / ``unsafe_chunk`` pieces are views as eager returns
      them, though their schema declares none (traced as ``split``:
      test_writes_through_unsafe_split_pieces_reach_the_input); a write

@@ -2647,10 +2647,8 @@ class _StateReads:
                 raise PrecompileError(
                     f"fn calls torch.utils.swap_tensors{_user_line(traceback.extract_stack())}: it swaps two "
                     "tensor objects, which the trace cannot follow and the artifact cannot repeat. Swap the "
-                    "tensors outside fn, before or after calling it; with backend='eager', swapping their values "
-                    "in place inside fn also works (same shape and dtype): `with torch.no_grad(): "
-                    "t = a.clone(); a.copy_(b); b.copy_(t)` (torch 2.13's Inductor compiles that swap of two "
-                    "inputs wrongly, as torch.compile does)"
+                    "tensors outside fn, before or after calling it, or swap their values in place inside fn "
+                    "(same shape and dtype): `with torch.no_grad(): t = a.clone(); a.copy_(b); b.copy_(t)`"
                 )
             return swap(t1, t2)
 
@@ -4173,7 +4171,7 @@ def _read_only(graph: torch.fx.GraphModule, nodes: list) -> set:
         and node.target is not operator.getitem
         for arg in node.all_input_nodes
     }
-    return {node for node in nodes if root(node) not in written | returned | opaque}
+    return {node for node in nodes if root(node) not in written.keys() | returned | opaque}
 
 
 def _is_plain_accumulation(produced: Any, incoming: torch.fx.Node, results: list) -> bool:
@@ -4462,6 +4460,77 @@ def _views_as_reshapes(graph: torch.fx.GraphModule) -> None:
     graph.recompile()
 
 
+# Ops Inductor's remove_noop_ops (2.11-2.14) replaces by one of their arguments
+# when it finds them no-ops (a clone, a same-dtype cast, `repeat(1)`, ...): the
+# position of that argument.
+_COPIES_INDUCTOR_MAY_DROP = {
+    torch.ops.aten.clone.default: 0,
+    torch.ops.aten._to_copy.default: 0,
+    torch.ops.prims.convert_element_type.default: 0,
+    torch.ops.aten.repeat.default: 0,
+    torch.ops.aten.constant_pad_nd.default: 0,
+    torch.ops.aten.pow.Tensor_Scalar: 0,
+    torch.ops.aten.cat.default: 0,  # (a list: dropped where it holds one tensor)
+    torch.ops.aten.copy.default: 1,
+    torch.ops.aten.copy_.default: 1,
+    torch.ops.aten.slice_scatter.default: 1,
+}
+
+
+def _may_be_a_no_op(copy: Any, source: Any) -> bool:
+    """Whether Inductor may find the copy a no-op: it drops only copies with their source's
+    metadata (a cast to another dtype stays).  Symbolic sizes count as maybe equal."""
+    if not (isinstance(copy, torch.Tensor) and isinstance(source, torch.Tensor)):
+        return False
+    if (copy.dtype, copy.device) != (source.dtype, source.device):
+        return False
+    sizes = (*copy.shape, *copy.stride(), *source.shape, *source.stride())
+    if any(isinstance(size, torch.SymInt) for size in sizes):
+        return True
+    return (copy.shape, copy.stride()) == (source.shape, source.stride())
+
+
+def _keep_copies_of_written_inputs(graph: torch.fx.GraphModule) -> None:
+    """Make each copy Inductor could drop read its source through ``realize``, where
+    dropping it would change what fn computes.
+
+    Inductor's remove_noop_ops replaces a no-op copy by its source, which is wrong
+    where the source is (a view of) a graph input that the graph writes after the
+    copy -- the copy's readers then see the new values (``t = a.clone(); a.copy_(b);
+    b.copy_(t)`` left ``b`` unchanged) -- and where the copy becomes another input's
+    storage through ``set_`` (``p.set_(q.clone())`` left ``p`` sharing ``q``'s memory).
+    torch.compile computes the same wrong results (pytorch/pytorch#198131, open).
+    ``realize`` is lowered as Inductor lowers a clone, but is no no-op to that pass.
+    """
+    root, last_write = _alias_sets(graph)
+    order = {node: position for position, node in enumerate(graph.graph.nodes)}
+
+    def must_stay(copy: torch.fx.Node, value: Any) -> bool:
+        if not (isinstance(value, torch.fx.Node) and _may_be_a_no_op(copy.meta.get("val"), value.meta.get("val"))):
+            return False
+        if any(user.target is torch.ops.aten.set_.source_Tensor for user in copy.users):
+            return True
+        writer = last_write.get(root(value))
+        return root(value).op == "placeholder" and writer is not None and order[writer] > order[copy]
+
+    def kept(copy: torch.fx.Node, value: Any) -> Any:
+        if not must_stay(copy, value):
+            return value
+        with graph.graph.inserting_before(copy):
+            realized = graph.graph.call_function(compat.inductor_realize_op(), (value,))
+        realized.meta["val"] = value.meta["val"]
+        return realized
+
+    for node in [node for node in graph.graph.nodes if node.op == "call_function"]:
+        position = _COPIES_INDUCTOR_MAY_DROP.get(node.target)
+        if position is None or position >= len(node.args):
+            continue
+        source = node.args[position]
+        source = [kept(node, value) for value in source] if isinstance(source, (list, tuple)) else kept(node, source)
+        node.args = (*node.args[:position], source, *node.args[position + 1 :])
+    graph.recompile()
+
+
 def _keep_traced_dtypes(graph: torch.fx.GraphModule) -> None:
     """Cast an op's result to the dtype the traced kernel gave it where Inductor's
     decomposition of the op computes another.
@@ -4613,8 +4682,9 @@ def _output_unused_draws(graph: torch.fx.GraphModule) -> int:
     return len(unused)
 
 
-def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
-    """Union the nodes that share storage (per op schemas): (root of a node, written roots)."""
+def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, dict]:
+    """Union the nodes that share storage (per op schemas): (root of a node, the last
+    node that writes each written root)."""
     import operator
 
     parent: dict = {}
@@ -4642,8 +4712,8 @@ def _alias_sets(graph: torch.fx.GraphModule) -> tuple[Callable, set]:
                 if isinstance(value, torch.fx.Node):
                     parent[root(node)] = root(value)
                     if argument.alias_info.is_write:
-                        written.append(value)
-    return root, {root(node) for node in written}
+                        written.append((value, node))
+    return root, {root(value): writer for value, writer in written}
 
 
 def _refuse_tensor_subclasses(capture: _Capture) -> None:
@@ -4740,6 +4810,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     if not compat.INDUCTOR_KEEPS_ROUNDING_CASTS:
         _refuse_float_round_trips(capture.graph)
     _views_as_reshapes(capture.graph)
+    _keep_copies_of_written_inputs(capture.graph)
     _keep_traced_dtypes(capture.graph)
     _refuse_strided_normal(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
