@@ -679,6 +679,19 @@ class TestCaptureSoundness(TestCase):
                 PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \({code}\).*torch\.where"
             ):
                 precompile(fn, torch.randn(4, 3), backend=backend)
+        # fn's line reaches the value through a library's code: that line is named too
+        def normalized(m, x):
+            return m(x)
+
+        batch_norm = nn.BatchNorm1d(3, momentum=None)  # a cumulative average: 1 / float(num_batches_tracked)
+        before = _snapshot(batch_norm)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"Python value at {THIS_FILE}:\d+ \(return m\(x\)\), in .*batchnorm\.py:\d+ "
+            r"\(exponential_average_factor = 1\.0 / float\(self\.num_batches_tracked\)\) \(`if tensor:`",
+        ):
+            precompile(normalized, batch_norm, torch.randn(4, 3), backend=backend)
+        self.assertEqual(_snapshot(batch_norm), before)
 
     def test_randperm_indexing(self):
         """torch 2.11-2.13's Inductor randperm-index pattern fails on this graph: refused naming it

@@ -1653,7 +1653,7 @@ _MAX_SIZE_FACTS = 16
 def _data_dependent_error(frames: list, how: str = "(`if tensor:`, .item(), bool(), .tolist())") -> PrecompileError:
     """fn turned a traced tensor into a Python value: control flow on tensor data."""
     return PrecompileError(
-        f"fn uses the value of a tensor as a Python value{_user_line(frames)} "
+        f"fn uses the value of a tensor as a Python value{_user_line(frames)}{_library_line(frames)} "
         f"{how}: the artifact would bake the example's "
         "outcome. Write the branch with torch.where(cond, a, b), or compute the value outside fn "
         "and pass it as a Python input (baked and checked at every call)"
@@ -4209,6 +4209,21 @@ def _user_line(frames: list) -> str:
     """' at file:line (code)' for the innermost frame of fn's own code, or ''."""
     user = [f for f in frames if _is_user_file(f.filename)]
     return f" at {user[-1].filename}:{user[-1].lineno} ({user[-1].line})" if user else ""
+
+
+def _library_line(frames: list) -> str:
+    """', in file:line (code)' for the library code fn's innermost line called that reached
+    the trace (``float(self.num_batches_tracked)`` in BatchNorm), or '' where fn's own line did:
+    the frame before the first of this package's (the trace's modes see every torch call)."""
+    users = [i for i, frame in enumerate(frames) if _is_user_file(frame.filename)]
+    if not users:
+        return ""
+    site = None
+    for frame in frames[users[-1] + 1 :]:
+        if frame.filename.startswith(_PRECOMPILE_DIR):
+            break
+        site = frame
+    return f", in {site.filename}:{site.lineno} ({site.line})" if site else ""
 
 
 def _source_of(node: torch.fx.Node) -> str:
