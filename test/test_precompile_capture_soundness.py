@@ -588,6 +588,28 @@ class TestCaptureSoundness(TestCase):
             torch.testing.assert_close(p.grad, q.grad)
 
     @parametrize("backend", BACKENDS)
+    def test_a_loaded_artifact_called_inside_fn_is_refused_naming_the_line(self, backend):
+        def forward(m, x):
+            return m(x)
+
+        m, x = nn.Linear(4, 4), torch.randn(3, 4)
+        inner = load(precompile(forward, m, x, backend=backend))
+
+        def doubled(m, x):
+            return inner(m, x) * 2
+
+        before = _snapshot(m)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"^fn calls an artifact that torch\.compiler\.precompile\.load returned at {THIS_FILE}:\d+ "
+            r"\(return inner\(m, x\) \* 2\), which precompile cannot trace: call the function the artifact "
+            r"was made from inside fn instead",
+        ):
+            precompile(doubled, m, x, backend=backend)
+        self.assertEqual(_snapshot(m), before)
+        torch.testing.assert_close(inner(m, x), forward(m, x))  # the artifact itself is untouched
+
+    @parametrize("backend", BACKENDS)
     def test_copies_of_inputs_are_kept_where_inductor_would_drop_them(self, backend):
         # Inductor's remove_noop_ops takes a copy for its source: wrong where the source
         # is an input written after the copy, or the copy becomes an input's storage.

@@ -689,6 +689,10 @@ says who guarantees it and, where it is enforced, which tests (in
      test_data_assignment_is_refused_and_the_advised_copy_matches_eager,
      test_swap_tensors_is_refused_and_the_advised_swap_matches_eager,
      test_load_state_dict_assign_is_refused_and_the_advised_copy_matches_eager).
+     A loaded artifact called inside fn: REFUSED at capture, naming fn's
+     line (its checks would run on the trace's stand-ins; fn may call the
+     function it was made from)
+     (test_a_loaded_artifact_called_inside_fn_is_refused_naming_the_line).
      A parameter given a gradient with a ``grad_dtype`` (torch 2.11+) other
      than its dtype: REFUSED at capture, and at a call before anything
      changes (test_grad_dtype_is_refused_at_capture_and_before_a_call_changes_state).

@@ -2580,6 +2580,8 @@ class _StateReads:
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
             self._stack.enter_context(_patched(torch.random, name, setter))
+        call = self._refusing_artifact_calls(runtime.PrecompiledFunction.__call__)
+        self._stack.enter_context(_patched(runtime.PrecompiledFunction, "__call__", call))
         make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
         self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
         return self
@@ -2653,6 +2655,24 @@ class _StateReads:
             return swap(t1, t2)
 
         return refusing_swap
+
+    @classmethod
+    def _refusing_artifact_calls(cls, call: Callable) -> Callable:
+        """A loaded artifact called inside fn refused: its checks would run on the trace's
+        stand-ins (and fail on capture's own hooks), its graph is not fn's code to trace."""
+
+        @functools.wraps(call)
+        def refusing_call(function: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(cls._tracing, "reads", None) is not None:
+                raise PrecompileError(
+                    f"fn calls an artifact that torch.compiler.precompile.load returned"
+                    f"{_user_line(traceback.extract_stack())}, which precompile cannot trace: call "
+                    "the function the artifact was made from inside fn instead (precompile traces that), "
+                    "or call the artifact outside fn"
+                )
+            return call(function, *args, **kwargs)
+
+        return refusing_call
 
     @classmethod
     def _refusing_assigned_loads(cls, load: Callable) -> Callable:
