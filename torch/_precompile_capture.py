@@ -4534,7 +4534,7 @@ def _keep_copies_of_written_inputs(graph: torch.fx.GraphModule) -> None:
     copy -- the copy's readers then see the new values (``t = a.clone(); a.copy_(b);
     b.copy_(t)`` left ``b`` unchanged) -- and where the copy becomes another input's
     storage through ``set_`` (``p.set_(q.clone())`` left ``p`` sharing ``q``'s memory).
-    torch.compile computes the same wrong results (pytorch/pytorch#198131, open).
+    torch.compile computes the same wrong results (2.13, 2.14).
     ``realize`` is lowered as Inductor lowers a clone, but is no no-op to that pass.
     """
     root, last_write = _alias_sets(graph)
