@@ -427,12 +427,28 @@ class TestOptimizerContract(TestCase):
             with self.subTest(kind), self.assertRaisesRegex(
                 PrecompileError,
                 rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\]: expected a Python float, got {kind}; "
-                r"set it to float\(value\) \(e\.g\. opt\.param_groups\[0\]\['lr'\] = float\(lr\)",
+                r"make it one, .*: opt\.param_groups\[0\]\['lr'\] = float\(opt\.param_groups\[0\]\['lr'\]\)$",
             ):
                 step(model, opt, x, y)
             self.assertEqual(model.state_dict(), before, atol=0, rtol=0)
-        opt.param_groups[0]["lr"] = float(lr)
+        opt.param_groups[0]["lr"] = float(opt.param_groups[0]["lr"])  # the advised fix
         step(model, opt, x, y)
+        # A beta sits in a tuple: the advice replaces the tuple (assigning betas[0] would raise TypeError)
+        opt = OPTIMIZERS["adamw"](model)
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
+        opt.param_groups[0]["betas"] = (np.float32(0.8), 0.999)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"param_groups\[0\]\['betas'\]\[0\]: expected a Python float, got numpy\.float32; make it one, .*: "
+            r"opt\.param_groups\[0\]\['betas'\] = tuple\(map\(float, opt\.param_groups\[0\]\['betas'\]\)\)$",
+        ):
+            step(model, opt, x, y)
+        opt.param_groups[0]["betas"] = tuple(map(float, opt.param_groups[0]["betas"]))
+        eager_model = copy.deepcopy(model)
+        eager_opt = OPTIMIZERS["adamw"](eager_model)
+        eager_opt.load_state_dict(opt.state_dict())
+        torch.testing.assert_close(step(model, opt, x, y), train_step(eager_model, eager_opt, x, y))
+        torch.testing.assert_close(model.state_dict(), eager_model.state_dict())
 
     def test_scheduler_stepped_inside_fn_is_refused(self):
         model = small_mlp()

@@ -3218,10 +3218,13 @@ class OptimizerArgument:
         value, tensor = self.scalars.get((index, key), (None, None))
         if not same_value(number, value):
             if not isinstance(number, (float, int)) or isinstance(number, bool):
+                name, in_tuple, _ = key.partition("[")  # betas[0] sits in a tuple: replace the tuple
+                entry = f"opt.param_groups[{index}][{name!r}]"
+                fix = f"tuple(map(float, {entry}))" if in_tuple else f"float({entry})"
                 raise PrecompileError(
                     f"{self.where} param_groups[{index}]{_group_key(key)}: expected a Python float, got "
-                    f"{type(number).__module__}.{type(number).__qualname__}; set it to float(value) (e.g. opt.param_groups[{index}]"
-                    f"{_group_key(key)} = float(lr) for a numpy scalar or a 0-dim tensor)"
+                    f"{type(number).__module__}.{type(number).__qualname__}; make it one, as float() does for a "
+                    f"numpy scalar or a 0-dim tensor: {entry} = {fix}"
                 )
             tensor = torch.tensor(float(number), dtype=torch.float64)
             self.scalars[index, key] = (number, tensor)
