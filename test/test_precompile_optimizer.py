@@ -409,6 +409,15 @@ class TestOptimizerContract(TestCase):
             with self.subTest(needle), self.assertRaisesRegex(PrecompileError, r"args\[1\] \(optimizer\)"):
                 self.assertRaisesRegex(PrecompileError, needle, step, model, make(model), x, y)
                 step(model, make(model), x, y)
+        for key, needle in (("foreach", r"\['foreach'\]: expected None \(baked at capture\), got missing"),
+                            ("lr", r"\['lr'\] is missing, which eager's step would raise KeyError for")):
+            opt = OPTIMIZERS["adamw"](model)
+            del opt.param_groups[0][key]  # eager's step: KeyError
+            before = copy.deepcopy(model.state_dict())
+            with self.subTest(key), self.assertRaisesRegex(PrecompileError, needle):
+                step(model, opt, x, y)
+            self.assertRaises(KeyError, train_step, copy.deepcopy(model), opt, x, y)
+            self.assertEqual(model.state_dict(), before, atol=0, rtol=0)
         opt = OPTIMIZERS["adamw"](model)
         train_step(model, opt, x, y)
         opt.state[model[0].weight]["exp_avg"] = opt.state[model[0].weight]["exp_avg"].double()

@@ -3086,11 +3086,12 @@ def guard_passes(guard: Any, tensors: list) -> bool:
 
 
 def hyperparameter(group: dict, key: str) -> Any:
-    """``group[key]``; ``"betas[1]"`` names one element of a tuple option."""
+    """``group[key]``, MISSING where absent (eager's step raises KeyError); ``"betas[1]"`` names one
+    element of a tuple option."""
     name, _, index = key.partition("[")
     if not index:
-        return group.get(key)
-    value = group.get(name)
+        return group.get(key, MISSING)
+    value = group.get(name, MISSING)
     position = int(index[:-1])
     return value[position] if isinstance(value, (tuple, list)) and position < len(value) else value
 
@@ -3154,8 +3155,7 @@ class OptimizerArgument:
         lrs = []
         for index, group in enumerate(groups):
             self._check_group(index, group, state)
-            lrs.append(self._scalar_tensor(index, "lr", group["lr"]))
-            lrs += [self._lifted_tensor(index, key, group) for key in spec.lifted]
+            lrs += [self._lifted_tensor(index, key, group) for key in ("lr", *spec.lifted)]
         tensors, entries = [], {}
         for group_index, param_index in spec.stepped:
             param = groups[group_index]["params"][param_index]
@@ -3200,12 +3200,17 @@ class OptimizerArgument:
             key, w, g = next((k, w, g) for k, w, g in zip(keys, want, got) if w != g)
             changeable = ", ".join(repr(k) for k in ("lr", *self.spec.lifted))
             raise PrecompileError(
-                f"{self.where} param_groups[{index}]{_group_key(key)}: expected {w!r} (baked at capture), got {g!r}; "
+                f"{self.where} param_groups[{index}]{_group_key(key)}: expected {w!r} (baked at capture), got {_describe_read(g)}; "
                 f"only {changeable} may change between calls: precompile again for other values"
             )
 
     def _lifted_tensor(self, index: int, key: str, group: dict) -> torch.Tensor:
         value = hyperparameter(group, key)
+        if value is MISSING:
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}]{_group_key(key)} is missing, which eager's step would "
+                "raise KeyError for: put it back"
+            )
         if key == "momentum" and value == 0:
             raise PrecompileError(
                 f"{self.where} param_groups[{index}]['momentum'] is 0, but was not at capture: eager keeps "
