@@ -906,7 +906,8 @@ says who guarantees it and, where it is enforced, which tests (in
    test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
    (every group entry present at capture but ``params``, ``lr`` and the
-   lifted ones: fn may read its own, a loss scale kept there), state keys,
+   lifted ones: fn may read its own, a loss scale kept there; one deleted
+   since, where eager's step raises KeyError, too), state keys,
    shapes, dtypes and layout, that no two state tensors share memory, and
    that no step hook (the optimizer's own or torch.optim's global ones,
    which eager's step() runs) was added (test_precompile_optimizer.py,
