@@ -545,6 +545,41 @@ class TestOptimizerContract(TestCase):
             entry["step"] = entry["step"].clone()
         step(model, opt, x, y)
 
+    @parametrize("backend", BACKENDS)
+    def test_state_sharing_memory_with_a_parameter_or_grad_is_refused(self, backend):
+        # The graph updates a state tensor and the parameter (or reads the .grad) as distinct
+        # tensors; eager's step would write one through the other.
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["adam"](model)
+        step = precompile.load(*precompile(train_step_no_zero_grad, model, opt, x, y, backend=backend))
+        step(model, opt, x, y)
+        first = model[0].weight
+        cases = (
+            ("exp_avg", lambda: first.data, r"\['exp_avg'\] shares memory with args\[0\]\.0\.weight \(parameter\)"),
+            ("exp_avg_sq", lambda: first.grad, r"\['exp_avg_sq'\] shares memory with .*\['params'\]\[0\]\.grad"),
+        )
+        for key, shared, needle in cases:
+            with self.subTest(key):
+                kept = opt.state[first][key]
+                opt.state[first][key] = shared()
+                before = copy.deepcopy((model.state_dict(), opt.state_dict(), [p.grad for p in model.parameters()]))
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"^args\[1\] \(optimizer\) state of param_groups\[0\]\['params'\]\[0\]{needle}; "
+                    r"the artifact updates each state tensor as its own: give it a tensor of its own"
+                ):
+                    step(model, opt, x, y)
+                after = (model.state_dict(), opt.state_dict(), [p.grad for p in model.parameters()])
+                self.assertEqual(after, before, atol=0, rtol=0)
+                opt.state[first][key] = kept
+        eager_model = copy.deepcopy(model)
+        for p, q in zip(eager_model.parameters(), model.parameters()):
+            p.grad = q.grad.clone()  # (a Parameter's deepcopy leaves .grad out)
+        eager_opt = OPTIMIZERS["adam"](eager_model)
+        eager_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # (a load keeps the state tensors)
+        torch.testing.assert_close(step(model, opt, x, y), train_step_no_zero_grad(eager_model, eager_opt, x, y))
+        torch.testing.assert_close(model.state_dict(), eager_model.state_dict())
+
     def test_group_entries_beyond_the_defaults_are_checked(self):
         # fn may read any entry of a param group (here a loss scale kept there): all are baked.
         def scaled_step(model, opt, x, y):

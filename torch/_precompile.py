@@ -908,7 +908,10 @@ says who guarantees it and, where it is enforced, which tests (in
    (every group entry present at capture but ``params``, ``lr`` and the
    lifted ones: fn may read its own, a loss scale kept there; one deleted
    since, where eager's step raises KeyError, too), state keys,
-   shapes, dtypes and layout, that no two state tensors share memory, and
+   shapes, dtypes and layout, that no state tensor shares memory with
+   another, a parameter, buffer or tensor argument, or a stepped
+   parameter's ``.grad`` (when the state tensors are other objects than at
+   the last call; test_state_sharing_memory_with_a_parameter_or_grad_is_refused), and
    that no step hook (the optimizer's own or torch.optim's global ones,
    which eager's step() runs) was added (test_precompile_optimizer.py,
    test_step_hooks_added_after_capture_are_refused).

@@ -2340,7 +2340,7 @@ class PrecompiledFunction:
         """
         trailing = self._inputs.free_sizes(leaves) if self._inputs.free_inputs else []
         for optimizer in self._optimizers:
-            trailing += optimizer.inputs(args[optimizer.spec.position], state, created)
+            trailing += optimizer.inputs(args[optimizer.spec.position], state, created, tensors, self._inputs.tensor_path)
         if self._reads_grads:
             trailing += self._gradients.incoming(grad_owners, tensors)
         return trailing
@@ -3137,8 +3137,10 @@ class OptimizerArgument:
         self.guard = None  # tensor_guard() over the state tensors, armed after a full check
         self._unshared: list = []  # the state tensors last found not to share memory
 
-    def inputs(self, optimizer: Any, state: list, created: list) -> list:
-        """Check ``optimizer``; its graph inputs.  State it lacks is made and appended to ``created``."""
+    def inputs(self, optimizer: Any, state: list, created: list, others: list, name_of: Callable) -> list:
+        """Check ``optimizer``; its graph inputs.  State it lacks is made and appended to ``created``.
+        ``others``: the graph's tensor inputs before it (``name_of`` names them), which no state
+        tensor may share memory with."""
         spec = self.spec
         if type(optimizer) is not getattr(torch.optim, spec.cls):
             raise PrecompileError(
@@ -3175,7 +3177,7 @@ class OptimizerArgument:
             self._check_state(tensors)
             self.guard = tensor_guard(tensors, spec.tensors)
         if len(tensors) != len(self._unshared) or any(map(operator.is_not, tensors, self._unshared)):
-            self._refuse_shared_state(tensors)
+            self._refuse_shared_state(tensors, others, name_of, groups)
             self._unshared = tensors
         created.append((optimizer, entries))
         return lrs + tensors
@@ -3244,17 +3246,27 @@ class OptimizerArgument:
         for index, (tensor, spec) in enumerate(zip(tensors, self.spec.tensors)):
             check_tensor(self._state_name(index), tensor, spec, self.backend)
 
-    def _refuse_shared_state(self, tensors: list) -> None:
-        """The graph updates each state tensor in place as its own; eager's step would update
-        two that share memory (a state_dict loaded with shared tensors) one after the other."""
-        if _distinct_storages(tensors):
+    def _refuse_shared_state(self, tensors: list, others: list, name_of: Callable, groups: list) -> None:
+        """No state tensor shares memory with another, with a parameter, buffer or tensor argument
+        (``others``), or with a stepped parameter's ``.grad``.  The graph updates each state tensor
+        in place as its own; eager's step would update shared memory twice (a state_dict loaded
+        with shared tensors) or read what it wrote.  Checked when the state tensors are other
+        objects than at the last call (assigned, loaded): the check costs nothing per call."""
+        grads = []
+        for group_index, param_index in self.spec.stepped:
+            grad = groups[group_index]["params"][param_index].grad
+            if grad is not None:
+                grads.append((f"{self.where} param_groups[{group_index}]['params'][{param_index}].grad", grad))
+        if _distinct_storages([*tensors, *others, *(grad for _, grad in grads)]):
             return
-        for j, tensor in enumerate(tensors):
-            for i in range(j):
-                if _is_alias_of(tensor, tensors[i]):
+        named = [(self._state_name(j), tensor) for j, tensor in enumerate(tensors)]
+        rest = [(name_of(i), tensor) for i, tensor in enumerate(others)] + grads
+        for j, (name, tensor) in enumerate(named):
+            for other, shared in named[:j] + rest:
+                if _is_alias_of(tensor, shared):
                     raise PrecompileError(
-                        f"{self._state_name(j)} shares memory with {self._state_name(i)}; the artifact updates "
-                        "each state tensor as its own: give each its own tensor (clone them) before the call"
+                        f"{name} shares memory with {other}; the artifact updates each state tensor as its "
+                        "own: give it a tensor of its own (.clone() it) before the call"
                     )
 
 
