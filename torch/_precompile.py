@@ -747,9 +747,11 @@ says who guarantees it and, where it is enforced, which tests (in
    names or sharing memory, a ``_forward_hooks`` dict replaced by a filled
    one): the entry's tensor is checked, ties and hooks are re-checked on
    the API's edits; and, on
-   backend='inductor', indices out of range (``nn.Embedding``), which
-   Inductor's CPU kernels check with an abort instead of an IndexError, as
-   under torch.compile: validate indices outside fn or use backend='eager';
+   backend='inductor', indices out of range (``nn.Embedding``, a
+   ``cross_entropy`` target), which Inductor's CPU kernels check with an
+   abort of the process instead of an IndexError (the check throws inside
+   an OpenMP region, as torch.compile's parallel kernels do): validate
+   indices outside fn or use backend='eager';
    likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero,
    which kills the process (SIGFPE) where eager raises, and the float edge
    cases Inductor lowers otherwise than eager (``inf // 1.5`` is inf, not
