@@ -2127,10 +2127,10 @@ class UserInputs:
         for k, index in enumerate(self.tensor_inputs, len(c.state)):
             requires_grad_checked = checked[k] or index in self._written
             checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, requires_grad_checked)))
+        for index, name, want in self.tensor_attributes:  # checked once the tensors are
+            checks.append(Check("tensor", self._attribute_path(index, name), f"{describe_literal(want)} (a Python attribute fn read)"))
         for index, want in self._value_inputs:
             checks.append(Check("value", self.input_path(index), f"{describe_literal(want)} (baked)"))
-        for index, name, want in self.tensor_attributes:
-            checks.append(Check("attribute", self._attribute_path(index, name), describe_literal(want)))
         return checks
 
     def pair_checks(self, state_alias_pairs: list) -> list[Check]:
