@@ -1358,7 +1358,10 @@ def _stand_ins_by_input(args: _Arguments, state: tuple, whole: dict, tensors: tu
     """(tensor graph input index, path, the caller's tensor, what fn receives for it in the trace)
     of each lifted tensor and tensor input."""
     paths = [path for path, _ in _named_state(args.module_positions, args.lifted)]
-    named = [(i, paths[i], _caller_parameter(e), {id(t): t for t in (state[i], whole[i])}.values()) for i, e in enumerate(args.lifted)]
+    named = [
+        (i, paths[i], _caller_parameter(e), {id(t): t for t in (state[i], whole[i])}.values())
+        for i, e in enumerate(args.lifted)
+    ]
     return named + [
         (len(state) + k, args.input_paths[index], args.input_leaves[index], (tensor,))
         for k, (index, tensor) in enumerate(zip(args.tensor_indices, tensors))
@@ -2599,8 +2602,7 @@ class _StateReads:
         make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
         self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
         # Called only where normal lookup fails: fn reading an attribute the stand-ins lack.
-        getattr_ = lambda tensor, name: _TensorAttributes.missing(tensor, name)  # noqa: E731 (a function: bound to the tensor)
-        self._stack.enter_context(_patched(torch.Tensor, "__getattr__", getattr_))
+        self._stack.enter_context(_patched(torch.Tensor, "__getattr__", _TensorAttributes.missing))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -3268,7 +3270,9 @@ class _TensorAttributes:
             return
         for path, held, before in self._before:
             now = vars(held)
-            changed = sorted(name for name in before.keys() | now.keys() if before.get(name, _ABSENT) is not now.get(name, _ABSENT))
+            changed = sorted(
+                name for name in before.keys() | now.keys() if before.get(name, _ABSENT) is not now.get(name, _ABSENT)
+            )
             if changed:
                 raise PrecompileError(
                     f"fn sets or deletes {path}.{changed[0]}, a Python attribute of a tensor argument: eager's call "
@@ -3276,16 +3280,15 @@ class _TensorAttributes:
                     "before precompile and the calls"
                 )
 
-    @classmethod
-    def missing(cls, tensor: torch.Tensor, name: str) -> Any:
-        self = getattr(cls._tracing, "current", None)
-        entry = None if self is None else self._of.get(id(tensor))
+    def missing(tensor: torch.Tensor, name: str) -> Any:  # a plain function: Tensor.__getattr__
+        reads = getattr(_TensorAttributes._tracing, "current", None)
+        entry = None if reads is None else reads._of.get(id(tensor))
         if entry is None:
             raise AttributeError(f"{type(tensor).__name__!r} object has no attribute {name!r}", name=name, obj=tensor)
         index, path, caller = entry
         value = getattr(caller, name, schema.MISSING)
         try:
-            self.read[(index, name)] = schema.value_literal(value)
+            reads.read[(index, name)] = schema.value_literal(value)
         except TypeError:
             raise PrecompileError(
                 f"fn reads {path}.{name}, a {type(value).__name__}: a Python attribute of a tensor argument is "

@@ -2128,7 +2128,8 @@ class UserInputs:
             requires_grad_checked = checked[k] or index in self._written
             checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, requires_grad_checked)))
         for index, name, want in self.tensor_attributes:  # checked once the tensors are
-            checks.append(Check("tensor", self._attribute_path(index, name), f"{describe_literal(want)} (a Python attribute fn read)"))
+            expected = f"{describe_literal(want)} (a Python attribute fn read)"
+            checks.append(Check("tensor", self._attribute_path(index, name), expected))
         for index, want in self._value_inputs:
             checks.append(Check("value", self.input_path(index), f"{describe_literal(want)} (baked)"))
         return checks

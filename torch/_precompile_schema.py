@@ -1047,7 +1047,7 @@ def validate_convention(c: "CallingConvention") -> None:
     check_indices("requires_grad_read", c.requires_grad_read, range(num_tensors))
     read = [(index, name) for index, name, _ in c.tensor_attributes]
     if read != sorted(set(read)) or not all(index < num_tensors for index, _ in read):
-        fail("tensor_attributes", c.tensor_attributes, f"expected increasing (tensor, name) pairs, tensors within {num_tensors}")
+        fail("tensor_attributes", c.tensor_attributes, f"expected increasing (tensor, name), tensors within {num_tensors}")
     check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
     user_positions = c.user_positions
     check_indices("rebound_inputs", c.rebound_inputs, user_positions)
