@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import logging
 import os
+import re
 import sys
 import types
 
@@ -531,7 +532,150 @@ class TestReadGuards(TestCase):
         self.assertEqual(f.convention.modules[0].attributes, (("", "forward", {"missing": ()}), ("lin", "forward", {"missing": ()})))
 
 
+class _Decayed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        for p in self.parameters():
+            p.no_wd = p.ndim == 1  # the caller's marks: no weight decay for biases and norms
+
+
+def _decay_step(m, x):
+    """A training step with weight decay groups inside fn, read from the parameters' own attributes."""
+    loss = m.norm(m.fc(x)).square().sum()
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            decay = 0.0 if getattr(p, "no_wd", False) else 0.1
+            scale = getattr(p, "lr_scale", None)  # absent at capture
+            p.sub_(0.01 * (scale or 1.0) * (p.grad + decay * p))
+    return loss.detach()
+
+
+def _decayed_copy(m):
+    copied = copy.deepcopy(m)
+    for p, q in zip(m.parameters(), copied.parameters()):
+        vars(q).update(vars(p))  # Parameter's deepcopy leaves its Python attributes and .grad behind
+        q.grad = None if p.grad is None else p.grad.clone()
+    return copied
+
+
+class TestTensorAttributes(TestCase):
+    """Python attributes fn reads on its tensor arguments (``p.no_wd``), which capture's stand-ins
+    lack: read from the caller's tensors, recorded and checked at every call (Note invariant 11)."""
+
+    def check_call(self, f, m, x):
+        ref = _decayed_copy(m)
+        got = f(m, x)
+        torch.testing.assert_close(got, _decay_step(ref, x))
+        for (name, a), (_, b) in zip(_state(m), _state(ref)):
+            torch.testing.assert_close(a, b, msg=name)
+
+    def assert_refused(self, message, f, m, x):
+        before = _state(m, x)
+        with self.assertRaisesRegex(PrecompileError, message):
+            f(m, x)
+        for (name, old), (_, new) in zip(before, _state(m, x)):
+            if old is None or new is None:
+                self.assertIs(old, new, f"a refused call wrote {name}")
+            else:
+                self.assertTrue(old.equal(new), f"a refused call changed {name}")
+
+    @parametrize("backend", BACKENDS)
+    def test_tensor_attributes_fn_reads_are_honoured(self, backend):
+        m, x = _Decayed(), torch.randn(3, 4)
+        f = _runnable("decay", _decay_step, _Decayed(), x, backend=backend)
+        for _ in range(2):
+            self.check_call(f, m, x)
+        lines = list(map(str, f.checks))
+        self.assertIn("tensor        args[0].fc.weight.no_wd: False (a Python attribute fn read)", lines)
+        self.assertIn("tensor        args[0].fc.bias.no_wd: True (a Python attribute fn read)", lines)
+        self.assertIn("tensor        args[0].fc.weight.lr_scale: missing (a Python attribute fn read)", lines)
+
+    @parametrize("backend", BACKENDS)
+    def test_tensor_attribute_changed_or_deleted_after_capture_is_refused(self, backend):
+        m, x = _Decayed(), torch.randn(3, 4)
+        f = _runnable("decay", _decay_step, _Decayed(), x, backend=backend)
+        weight, bias = m.fc.weight, m.norm.bias
+        restore_bias = lambda: setattr(bias, "no_wd", True)  # noqa: E731
+        for change, message, restore in (
+            (
+                lambda: setattr(weight, "no_wd", True),
+                "args[0].fc.weight.no_wd is True, was False at capture (fn read it, so the graph follows it); "
+                "set it back, or precompile again",
+                lambda: setattr(weight, "no_wd", False),
+            ),
+            (lambda: delattr(bias, "no_wd"), "args[0].norm.bias.no_wd is missing, was True at capture", restore_bias),
+            (lambda: setattr(bias, "no_wd", 1), "args[0].norm.bias.no_wd is 1, was True at capture", restore_bias),
+        ):
+            change()
+            self.assert_refused(re.escape(message), f, m, x)
+            restore()
+            self.check_call(f, m, x)
+
+    @parametrize("backend", BACKENDS)
+    def test_tensor_attribute_read_absent_then_set_is_refused(self, backend):
+        m, x = _Decayed(), torch.randn(3, 4)
+        f = _runnable("decay", _decay_step, _Decayed(), x, backend=backend)
+        m.fc.weight.lr_scale = 2.0
+        self.assert_refused(re.escape("args[0].fc.weight.lr_scale is 2.0, was missing at capture"), f, m, x)
+        del m.fc.weight.lr_scale
+        self.check_call(f, m, x)
+
+        def scaled(x):  # on a tensor input too
+            return x * getattr(x, "scale", 1.0)
+
+        g = precompile.load(*precompile(scaled, torch.randn(3), backend=backend))
+        y = torch.randn(3)
+        torch.testing.assert_close(g(y), y)
+        y.scale = 3.0
+        with self.assertRaisesRegex(PrecompileError, re.escape("args[0].scale is 3.0, was missing at capture")):
+            g(y)
+
+    @parametrize("backend", BACKENDS)
+    def test_isinstance_parameter_on_an_input_costs_no_refusal(self, backend):
+        def fn(m, x):
+            y = m(x)
+            return y * 2 if isinstance(x, nn.Parameter) or not isinstance(m.weight, nn.Parameter) else y + 1
+
+        m = nn.Linear(4, 4)
+        f = precompile.load(*precompile(fn, m, torch.randn(3, 4), backend=backend))
+        for _ in range(2):
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(f(m, x), fn(m, x))
+        x = torch.randn(3, 4)
+        x._is_param = True  # as torch's own tracing marks a tensor: eager's isinstance then says True
+        with self.assertRaisesRegex(PrecompileError, re.escape("args[1]._is_param is True, was missing at capture")):
+            f(m, x)
+
+    def test_fn_setting_a_tensor_attribute_is_refused_at_capture(self):
+        def fn(m, x):
+            m.weight.seen = True  # eager leaves it on the caller's parameter
+            return m(x)
+
+        m = nn.Linear(4, 4)
+        message = "fn sets or deletes args[0].weight.seen, a Python attribute of a tensor argument: eager's call leaves"
+        with self.assertRaisesRegex(PrecompileError, re.escape(message)):
+            precompile(fn, m, torch.randn(3, 4), backend="eager")
+        self.assertFalse(hasattr(m.weight, "seen"))
+
+    def test_a_tensor_attribute_that_is_no_literal_is_refused_at_capture(self):
+        def fn(m, x):
+            group = getattr(m.weight, "group", None)
+            return m(x) * (2.0 if group is not None else 1.0)
+
+        m = nn.Linear(4, 4)
+        for value, kind in ((object(), "object"), (torch.ones(1), "Tensor")):
+            m.weight.group = value
+            message = f"fn reads args[0].weight.group, a {kind}: a Python attribute of a tensor argument"
+            with self.assertRaisesRegex(PrecompileError, re.escape(message)):
+                precompile(fn, m, torch.randn(3, 4), backend="eager")
+
+
 instantiate_parametrized_tests(TestReadGuards)
+instantiate_parametrized_tests(TestTensorAttributes)
 
 
 if __name__ == "__main__":

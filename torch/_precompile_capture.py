@@ -1243,6 +1243,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
                 _module_changes_noted(kept, recorded),
                 _torch_settings_kept(),
                 _argument_autograd_kept(_named_stand_ins(args, state, whole, tensors)),
+                _TensorAttributes(_stand_ins_by_input(args, state, whole, tensors)) as tensor_attributes,
             ):
                 result = fn(*call_args)
                 recorded["grads_unreached"] = [i for i in watched if i not in reached]
@@ -1264,6 +1265,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
                     "for this model"
                 )
             _check_state_not_rebound(args.modules, mappings)
+        recorded["tensor_attributes"] = tensor_attributes.recorded()
         # Flattening the inputs to compare them iterates their dicts: not fn observing their order.
         observed = [(probe, probe.observed) for probe in probes.values()]
         rebound = _rebound_inputs(args, call_args, leaves)
@@ -1350,6 +1352,20 @@ def _named_stand_ins(args: _Arguments, state: tuple, whole: dict, tensors: tuple
     paths = [path for path, _ in _named_state(args.module_positions, args.lifted)]
     named = [(paths[i], held) for i in range(len(paths)) for held in (state[i], whole[i])]
     return named + [(args.input_paths[index], tensor) for index, tensor in zip(args.tensor_indices, tensors)]
+
+
+def _stand_ins_by_input(args: _Arguments, state: tuple, whole: dict, tensors: tuple) -> list:
+    """(tensor graph input index, path, the caller's tensor, what fn receives for it in the trace)
+    of each lifted tensor and tensor input."""
+    paths = [path for path, _ in _named_state(args.module_positions, args.lifted)]
+    named = [
+        (i, paths[i], _caller_parameter(e), {id(t): t for t in (state[i], whole[i])}.values())
+        for i, e in enumerate(args.lifted)
+    ]
+    return named + [
+        (len(state) + k, args.input_paths[index], args.input_leaves[index], (tensor,))
+        for k, (index, tensor) in enumerate(zip(args.tensor_indices, tensors))
+    ]
 
 
 # What zero_grad(set_to_none=False) runs on a .grad (beside reading its properties): from a
@@ -2288,6 +2304,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         grads_none=grads_none,
         grads_present=grads_present,
         requires_grad_read=recorded["requires_grad_read"],
+        tensor_attributes=recorded["tensor_attributes"],
         grad_inputs_read_only=grads["grad_inputs_read_only"],
         output_tensors=tuple(output_tensors),
         ordered_dicts=recorded["ordered_dicts"],
@@ -2584,6 +2601,8 @@ class _StateReads:
         self._stack.enter_context(_patched(runtime.PrecompiledFunction, "__call__", call))
         make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
         self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
+        # Called only where normal lookup fails: fn reading an attribute the stand-ins lack.
+        self._stack.enter_context(_patched(torch.Tensor, "__getattr__", _TensorAttributes.missing))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -3218,6 +3237,70 @@ def _argument_autograd_kept(named: list):
                 "artifact runs it once per call. Apply what it does to the gradient inside fn (after "
                 "backward or torch.autograd.grad), or call fn eagerly"
             )
+
+
+class _TensorAttributes:
+    """While fn is traced: the Python attributes it reads that normal lookup does not find on
+    the stand-in of a tensor argument (parameter, buffer or tensor input), as the caller's own
+    (``p.no_wd = True``), which the stand-ins do not carry (Note invariant 11).
+
+    ``missing`` (``Tensor.__getattr__`` during capture) answers with what normal lookup
+    gives on the caller's tensor, recorded by graph input and name with its value, or absent
+    (``isinstance(x, nn.Parameter)`` reads ``_is_param`` so): each call compares them.  A
+    value that is no plain literal is refused, and so is fn setting or deleting an attribute
+    of a stand-in, which eager would leave on the caller's tensor.
+    """
+
+    _tracing = threading.local()  # .current: the _TensorAttributes of this thread's trace
+
+    def __init__(self, named: list):
+        """``named``: (graph input index, path, the caller's tensor, its stand-ins in the trace)."""
+        self._of = {id(held): (index, path, caller) for index, path, caller, held_by_fn in named for held in held_by_fn}
+        self._stand_ins = [(path, held) for _, path, _, held_by_fn in named for held in held_by_fn]
+        self.read: dict = {}  # (graph input index, name) -> value_literal
+
+    def __enter__(self) -> "_TensorAttributes":
+        self._before = [(path, held, dict(vars(held))) for path, held in self._stand_ins]
+        self._tracing.current = self
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self._tracing.current = None
+        if exc_type is not None:
+            return
+        for path, held, before in self._before:
+            now = vars(held)
+            changed = sorted(
+                name for name in before.keys() | now.keys() if before.get(name, _ABSENT) is not now.get(name, _ABSENT)
+            )
+            if changed:
+                raise PrecompileError(
+                    f"fn sets or deletes {path}.{changed[0]}, a Python attribute of a tensor argument: eager's call "
+                    "leaves that on the caller's tensor, which no call of the artifact repeats. Set it outside fn, "
+                    "before precompile and the calls"
+                )
+
+    def missing(tensor: torch.Tensor, name: str) -> Any:  # a plain function: Tensor.__getattr__
+        reads = getattr(_TensorAttributes._tracing, "current", None)
+        entry = None if reads is None else reads._of.get(id(tensor))
+        if entry is None:
+            raise AttributeError(f"{type(tensor).__name__!r} object has no attribute {name!r}", name=name, obj=tensor)
+        index, path, caller = entry
+        value = getattr(caller, name, schema.MISSING)
+        try:
+            reads.read[(index, name)] = schema.value_literal(value)
+        except TypeError:
+            raise PrecompileError(
+                f"fn reads {path}.{name}, a {type(value).__name__}: a Python attribute of a tensor argument is "
+                "checked at every call as a plain value (a bool, number, str, None, dtype, or a tuple, list or "
+                "dict of them); pass this one as an argument instead"
+            ) from None
+        if value is schema.MISSING:
+            raise AttributeError(f"{type(caller).__name__!r} object has no attribute {name!r}", name=name, obj=tensor)
+        return value
+
+    def recorded(self) -> tuple:
+        return tuple((index, name, literal) for (index, name), literal in sorted(self.read.items()))
 
 
 class _Change(NamedTuple):

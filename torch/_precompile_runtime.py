@@ -1850,6 +1850,8 @@ class UserInputs:
         read = frozenset(convention.requires_grad_read)
         self._requires_grad_checked = [convention.needs_grad or k in read for k in range(num_state + len(self.tensor_inputs))]
         self._value_inputs = [(i, leaf.value) for i, leaf in enumerate(inputs) if leaf.is_value]
+        # (tensor graph input, name, literal) of each Python attribute fn read on a tensor argument.
+        self.tensor_attributes = convention.tensor_attributes
         # Inputs with free dims: checked every call (layout, bounds, shape groups).
         self.free_inputs = [
             (i, MEMORY_FORMATS[inputs[i].tensor.memory_format], inputs[i].tensor.free_dims)
@@ -1957,6 +1959,24 @@ class UserInputs:
         self._refuse_input_hooks(leaves)
         raise_if_aliased(tensors, self._input_alias_pairs, self.tensor_path, self.convention.mutated)
         self._check_same_inputs(tensors)
+
+    def check_tensor_attributes(self, tensors: list) -> None:
+        """The Python attributes fn read on its tensor arguments (``p.no_wd``; ``_is_param``, found
+        absent, for ``isinstance(x, nn.Parameter)``) are as at capture: the graph followed them."""
+        for index, name, want in self.tensor_attributes:
+            got = getattr(tensors[index], name, MISSING)
+            if not matches(got, want):
+                raise PrecompileError(
+                    f"{self._attribute_path(index, name)} is {_describe_read(got)}, was {describe_literal(want)} at "
+                    "capture (fn read it, so the graph follows it); set it back, or precompile again"
+                )
+
+    def _attribute_path(self, index: int, name: str) -> str:
+        """``args[0].fc.weight.no_wd``: attribute ``name`` of tensor graph input ``index``."""
+        if index < self._num_state:
+            module_index, fqn = self.convention.state[index].names[0]
+            return f"args[{self.convention.modules[module_index].position}].{fqn}.{name}"
+        return f"{self.tensor_path(index)}.{name}"
 
     def _check_values(self, user_args: tuple, leaves: list) -> None:
         for index, want in self._value_inputs:
@@ -2107,6 +2127,9 @@ class UserInputs:
         for k, index in enumerate(self.tensor_inputs, len(c.state)):
             requires_grad_checked = checked[k] or index in self._written
             checks.append(Check("tensor", self.input_path(index), _describe_tensor(c.inputs[index].tensor, requires_grad_checked)))
+        for index, name, want in self.tensor_attributes:  # checked once the tensors are
+            expected = f"{describe_literal(want)} (a Python attribute fn read)"
+            checks.append(Check("tensor", self._attribute_path(index, name), expected))
         for index, want in self._value_inputs:
             checks.append(Check("value", self.input_path(index), f"{describe_literal(want)} (baked)"))
         return checks
@@ -2221,6 +2244,7 @@ class PrecompiledFunction:
         self._copies_inputs = bool(self._constants or convention.output_views)
         self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
         self._checks_inputs = self._inputs.has_checks
+        self._reads_tensor_attributes = bool(convention.tensor_attributes)
         # grad_state: each new gradient's parameter must take it as the graph computes it (grad_dtype)
         self._checks_grads = bool(convention.grads_none or convention.grads_present or convention.grad_state)
         self._writes_tensors = bool(convention.mutated)
@@ -2237,6 +2261,7 @@ class PrecompiledFunction:
             or self._copies_inputs
             or self._writes_state
             or self._sharded
+            or self._reads_tensor_attributes
         )
 
     # -- the call ------------------------------------------------------------
@@ -2292,6 +2317,8 @@ class PrecompiledFunction:
             if len(outputs) != 1:
                 self._raise_edited(outputs)
             return outputs[0]
+        if self._reads_tensor_attributes:  # on the tensors the caller passed: sharded parameters as DTensors
+            self._inputs.check_tensor_attributes(tensors)
         state = grad_owners = tensors[: self._num_state]
         if self._sharded:  # fully_shard's parameters: the graph takes their local shards
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
@@ -2432,6 +2459,7 @@ class PrecompiledFunction:
         tensors = [*state, *self._pick_tensor_inputs(leaves)]
         self._inputs.check_slowly(user_args, leaves, state)
         self._inputs.check(user_args, leaves, tensors)
+        self._inputs.check_tensor_attributes(tensors)
         grad_owners = state
         if self._sharded:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)

@@ -491,6 +491,10 @@ class CallingConvention(Record):
     # Tensor graph inputs (state, then user tensors) whose requires_grad fn read: checked
     # at every call, as every tensor's is where needs_grad is set.
     requires_grad_read: tuple[Count, ...] = ()
+    # (tensor graph input, name, value_literal or missing) of each Python attribute fn read
+    # on a tensor argument that a plain tensor lacks (``p.no_wd``, set by the caller):
+    # the value normal lookup gives on the caller's tensor at every call, as at capture.
+    tensor_attributes: tuple[tuple[Count, str, PyValue], ...] = ()
     # What each tensor output (by graph_output index) was at capture: shape
     # (None where it depends on free dims), dtype, device.  For readers (the
     # inspector); the driver does not check outputs.
@@ -1041,6 +1045,9 @@ def validate_convention(c: "CallingConvention") -> None:
     num_tensors = len(c.state) + sum(1 for leaf in c.inputs if leaf.tensor is not None)
     check_indices("mutated", c.mutated, range(num_tensors))
     check_indices("requires_grad_read", c.requires_grad_read, range(num_tensors))
+    read = [(index, name) for index, name, _ in c.tensor_attributes]
+    if read != sorted(set(read)) or not all(index < num_tensors for index, _ in read):
+        fail("tensor_attributes", c.tensor_attributes, f"expected increasing (tensor, name), tensors within {num_tensors}")
     check_indices("output_views", [v.graph_output for v in c.output_views], range(len(graph_outputs)))
     user_positions = c.user_positions
     check_indices("rebound_inputs", c.rebound_inputs, user_positions)
