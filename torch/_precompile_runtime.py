@@ -1344,6 +1344,17 @@ class GlobalState:
             or (self._inference_mode_read and _is_inference_mode_enabled())
         )
 
+    @staticmethod
+    def refuse_inference_mode() -> None:
+        """fn runs backward: not under inference mode, where eager records no autograd graph.
+        Called on the call's slow path, which every call under inference_mode() takes."""
+        if _is_inference_mode_enabled():
+            raise PrecompileError(
+                "called under torch.inference_mode(), but this artifact runs autograd (fn calls backward() "
+                "or torch.autograd.grad): eager records no autograd graph there, even with grad mode "
+                "enabled, and its backward() raises; call it outside inference_mode()"
+            )
+
     def check(self, grad_enabled: bool) -> None:
         """No torch function / dispatch mode, grad mode (and the modes fn read), saved-tensor hooks,
         autocast and default dtype as captured, or a PrecompileError."""
@@ -2077,18 +2088,11 @@ class UserInputs:
                 raise inference_tensor_error(self.tensor_path(index), "the graph writes it in place")
 
     def refuse_inference_tensors(self, tensors: list) -> None:
-        """fn runs backward: no call under inference mode, where eager records no autograd
-        graph for its backward, and no inference tensor among ``tensors`` (the state, then the
-        user tensors), which eager's autograd refuses to save for backward or update in place.
+        """fn runs backward: no inference tensor among ``tensors`` (the state, then the user
+        tensors), which eager's autograd refuses to save for backward or update in place.
 
         Refuses some fn eager would run (an inference tensor only added): refuse or honour.
         """
-        if _is_inference_mode_enabled():
-            raise PrecompileError(
-                "called under torch.inference_mode(), but this artifact runs autograd (fn calls backward() "
-                "or torch.autograd.grad): eager records no autograd graph there, even with grad mode "
-                "enabled, and its backward() raises; call it outside inference_mode()"
-            )
         for index, tensor in enumerate(tensors):
             if tensor.is_inference():
                 raise inference_tensor_error(self.tensor_path(index), "backward")
@@ -2314,11 +2318,12 @@ class PrecompiledFunction:
                 guard = None
             self._inputs.check_slowly(user_args, leaves, state)
             # Checked here only, before the guard is armed: the guard compares each tensor's dispatch
-            # keys with the thread's local ones applied; an inference tensor lacks the Autograd and
-            # ADInplaceOrView keys of one made outside, and inference_mode() excludes those keys for
-            # every tensor. A guard armed outside inference mode over normal tensors (this refuses
-            # anything else) misses a call under inference_mode() or with an inference tensor.
+            # keys with the thread's local ones applied. Outside inference_mode() an inference tensor
+            # lacks the Autograd key a normal one has; under it every tensor lacks that and
+            # ADInplaceOrView. So a guard armed here (over normal tensors outside inference mode, as
+            # this refuses anything else) misses a call with an inference tensor or under inference_mode().
             if self._runs_backward:
+                self._global_state.refuse_inference_mode()
                 self._inputs.refuse_inference_tensors(tensors)
             self._guard = guard
         elif cached.aliases:
@@ -3235,12 +3240,9 @@ class OptimizerArgument:
         if self.sharded:  # fully_shard's parameters' state is DTensors, as theirs: the graph takes their shards
             tensors = list(map(local_shard_of, tensors))
         if self.guard is None or not guard_passes(self.guard, tensors):
+            # Checked here only (see PrecompiledFunction.__call__ on the dispatch keys the guard records).
             self._check_state(tensors)
-            # Armed outside inference mode only, over tensors _check_state found no inference tensor:
-            # the guard compares dispatch keys with the thread's local ones applied, so it then misses
-            # an inference tensor (no Autograd keys), and one armed under inference_mode() would not.
-            if not _is_inference_mode_enabled():
-                self.guard = tensor_guard(tensors, spec.tensors)
+            self.guard = tensor_guard(tensors, spec.tensors)
         if len(tensors) != len(self._unshared) or any(map(operator.is_not, tensors, self._unshared)):
             self._refuse_shared_state(tensors, others, name_of, groups)
             self._unshared = tensors
