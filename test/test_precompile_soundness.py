@@ -177,6 +177,63 @@ def _state(*objects):
     return copies
 
 
+_INFERENCE_IN_BACKWARD = (
+    " is an inference tensor (made under torch.inference_mode()) and fn runs backward: outside inference mode "
+    "eager's autograd refuses to save one for backward and to update one in place, so a training step refuses "
+    "every inference tensor it takes. Make it outside inference_mode() (e.g. .clone() it there), or call fn eagerly"
+)
+
+
+def _momentum_step(m, x, y, opt):
+    loss = F.mse_loss(m(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _inference_step_inputs():
+    """A model with a BatchNorm and a frozen weight, its batch and an SGD with momentum, after one
+    eager step: each trainable parameter has a .grad and a momentum buffer."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 4))
+    m[2].weight.requires_grad_(False)
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    _momentum_step(m, x, y, opt)
+    return m, x, y, opt
+
+
+def _copy_step_inputs(m, opt, *tensors):
+    """A copy of a training step's arguments with their .grad (deepcopy leaves a parameter's .grad behind)."""
+    copied = copy.deepcopy((m, opt, *tensors))
+    for p, q in zip(m.parameters(), copied[0].parameters()):
+        q.grad = None if p.grad is None else p.grad.clone()
+    return copied
+
+
+def _optimizer_state(m, opt):
+    """Copies of what a training step can write: parameters, buffers, .grad, optimizer state."""
+    tensors = [t.detach().clone() for t in m.state_dict().values()]
+    tensors += [p.grad.clone() for p in m.parameters() if p.grad is not None]
+    return tensors + [v.clone() for state in opt.state.values() for v in state.values()]
+
+
+def _undo_inference(m, opt, xy):
+    """Each inference tensor of a training step's arguments made again outside inference mode."""
+    for i, t in enumerate(xy):
+        xy[i] = t.clone()
+    for module in m:
+        for name, buffer in module.named_buffers(recurse=False):
+            setattr(module, name, buffer.clone())
+    for p in m.parameters():
+        p.data = p.data.clone()
+        if p.grad is not None:
+            p.grad = p.grad.clone()
+    for state in opt.state.values():
+        for key, value in state.items():
+            state[key] = value.clone()
+
+
 class _PairOfParameters(nn.Module):
     def __init__(self):
         super().__init__()
@@ -318,6 +375,124 @@ class TestSoundness(TestCase):
         with torch.inference_mode():  # where eager writes it too
             torch.testing.assert_close(f(x, b), _scale_first(kept, b))
             torch.testing.assert_close(x, kept)
+
+    @parametrize("backend", BACKENDS)
+    def test_inference_tensors_a_training_step_takes_are_refused(self, backend):
+        """Outside inference mode eager's autograd refuses to save an inference tensor for backward
+        (an input, a frozen weight, a BatchNorm running stat) and to update one in place (momentum,
+        an incoming .grad); the artifacts trained on them, the eager backend after writing some."""
+        def inference(t):
+            with torch.inference_mode():
+                return t.detach().clone()
+
+        def momentum(m, opt):
+            return opt.state[m[0].weight]["momentum_buffer"]
+
+        saved, updated = "Inference tensors cannot be saved for backward", "Inplace update to inference tensor outside InferenceMode"
+        cases = (  # (name, put an inference tensor there, path in the message, eager's error)
+            ("x", lambda m, opt, xy: xy.__setitem__(0, inference(xy[0])), "args[1]", saved),
+            ("y", lambda m, opt, xy: xy.__setitem__(1, inference(xy[1])), "args[2]", saved),
+            ("frozen weight", lambda m, opt, xy: setattr(m[2].weight, "data", inference(m[2].weight)), "args[0].2.weight (parameter)", saved),
+            ("running_mean", lambda m, opt, xy: setattr(m[1], "running_mean", inference(m[1].running_mean)), "args[0].1.running_mean (buffer)", saved),
+            (
+                "momentum_buffer",
+                lambda m, opt, xy: opt.state[m[0].weight].__setitem__("momentum_buffer", inference(momentum(m, opt))),
+                "args[3] (optimizer) state of param_groups[0]['params'][0]['momentum_buffer']",
+                updated,
+            ),
+            (".grad", lambda m, opt, xy: setattr(m[0].weight, "grad", inference(m[0].weight.grad)), "args[0].0.weight.grad", updated),
+        )
+        f = _runnable("inference_step", _momentum_step, *_inference_step_inputs(), backend=backend)
+        for name, make_inference, path, eager_error in cases:
+            with self.subTest(name):
+                m, x, y, opt = _inference_step_inputs()
+                f(m, x, y, opt)  # arms the guards with tensors made outside inference mode
+                em, eopt, ex, ey = _copy_step_inputs(m, opt, x, y)  # before: a copy of an inference tensor is none
+                exy = [ex, ey]
+                make_inference(em, eopt, exy)
+                with self.assertRaisesRegex(RuntimeError, eager_error):
+                    _momentum_step(em, *exy, eopt)
+                xy = [x, y]
+                make_inference(m, opt, xy)
+                before = _optimizer_state(m, opt) + [t.clone() for t in xy]
+                with self.assertRaises(PrecompileError) as refused:
+                    f(m, *xy, opt)
+                self.assertEqual(str(refused.exception), path + _INFERENCE_IN_BACKWARD)
+                self._assert_unchanged(before, _optimizer_state(m, opt) + list(xy))
+                # Made outside inference mode again, the next call trains as eager does.
+                _undo_inference(m, opt, xy)
+                em, eopt, ex, ey = _copy_step_inputs(m, opt, *xy)
+                torch.testing.assert_close(f(m, *xy, opt), _momentum_step(em, ex, ey, eopt))
+                torch.testing.assert_close(_optimizer_state(m, opt), _optimizer_state(em, eopt))
+
+    def _assert_unchanged(self, before, after):
+        self.assertEqual(len(before), len(after))
+        for old, new in zip(before, after):
+            self.assertTrue(old.equal(new), "a refused call changed state")
+
+    @parametrize("backend", BACKENDS)
+    def test_a_training_step_under_inference_mode_is_refused(self, backend):
+        """Under inference_mode() (grad mode enabled inside it) eager records no autograd graph
+        and its backward raises; the artifact trained."""
+        f = _runnable("inference_step", _momentum_step, *_inference_step_inputs(), backend=backend)
+        m, x, y, opt = _inference_step_inputs()
+        f(m, x, y, opt)
+        em, eopt, ex, ey = _copy_step_inputs(m, opt, x, y)
+        with torch.inference_mode(), torch.enable_grad():
+            with self.assertRaisesRegex(RuntimeError, "does not require grad"):
+                _momentum_step(em, ex, ey, eopt)
+            before = _optimizer_state(m, opt)
+            with self.assertRaisesRegex(PrecompileError, r"^called under torch\.inference_mode\(\), but this artifact runs autograd"):
+                f(m, x, y, opt)
+        self._assert_unchanged(before, _optimizer_state(m, opt))
+        em, eopt, ex, ey = _copy_step_inputs(m, opt, x, y)
+        torch.testing.assert_close(f(m, x, y, opt), _momentum_step(em, ex, ey, eopt))
+        torch.testing.assert_close(_optimizer_state(m, opt), _optimizer_state(em, eopt))
+
+    @parametrize("backend", BACKENDS)
+    def test_an_optimizer_step_refuses_inference_state_outside_inference_mode(self, backend):
+        """An artifact that steps an optimizer without backward: eager's step refuses to update an
+        inference momentum buffer outside inference mode and updates it inside."""
+        def step_only(m, opt):
+            opt.step()
+
+        f = _runnable("step_only", step_only, *_inference_step_inputs()[::3], backend=backend)
+        m, _, _, opt = _inference_step_inputs()
+        with torch.inference_mode():
+            opt.state[m[0].weight]["momentum_buffer"] = opt.state[m[0].weight]["momentum_buffer"].clone()
+        em, eopt = _copy_step_inputs(m, opt)
+        with torch.inference_mode():  # the copy made it a normal tensor
+            eopt.state[em[0].weight]["momentum_buffer"] = eopt.state[em[0].weight]["momentum_buffer"].clone()
+        with self.assertRaisesRegex(RuntimeError, "Inplace update to inference tensor outside InferenceMode"):
+            step_only(em, eopt)
+        before = _optimizer_state(m, opt)
+        with self.assertRaises(PrecompileError) as refused:
+            f(m, opt)
+        self.assertEqual(
+            str(refused.exception),
+            "args[1] (optimizer) state of param_groups[0]['params'][0]['momentum_buffer'] is an inference tensor "
+            "(made under torch.inference_mode()) and the optimizer step updates it in place, which eager refuses "
+            "outside inference mode: call the artifact under torch.inference_mode(), or pass a tensor made "
+            "outside it (e.g. .clone() it there)",
+        )
+        self._assert_unchanged(before, _optimizer_state(m, opt))
+        em, eopt = _copy_step_inputs(m, opt)
+        with torch.inference_mode():  # where eager updates it too
+            eopt.state[em[0].weight]["momentum_buffer"] = eopt.state[em[0].weight]["momentum_buffer"].clone()
+            f(m, opt)
+            step_only(em, eopt)
+        torch.testing.assert_close(_optimizer_state(m, opt), _optimizer_state(em, eopt))
+        # A call under inference_mode() arms no check that passes the inference tensor outside it.
+        self.assertRaisesRegex(PrecompileError, r"is an inference tensor", f, m, opt)
+
+    @parametrize("backend", BACKENDS)
+    def test_an_inference_artifact_takes_inference_tensors(self, backend):
+        """A forward only reads its tensors: inference tensors pass, inside inference mode and out."""
+        f = _runnable("linear", _forward, _linear(), torch.randn(3, 4), backend=backend)
+        with torch.inference_mode():
+            model, x = _linear(), torch.randn(3, 4)
+            torch.testing.assert_close(f(model, x), model(x))
+        torch.testing.assert_close(f(model, x), model(x))
 
     def test_a_training_flag_outside_the_instance_dict_is_refused(self):
         """The driver watches each flag fn read in the module's __dict__; a property there would

@@ -426,7 +426,22 @@ says who guarantees it and, where it is enforced, which tests (in
      ``torch.inference_mode()``, a tensor the graph writes that is an
      inference tensor (a cache filled under it) is REFUSED, on both backends:
      eager refuses that in-place update, Inductor's kernels would not
-     (test_written_inference_tensors_are_refused).
+     (test_written_inference_tensors_are_refused); so is an inference tensor
+     in an optimizer's state, which the step updates
+     (test_an_optimizer_step_refuses_inference_state_outside_inference_mode).
+     An artifact that runs backward REFUSES every inference tensor it takes
+     (parameters, buffers, inputs, optimizer state, incoming ``.grad``) and a
+     call under ``inference_mode()``: eager's autograd refuses to save one for
+     backward or update one in place there, and records nothing under it
+     (test_inference_tensors_a_training_step_takes_are_refused,
+     test_a_training_step_under_inference_mode_is_refused).  This also
+     refuses the rare fn eager would run (an inference tensor only added):
+     refuse or honour.  Checked on the slow path only (incoming ``.grad``
+     at every call): the guards compare dispatch keys with the thread's
+     local ones applied, which differ for an inference tensor and under
+     ``inference_mode()``, so such a call misses them; an inference
+     artifact keeps the written-tensors rule
+     (test_an_inference_artifact_takes_inference_tensors).
    - How the caller made a tensor and where it sits (``is_leaf``,
      ``grad_fn``, ``_version``, ``_base``, ``_is_view()``,
      ``is_inference()``, ``storage_offset()``, ``data_ptr()``): no call

@@ -1344,6 +1344,17 @@ class GlobalState:
             or (self._inference_mode_read and _is_inference_mode_enabled())
         )
 
+    @staticmethod
+    def refuse_inference_mode() -> None:
+        """fn runs backward: not under inference mode, where eager records no autograd graph.
+        Called on the call's slow path, which every call under inference_mode() takes."""
+        if _is_inference_mode_enabled():
+            raise PrecompileError(
+                "called under torch.inference_mode(), but this artifact runs autograd (fn calls backward() "
+                "or torch.autograd.grad): eager records no autograd graph there, even with grad mode "
+                "enabled, and its backward() raises; call it outside inference_mode()"
+            )
+
     def check(self, grad_enabled: bool) -> None:
         """No torch function / dispatch mode, grad mode (and the modes fn read), saved-tensor hooks,
         autocast and default dtype as captured, or a PrecompileError."""
@@ -1450,6 +1461,8 @@ class GlobalState:
             checks.append(Check("global", "torch.is_grad_enabled()", f"True (fn read it{c.grad_mode_read})"))
         if c.inference_mode_read:
             checks.append(Check("global", "torch.is_inference_mode_enabled()", f"False (fn read it{c.inference_mode_read})"))
+        elif c.needs_grad:
+            checks.append(Check("global", "torch.is_inference_mode_enabled()", "False (the graph runs autograd)"))
         autocast = ", ".join(f"{device} {dtype}" for device, dtype in c.autocast) or "off"
         checks.append(Check("global", "torch.autocast", autocast))
         for device, dtype in c.autocast_dtypes:
@@ -1819,6 +1832,22 @@ class ModuleArguments:
         return checks
 
 
+def inference_tensor_error(path: str, why: str) -> PrecompileError:
+    """The refusal of an inference tensor at ``path``; ``why``: what eager would do with it."""
+    if why == "backward":
+        return PrecompileError(
+            f"{path} is an inference tensor (made under torch.inference_mode()) and fn runs backward: outside "
+            "inference mode eager's autograd refuses to save one for backward and to update one in place, so "
+            "a training step refuses every inference tensor it takes. Make it outside inference_mode() (e.g. "
+            ".clone() it there), or call fn eagerly"
+        )
+    return PrecompileError(
+        f"{path} is an inference tensor (made under torch.inference_mode()) and {why}, which eager refuses "
+        "outside inference mode: call the artifact under torch.inference_mode(), or pass a tensor made "
+        "outside it (e.g. .clone() it there)"
+    )
+
+
 class UserInputs:
     """fn's arguments other than modules and optimizers at a call (Note invariants 1, 3 and
     11): their pytree structure (read where the last call wrote an argument it left as
@@ -2076,11 +2105,17 @@ class UserInputs:
         """
         for index in self.convention.mutated:
             if tensors[index].is_inference():
-                raise PrecompileError(
-                    f"{self.tensor_path(index)} is an inference tensor (made under torch.inference_mode()) and "
-                    "the graph writes it in place, which eager refuses outside inference mode: call the artifact "
-                    "under torch.inference_mode(), or pass a tensor made outside it (e.g. .clone() it there)"
-                )
+                raise inference_tensor_error(self.tensor_path(index), "the graph writes it in place")
+
+    def refuse_inference_tensors(self, tensors: list) -> None:
+        """fn runs backward: no inference tensor among ``tensors`` (the state, then the user
+        tensors), which eager's autograd refuses to save for backward or update in place.
+
+        Refuses some fn eager would run (an inference tensor only added): refuse or honour.
+        """
+        for index, tensor in enumerate(tensors):
+            if tensor.is_inference():
+                raise inference_tensor_error(self.tensor_path(index), "backward")
 
     def _check_same_inputs(self, tensors: list) -> None:
         """The user tensors that were one object at capture (``same_inputs``) are one now."""
@@ -2148,10 +2183,13 @@ class UserInputs:
             subject = ", ".join(paths) if len(paths) <= 4 else f"{paths[0]}, ..., {paths[-1]} ({len(paths)} tensors)"
             expected = f"{self.distinct_tensors} distinct tensors, as at capture (fn may branch on identity)"
             checks.append(Check("same", subject, expected))
-        checks += [
-            Check("written", self.tensor_path(index), "no inference tensor, unless called under torch.inference_mode()")
-            for index in self.convention.mutated
-        ]
+        if self.convention.needs_grad:
+            checks.append(Check("written", "every parameter, buffer and tensor argument", "no inference tensor (fn runs backward)"))
+        else:
+            checks += [
+                Check("written", self.tensor_path(index), "no inference tensor, unless called under torch.inference_mode()")
+                for index in self.convention.mutated
+            ]
         return checks
 
     def size_checks(self) -> list[Check]:
@@ -2238,7 +2276,10 @@ class PrecompiledFunction:
         self._distinct_inputs = self._inputs.distinct_tensors  # 0 with fewer than two tensor inputs
         self._pick_tensor_inputs = _picker(self._inputs.tensor_inputs)
         sharded = bool(self._module_arguments.sharded)
-        self._optimizers = [OptimizerArgument(spec, convention.backend, sharded) for spec in convention.optimizers]
+        self._runs_backward = convention.needs_grad
+        self._optimizers = [
+            OptimizerArgument(spec, convention.backend, sharded, convention.needs_grad) for spec in convention.optimizers
+        ]
         self._reads_grads = bool(convention.grad_inputs)  # the incoming .grad are graph inputs
         self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or self._reads_grads)
         self._copies_inputs = bool(self._constants or convention.output_views)
@@ -2248,6 +2289,8 @@ class PrecompiledFunction:
         # grad_state: each new gradient's parameter must take it as the graph computes it (grad_dtype)
         self._checks_grads = bool(convention.grads_none or convention.grads_present or convention.grad_state)
         self._writes_tensors = bool(convention.mutated)
+        # Per call for an inference artifact; a training step refuses every inference tensor on its slow path.
+        self._refuses_written_inference = self._writes_tensors and not convention.needs_grad
         self._sharded = self._module_arguments.sharded  # fully_shard's parameters (Note invariant 17)
         self._state_path = self._module_arguments.state_path
         # One flag for the per-call path (an inference forward): between the
@@ -2299,6 +2342,14 @@ class PrecompiledFunction:
             except Exception:  # tensors unlike the specs (not a tensor, another rank): check_slowly names it
                 guard = None
             self._inputs.check_slowly(user_args, leaves, state)
+            # Checked here only, before the guard is armed: the guard compares each tensor's dispatch
+            # keys with the thread's local ones applied. Outside inference_mode() an inference tensor
+            # lacks the Autograd key a normal one has; under it every tensor lacks that and
+            # ADInplaceOrView. So a guard armed here (over normal tensors outside inference mode, as
+            # this refuses anything else) misses a call with an inference tensor or under inference_mode().
+            if self._runs_backward:
+                self._global_state.refuse_inference_mode()
+                self._inputs.refuse_inference_tensors(tensors)
             self._guard = guard
         elif cached.aliases:
             self._module_arguments.check_ties(args, cached, tensors)
@@ -2326,7 +2377,7 @@ class PrecompiledFunction:
             self._module_arguments.refuse_shared_memory(tensors[: self._num_state])
         if self._checks_inputs:
             self._inputs.check(user_args, leaves, tensors)
-        if self._writes_tensors and not _is_inference_mode_enabled():
+        if self._refuses_written_inference and not _is_inference_mode_enabled():
             self._inputs.refuse_written_inference_tensors(tensors)
         if self._checks_grads:
             self._gradients.check_kept(grad_owners)
@@ -2438,6 +2489,7 @@ class PrecompiledFunction:
                 f"other hyperparameters as baked ({read} read at every call)"
             )
             checks.append(Check("optimizer", f"args[{spec.position}]", expected))
+            checks.append(Check("optimizer", f"args[{spec.position}] state", "no inference tensor, unless called under torch.inference_mode()"))
         if self._gradients is not None:
             checks += self._gradients.checks()
         return tuple(checks)
@@ -2460,6 +2512,8 @@ class PrecompiledFunction:
         self._inputs.check_slowly(user_args, leaves, state)
         self._inputs.check(user_args, leaves, tensors)
         self._inputs.check_tensor_attributes(tensors)
+        if self._runs_backward:
+            self._inputs.refuse_inference_tensors(tensors)
         grad_owners = state
         if self._sharded:
             grad_owners, tensors = sharded_inputs(tensors, self._sharded, self._num_state, self._state_path)
@@ -2541,6 +2595,12 @@ class Gradients:
         self._grad_inputs = convention.grad_inputs
         self._grad_state, self._grads_cleared = convention.grad_state, convention.grads_cleared
         self._read_only_grads = frozenset(convention.grad_inputs_read_only)
+        # Incoming .grad refused as inference tensors outside inference mode: every one where fn runs
+        # backward (eager's AccumulateGrad adds in place), else those the graph writes.
+        self._runs_backward = convention.needs_grad
+        self._inference_refused = frozenset(
+            index for index in convention.grad_inputs if convention.needs_grad or index not in self._read_only_grads
+        )
         self._kept_zeros: dict[int, torch.Tensor] = {}  # state index -> zeros passed for a None .grad
         # Inductor's kernels take each graph input as memory of its own: the incoming .grad
         # must share none with another graph input where the graph writes either.
@@ -2624,6 +2684,9 @@ class Gradients:
                     f"dtype {grad.dtype}, strides {grad.stride()}; fn accumulates onto it inside the graph, "
                     "which needs the parameter's shape, dtype and strides: set it to None (opt.zero_grad())"
                 )
+            elif grad.is_inference() and index in self._inference_refused and not _is_inference_mode_enabled():
+                why = "backward" if self._runs_backward else "the graph writes it in place"
+                raise inference_tensor_error(f"{self._parameter(index)}.grad", why)
             grads.append(grad)
         if self._checks_grads_apart and incoming:
             self._refuse_shared_grads(incoming, tensors)
@@ -2698,6 +2761,8 @@ class Gradients:
             grads = f".grad of {len(c.grad_inputs)} parameters"
             apart = ", sharing no memory with another graph input where the graph writes either" if self._checks_grads_apart else ""
             checks.append(Check("grad", grads, f"None, or of the parameter's shape, dtype and strides{apart}"))
+            if self._inference_refused:
+                checks.append(Check("grad", grads, "no inference tensor where fn runs backward or the graph writes it"))
         for index in c.grads_none:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
         for index in c.grads_present:
@@ -3156,8 +3221,9 @@ def _group_key(key: str) -> str:
 class OptimizerArgument:
     """Per-call work for one optimizer argument: check it, return its graph inputs."""
 
-    def __init__(self, spec: OptimizerSpec, backend: str, sharded: bool):
+    def __init__(self, spec: OptimizerSpec, backend: str, sharded: bool, runs_backward: bool):
         self.spec, self.backend, self.sharded = spec, backend, sharded
+        self.runs_backward = runs_backward  # fn calls backward (the refusal's reason for an inference tensor)
         self.where = f"args[{spec.position}] (optimizer)"
         self.hyper_keys = [tuple(k for k, _ in group) for group in spec.hyper]
         self.hyper_values = [tuple(v for _, v in group) for group in spec.hyper]
@@ -3202,6 +3268,7 @@ class OptimizerArgument:
         if self.sharded:  # fully_shard's parameters' state is DTensors, as theirs: the graph takes their shards
             tensors = list(map(local_shard_of, tensors))
         if self.guard is None or not guard_passes(self.guard, tensors):
+            # Checked here only (see PrecompiledFunction.__call__ on the dispatch keys the guard records).
             self._check_state(tensors)
             self.guard = tensor_guard(tensors, spec.tensors)
         if len(tensors) != len(self._unshared) or any(map(operator.is_not, tensors, self._unshared)):
@@ -3271,8 +3338,12 @@ class OptimizerArgument:
         return f"{self.where} state of param_groups[{group_index}]['params'][{param_index}][{keys[index % len(keys)]!r}]"
 
     def _check_state(self, tensors: list) -> None:
+        refuse_inference = not _is_inference_mode_enabled()  # the step writes every state tensor
         for index, (tensor, spec) in enumerate(zip(tensors, self.spec.tensors)):
             check_tensor(self._state_name(index), tensor, spec, self.backend)
+            if refuse_inference and tensor.is_inference():
+                why = "backward" if self.runs_backward else "the optimizer step updates it in place"
+                raise inference_tensor_error(self._state_name(index), why)
 
     def _refuse_shared_state(self, tensors: list, others: list, name_of: Callable, groups: list) -> None:
         """No state tensor shares memory with another, with a parameter, buffer or tensor argument
