@@ -650,16 +650,23 @@ class TestTensorAttributes(TestCase):
         with self.assertRaisesRegex(PrecompileError, re.escape("args[1]._is_param is True, was missing at capture")):
             f(m, x)
 
-    def test_fn_setting_a_tensor_attribute_is_refused_at_capture(self):
-        def fn(m, x):
+    def test_fn_setting_or_deleting_a_tensor_attribute_is_refused_at_capture(self):
+        def setting(m, x):
             m.weight.seen = True  # eager leaves it on the caller's parameter
             return m(x)
 
-        m = nn.Linear(4, 4)
-        message = "fn sets or deletes args[0].weight.seen, a Python attribute of a tensor argument: eager's call leaves"
-        with self.assertRaisesRegex(PrecompileError, re.escape(message)):
-            precompile(fn, m, torch.randn(3, 4), backend="eager")
+        def deleting(m, x):
+            del x.tag  # eager removes it from the caller's tensor; the stand-in never had it
+            return m(x)
+
+        m, x = nn.Linear(4, 4), torch.randn(3, 4)
+        x.tag = "batch"
+        for fn, path in ((setting, "args[0].weight.seen"), (deleting, "args[1].tag")):
+            message = f"fn sets or deletes {path}, a Python attribute of a tensor argument: eager's call changes"
+            with self.assertRaisesRegex(PrecompileError, re.escape(message)):
+                precompile(fn, m, x, backend="eager")
         self.assertFalse(hasattr(m.weight, "seen"))
+        self.assertEqual(x.tag, "batch")
 
     def test_a_tensor_attribute_that_is_no_literal_is_refused_at_capture(self):
         def fn(m, x):

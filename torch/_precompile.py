@@ -451,8 +451,8 @@ says who guarantees it and, where it is enforced, which tests (in
      lacks (``getattr(p, "no_wd", False)``; ``_is_param``, found absent, for
      ``isinstance(x, nn.Parameter)``): read from the caller's tensor (capture's
      stand-ins lack them), a plain value or absent, and CHECKED at every call
-     (``convention.tensor_attributes``); another value, and fn setting one,
-     REFUSED at capture (test_precompile_read_guards.py TestTensorAttributes).
+     (``convention.tensor_attributes``); another value, and fn setting or
+     deleting one, REFUSED at capture (test_precompile_read_guards.py TestTensorAttributes).
    - Lazy conjugate / negative bits (``x.conj()``, ``torch._neg_view``):
      CHECKED; refused by backend='inductor', whose kernels read raw memory,
      honoured by backend='eager' (test_lazy_conj_and_neg_bits).

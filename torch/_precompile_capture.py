@@ -2603,6 +2603,8 @@ class _StateReads:
         self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
         # Called only where normal lookup fails: fn reading an attribute the stand-ins lack.
         self._stack.enter_context(_patched(torch.Tensor, "__getattr__", _TensorAttributes.missing))
+        delete = _TensorAttributes.deleting(torch.Tensor.__delattr__)
+        self._stack.enter_context(_patched(torch.Tensor, "__delattr__", delete))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -3248,7 +3250,7 @@ class _TensorAttributes:
     gives on the caller's tensor, recorded by graph input and name with its value, or absent
     (``isinstance(x, nn.Parameter)`` reads ``_is_param`` so): each call compares them.  A
     value that is no plain literal is refused, and so is fn setting or deleting an attribute
-    of a stand-in, which eager would leave on the caller's tensor.
+    of a tensor argument, which eager would change on the caller's tensor.
     """
 
     _tracing = threading.local()  # .current: the _TensorAttributes of this thread's trace
@@ -3274,11 +3276,7 @@ class _TensorAttributes:
                 name for name in before.keys() | now.keys() if before.get(name, _ABSENT) is not now.get(name, _ABSENT)
             )
             if changed:
-                raise PrecompileError(
-                    f"fn sets or deletes {path}.{changed[0]}, a Python attribute of a tensor argument: eager's call "
-                    "leaves that on the caller's tensor, which no call of the artifact repeats. Set it outside fn, "
-                    "before precompile and the calls"
-                )
+                raise _attribute_change_error(path, changed[0])
 
     def missing(tensor: torch.Tensor, name: str) -> Any:  # a plain function: Tensor.__getattr__
         reads = getattr(_TensorAttributes._tracing, "current", None)
@@ -3299,8 +3297,30 @@ class _TensorAttributes:
             raise AttributeError(f"{type(caller).__name__!r} object has no attribute {name!r}", name=name, obj=tensor)
         return value
 
+    @staticmethod
+    def deleting(delete: Callable) -> Callable:
+        """``Tensor.__delattr__`` during capture: deleting the caller's attribute, which the stand-in
+        does not carry, refused as setting one is (rather than the stand-in's AttributeError)."""
+
+        def refusing_delete(tensor: torch.Tensor, name: str) -> None:
+            reads = getattr(_TensorAttributes._tracing, "current", None)
+            entry = None if reads is None else reads._of.get(id(tensor))
+            if entry is not None and name not in vars(tensor) and hasattr(entry[2], name):
+                raise _attribute_change_error(entry[1], name)
+            delete(tensor, name)
+
+        return refusing_delete
+
     def recorded(self) -> tuple:
         return tuple((index, name, literal) for (index, name), literal in sorted(self.read.items()))
+
+
+def _attribute_change_error(path: str, name: str) -> PrecompileError:
+    return PrecompileError(
+        f"fn sets or deletes {path}.{name}, a Python attribute of a tensor argument: eager's call changes "
+        "that on the caller's tensor, which no call of the artifact repeats. Change it outside fn, before "
+        "precompile and the calls"
+    )
 
 
 class _Change(NamedTuple):
