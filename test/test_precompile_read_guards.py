@@ -24,6 +24,7 @@ import numpy as np
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -483,6 +484,42 @@ class TestReadGuards(TestCase):
             PrecompileError, r"fn changes args\[0\]\.calls \(from 0 to 1\); the artifact would compute with the value it read"
         ):
             precompile(lambda m, x: m(x), Counter(), torch.randn(2), backend="eager")
+
+    def test_a_default_fn_fills_in_is_refused_with_advice_that_works(self):
+        class Config:
+            problem_type = None
+
+        class Classifier(nn.Module):
+            """As transformers' *ForSequenceClassification: the first call with labels picks the loss."""
+
+            def __init__(self):
+                super().__init__()
+                self.config, self.head = Config(), nn.Linear(4, 3)
+
+            def forward(self, x, labels):
+                if self.config.problem_type is None:
+                    self.config.problem_type = "single_label_classification" if labels.dtype == torch.long else "regression"
+                logits = self.head(x)
+                if self.config.problem_type == "regression":
+                    return F.mse_loss(logits, labels)
+                return F.cross_entropy(logits, labels)
+
+        def step(m, x, labels):
+            loss = m(x, labels)
+            loss.backward()
+            return loss.detach()
+
+        x, labels = torch.randn(2, 4), torch.tensor([0, 2])
+        model = Classifier()
+        advice = "set it before precompile (args[0].config.problem_type = 'single_label_classification')"
+        with self.assertRaisesRegex(PrecompileError, re.escape(advice)):
+            precompile(step, model, x, labels, backend="eager")
+        fresh, reference = Classifier(), Classifier()
+        reference.load_state_dict(fresh.state_dict())
+        fresh.config.problem_type = "single_label_classification"  # the advice
+        f = precompile.load(*precompile(step, fresh, x, labels, backend="eager"))
+        torch.testing.assert_close(f(fresh, x, labels), step(reference, x, labels))
+        torch.testing.assert_close(fresh.head.weight.grad, reference.head.weight.grad)
 
     def test_namespaces_and_frozen_dataclasses(self):
         """Config objects of classes that cannot be probed (SimpleNamespace) or set (frozen dataclasses)."""

@@ -2872,6 +2872,20 @@ _LIBRARY_FLAG_FIXES = {
     ),
 }
 
+
+
+def _value_change_fix(path: str, old: Any, new: Any) -> str:
+    """What to do about fn writing a value it read: a default fn fills in where it finds None
+    (transformers' ``config.problem_type``, at the first call with labels) can be set beforehand."""
+    fix = "the artifact would compute with the value it read and not reproduce the change: "
+    if old is None and new is not schema.MISSING and _has_literal(new):
+        return fix + (
+            f"where fn fills in a default once, as eager's first call would, set it before precompile "
+            f"({path} = {new!r}); otherwise keep fn from writing it"
+        )
+    return fix + "keep fn from writing it"
+
+
 # nn.Module's own bookkeeping (hook dicts, ``_parameters``, methods): the
 # driver checks structure and hooks itself, these are not values fn computes with.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | frozenset(dir(torch.nn.Module))
@@ -2939,11 +2953,7 @@ class _ModuleReads:
                 raise PrecompileError(
                     f"fn changes {where}.{path} (from {schema.describe_literal(what)} to "
                     f"{'nothing' if now is schema.MISSING else repr(now)}); "
-                    + _LIBRARY_FLAG_FIXES.get(
-                        name,
-                        "the artifact would compute with the value it read and not reproduce the change: "
-                        "keep fn from writing it",
-                    )
+                    + _LIBRARY_FLAG_FIXES.get(name, _value_change_fix(f"{where}.{path}", what, now))
                 )
             if kind == "literal":
                 found.append((path, what))
