@@ -715,6 +715,53 @@ class TestCaptureSoundness(TestCase):
             precompile(normalized, batch_norm, torch.randn(4, 3), backend=backend)
         self.assertEqual(_snapshot(batch_norm), before)
 
+    @parametrize("backend", BACKENDS)
+    def test_a_draw_compared_with_a_bound_outside_its_range_is_honoured(self, backend):
+        """transformers' LayerDrop (BART, OPT, Whisper): with layerdrop 0 the draw never drops a
+        layer, at every call: the branch is decided, the draw kept (the generator moves as in eager),
+        the bound checked at every call; a bound inside [0, 1] leaves the draw deciding: refused."""
+
+        class LayerDrop(nn.Module):
+            def __init__(self, layerdrop: float):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+                self.layerdrop, self.dropout = layerdrop, nn.Dropout(0.5)
+
+            def forward(self, x):
+                for layer in self.layers:
+                    if self.training:
+                        dropout_probability = torch.rand([])
+                        if dropout_probability < self.layerdrop:
+                            continue
+                    x = self.dropout(layer(x))
+                return x
+
+        def step(m, x):
+            loss = m(x).square().sum()
+            loss.backward()
+            return loss.detach()
+
+        model, x = LayerDrop(0.0), torch.randn(8, 4)
+        reference = copy.deepcopy(model)
+        f = load(precompile(step, copy.deepcopy(model), x, backend=backend))
+        for seed in range(2):
+            torch.manual_seed(seed)
+            ours, next_draw = f(model, x), torch.rand(2)
+            torch.manual_seed(seed)
+            torch.testing.assert_close(ours, step(reference, x))
+            torch.testing.assert_close(next_draw, torch.rand(2))  # as many draws as eager
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        model.layerdrop = 0.1
+        before = _snapshot(model)
+        with self.assertRaisesRegex(PrecompileError, re.escape("args[0].layerdrop is 0.1, but was 0.0 at capture")):
+            f(model, x)
+        self.assertEqual(_snapshot(model), before)
+        with self.assertRaisesRegex(
+            PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+ \(if dropout_probability"
+        ):
+            precompile(step, LayerDrop(0.1), x, backend=backend)
+
     def test_randperm_indexing(self):
         """torch 2.11-2.13's Inductor randperm-index pattern fails on this graph: refused naming it
         there (2.14's compiles it); backend='eager' honours it everywhere, with eager's numbers."""

@@ -252,6 +252,8 @@ CASES = {
     "bart_no_mask": Case(_bart, _bart_infer, lambda s: (_ids(s), _ids(s + 50, (2, 6))), False),
     "gpt2_train": Case(_gpt2, _lm_train, lambda s: (_ids(s), _padding_mask(s)), True),
     "t5_train": Case(_t5, _seq2seq_train, lambda s: (_ids(s), _ids(s + 50, (2, 6))), True),
+    # Each layer draws for LayerDrop in training (layerdrop 0: the draw never drops it).
+    "bart_train": Case(_bart, _seq2seq_train, lambda s: (_ids(s), _ids(s + 50, (2, 6))), True),
     "mobilenet_eval": Case(TinyMobileNetV3, _infer, lambda s: (_images(s),), False),
     "mobilenet_train": Case(TinyMobileNetV3, _classify_train, lambda s: (_images(s), _labels(s)), True),
     "vit_eval": Case(TinyViT, _infer, lambda s: (_images(s),), False),
@@ -319,7 +321,7 @@ class TestRealModels(TestCase):
 
     @pytest.mark.slow
     @parametrize("backend", BACKENDS)
-    @parametrize("name", ["gpt2_train", "t5_train"])
+    @parametrize("name", ["gpt2_train", "t5_train", "bart_train"])
     def test_hf_training(self, name, backend):
         self._check_training(name, backend)
 

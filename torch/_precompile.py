@@ -801,7 +801,12 @@ says who guarantees it and, where it is enforced, which tests (in
    backward (a custom Function's ``ctx.offs.tolist()``, as transformers' MoE
    fallback does: Mixtral and Qwen2-MoE training steps are refused), naming
    fn's file:line and code and suggesting ``torch.where`` or a Python input;
-   iterating over a tensor gives traced tensors and is honoured.  With
+   iterating over a tensor gives traced tensors and is honoured, and so is
+   the truth of a fresh ``torch.rand`` draw compared with a bound outside
+   [0, 1], which every call decides alike (transformers' LayerDrop with
+   ``layerdrop=0``: BART, OPT, Whisper training; the bound is a module value
+   checked at every call, the draw stays in the graph:
+   test_a_draw_compared_with_a_bound_outside_its_range_is_honoured).  With
    marked dims (a symbolic trace) ``.item()`` (and ``.tolist()``, element by
    element) becomes an unbacked value computed at every call, and a branch on
    it is refused the same way.  Ops

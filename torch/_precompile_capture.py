@@ -2597,6 +2597,7 @@ class _StateReads:
             setter = self._noting_setter(name, getattr(torch.random, name))
             self._stack.enter_context(_patched(torch, name, setter))
             self._stack.enter_context(_patched(torch.random, name, setter))
+        self._stack.enter_context(_patched(torch.Tensor, "__bool__", self._deciding_bool(torch.Tensor.__bool__)))
         call = self._refusing_artifact_calls(runtime.PrecompiledFunction.__call__)
         self._stack.enter_context(_patched(runtime.PrecompiledFunction, "__call__", call))
         make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
@@ -2829,6 +2830,20 @@ class _StateReads:
         return method
 
     @classmethod
+    def _deciding_bool(cls, truth: Callable) -> Callable:
+        """``Tensor.__bool__`` answering, during fn's trace, a comparison that every call decides
+        alike (``_decided_comparison``): the branch is then fn's code for every call, not data."""
+
+        def deciding_bool(tensor: torch.Tensor) -> bool:
+            if getattr(cls._tracing, "reads", None) is not None:
+                decided = _decided_comparison(tensor)
+                if decided is not None:
+                    return decided
+            return truth(tensor)
+
+        return deciding_bool
+
+    @classmethod
     def _refusing(cls, name: str, read: Callable) -> Callable:
         def refused_read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if getattr(cls._tracing, "reads", None) is not None and _traced_value(tensor):
@@ -2852,14 +2867,57 @@ def _patched(owner: type, name: str, value: Any):
             setattr(owner, name, original)
 
 
-def _traced_value(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s values come from the trace's inputs (not a make_fx constant)."""
+def _trace_slot(tensor: torch.Tensor) -> Any:
+    """make_fx's record of ``tensor`` in the running trace (its ``proxy`` and ``constant``), or None."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, has_proxy_slot
 
     mode = get_proxy_mode()
     if mode is None or not has_proxy_slot(tensor, mode.tracer):
-        return False
-    return get_proxy_slot(tensor, mode.tracer).constant is None
+        return None
+    return get_proxy_slot(tensor, mode.tracer)
+
+
+def _traced_value(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values come from the trace's inputs (not a make_fx constant)."""
+    slot = _trace_slot(tensor)
+    return slot is not None and slot.constant is None
+
+
+# Draws uniform in [0, 1), taken as [0, 1]: a reduced-precision draw may round up to 1.
+_UNIT_DRAWS = (torch.ops.aten.rand.default, torch.ops.aten.rand_like.default)
+# Comparisons monotone in their tensor operand: constant over an interval where its ends agree.
+_MONOTONE_COMPARISONS = {
+    torch.ops.aten.lt.Scalar: operator.lt,
+    torch.ops.aten.le.Scalar: operator.le,
+    torch.ops.aten.gt.Scalar: operator.gt,
+    torch.ops.aten.ge.Scalar: operator.ge,
+}
+
+
+def _decided_comparison(tensor: torch.Tensor) -> bool | None:
+    """The truth of a traced one-element comparison of a fresh uniform draw with a bound outside
+    [0, 1], which every call's draw decides alike (transformers' LayerDrop, ``torch.rand([]) <
+    self.layerdrop``, never true with layerdrop 0: the bound is a module value checked at every
+    call); None where the drawn value decides.  The draw stays in the graph: the generator moves
+    as in eager."""
+    slot = _trace_slot(tensor)
+    if slot is None:
+        return None
+    node = slot.proxy.node
+    compare = _MONOTONE_COMPARISONS.get(node.target)
+    if compare is None or len(node.args) != 2 or node.kwargs:
+        return None
+    drawn, bound = node.args
+    if not isinstance(drawn, torch.fx.Node) or drawn.target not in _UNIT_DRAWS:
+        return None
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        return None
+    # One element, eager's condition for a truth value; sizes with marked dims (SymInts) are
+    # left undecided rather than guarded.
+    if not all(type(size) is int and size == 1 for size in tensor.shape):
+        return None
+    at_zero, at_one = compare(0.0, bound), compare(1.0, bound)
+    return at_zero if at_zero == at_one else None
 
 
 # Flags a library sets on a module at fn's first call, by name: what the refusal of fn setting
