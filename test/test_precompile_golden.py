@@ -52,6 +52,22 @@ def _generated_by_another_torch(cache: bytes) -> bool:
     return format_module._read_envelope(cache)["build_env"]["torch"] != str(torch.__version__)
 
 
+def _compiled_for_another_isa(python_code: str, cache: bytes) -> bool:
+    """Whether load refuses the pair here: its kernels must be compiled and, older than
+    INDUCTOR_VEC_ISA, their C++ was written for another host's vector ISA (Note invariant 9)."""
+    artifact = format_module.read_artifact(python_code, cache)
+    built = artifact.envelope["build_env"]
+    return (
+        artifact.convention.backend == "inductor"
+        and "INDUCTOR_VEC_ISA" not in artifact.constants
+        and built != format_module._host_environment(built)
+        and built["cpu_capability"] != torch.backends.cpu.get_cpu_capability()
+    )
+
+
+_ANOTHER_ISA = "predates INDUCTOR_VEC_ISA and its C++ kernels must be compiled here"
+
+
 def _refuse_compiling(*args, **kwargs):
     raise AssertionError("a warm load of a pair made on this host compiled a kernel")
 
@@ -88,6 +104,10 @@ class TestGoldenArtifacts(TestCase):
             with mock.patch.object(artifact_module, "_compile_section", recording), mock.patch.object(
                 CppPythonBindingsCodeCache, "load_pybinding", _refuse_compiling if warm else CppPythonBindingsCodeCache.load_pybinding
             ):
+                if _compiled_for_another_isa(python_code, cache):
+                    with self.assertRaisesRegex(torch_precompile.PrecompileError, re.escape(_ANOTHER_ISA)):
+                        torch_precompile.load(python_code, cache)
+                    return
                 try:
                     f = torch_precompile.load(python_code, cache)
                 except torch_precompile.PrecompileError as error:
@@ -111,6 +131,21 @@ class TestGoldenArtifacts(TestCase):
             driver = artifact_module._split_sections(python_code)["driver"][1]
             installed = format_module._is_installed_driver(driver)
             self.assertEqual(compiled_sections, [] if installed or VERSIONS[directory][1] < 11 else [driver])
+
+    def test_a_pair_older_than_the_isa_record_is_refused_where_the_capability_differs(self):
+        """Its own driver would compile its C++ for this host's ISA: wrong results, as the
+        golden pairs (made on an AVX512 host) computed on an AVX2 one."""
+        newest = max(VERSIONS, key=VERSIONS.get)
+        python_code, cache = _read(f"{newest}/forward_inductor")
+        self.assertNotIn("INDUCTOR_VEC_ISA", format_module._read_constants(python_code))
+        built = format_module._read_envelope(cache)["build_env"]["cpu_capability"]
+        with mock.patch.object(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the cache's kernels, built for another host
+            with self.assertRaisesRegex(
+                torch_precompile.PrecompileError,
+                re.escape(f"whose CPU capability was {built} (its cache's build environment), while this machine's is DEFAULT"),
+            ):
+                torch_precompile.load(python_code, cache)
 
 
 instantiate_parametrized_tests(TestGoldenArtifacts)

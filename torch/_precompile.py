@@ -267,7 +267,11 @@ says who guarantees it and, where it is enforced, which tests (in
    is written for the capturing host's vector ISA (its width sets the loops'
    step), which the header records (INDUCTOR_VEC_ISA): compiled from
    python_code, by load or run alone, it is compiled for that ISA, or refused
-   where this machine does not run it (test_precompile.py TestVectorISA).
+   where this machine does not run it (test_precompile.py TestVectorISA).  An
+   artifact older than that record, whose own driver compiles for this
+   machine's ISA, is refused by ``load`` where a kernel must be compiled and
+   its cache names another CPU capability, or none
+   (test_a_pair_older_than_the_isa_record_is_refused_where_the_capability_differs).
 10. Threads.  An inference runnable may be called from several threads at
    once (test_precompile_concurrency.py); a training step writes ``.grad``
    and must not run concurrently on the same model: caller's responsibility.
@@ -1208,6 +1212,7 @@ class _Precompile:
             pair = read_artifact(python_code, cache, header_from_cache=True)
             artifact._check_gpus_present(pair.convention)
             kernels, compiled = artifact._usable_cache(pair)
+            artifact._refuse_kernels_for_an_unknown_isa(pair, kernels)
             constants, convention = pair.constants, pair.convention
         with timer("prime"):
             kernel_files = artifact._prime_kernels(kernels)

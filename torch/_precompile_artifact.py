@@ -182,6 +182,32 @@ def _usable_kernels(artifact: Artifact) -> dict:
     return _bound_kernels(artifact.kernels, artifact.kernel_digests, artifact.kernel_hashes)
 
 
+def _refuse_kernels_for_an_unknown_isa(artifact: Artifact, kernels: dict) -> None:
+    """Note invariant 9: an Inductor artifact older than INDUCTOR_VEC_ISA has C++ written for
+    the vector ISA of the host that made it, which only its cache's build environment tells
+    (the CPU capability).  Its own driver compiles that C++ for this host's ISA, whose other
+    width makes the loops step wrong: refused where a kernel must be compiled here and that
+    host's capability is another or unknown."""
+    constants = artifact.constants
+    if artifact.convention.backend != "inductor" or "INDUCTOR_VEC_ISA" in constants:
+        return
+    recorded = artifact.kernel_hashes
+    if recorded is not None and all(key in kernels or key.endswith(GPU_KERNEL_SUFFIX) for key in recorded):
+        return
+    built = (artifact.envelope or {}).get("build_env")
+    built_for = built.get("cpu_capability") if isinstance(built, dict) else None
+    here = torch.backends.cpu.get_cpu_capability()
+    if built_for == here:
+        return
+    made = f"was {built_for} (its cache's build environment)" if built_for else "its cache does not record"
+    raise PrecompileError(
+        "this artifact predates INDUCTOR_VEC_ISA and its C++ kernels must be compiled here: that C++ was "
+        f"written for the vector ISA of the host that made it, whose CPU capability {made}, while this "
+        f"machine's is {here}; compiled for another ISA it computes wrong results: precompile again on "
+        "this machine"
+    )
+
+
 def _bound_kernels(kernels: dict[str, bytes], digests: dict[str, str], hashes: dict[str, str] | None) -> dict:
     """The kernels whose bytes hash to what python_code records for their key.
 
