@@ -762,6 +762,34 @@ class TestCaptureSoundness(TestCase):
         ):
             precompile(step, LayerDrop(0.1), x, backend=backend)
 
+    @parametrize("backend", BACKENDS)
+    def test_one_hot_checks_its_class_values_at_every_call(self, backend):
+        """F.one_hot's C++ reads the labels' min and max to check them, which a trace cannot: the
+        checks run in the graph at every call, raising eager's RuntimeError before .grad changes."""
+
+        def step(m, x, labels):
+            loss = -(F.one_hot(labels, 3) * m(x).log_softmax(-1)).sum(-1).mean()
+            loss.backward()
+            return loss.detach()
+
+        model = nn.Linear(4, 3)
+        reference = copy.deepcopy(model)
+        f = load(precompile(step, copy.deepcopy(model), torch.randn(2, 4), torch.tensor([0, 2]), backend=backend))
+        for labels in ([1, 1], [2, 0]):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(f(model, x, torch.tensor(labels)), step(reference, x, torch.tensor(labels)))
+        torch.testing.assert_close(model.weight.grad, reference.weight.grad)
+        before = _snapshot(model)
+        for labels, message in (([1, 3], "Class values must be smaller than num_classes"), ([-1, 0], "non-negative")):
+            with self.assertRaisesRegex(RuntimeError, message):
+                step(reference, torch.randn(2, 4), torch.tensor(labels))
+            with self.assertRaisesRegex(RuntimeError, message):
+                f(model, torch.randn(2, 4), torch.tensor(labels))
+            self.assertEqual(_snapshot(model), before)
+        # Without num_classes the labels' max sizes the result: data-dependent, refused.
+        with self.assertRaisesRegex(PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+"):
+            precompile(lambda m, x, y: F.one_hot(y) * m(x), model, torch.randn(2, 4), torch.tensor([0, 2]), backend=backend)
+
     def test_randperm_indexing(self):
         """torch 2.11-2.13's Inductor randperm-index pattern fails on this graph: refused naming it
         there (2.14's compiles it); backend='eager' honours it everywhere, with eager's numbers."""

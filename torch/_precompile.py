@@ -810,7 +810,11 @@ says who guarantees it and, where it is enforced, which tests (in
    [0, 1], which every call decides alike (transformers' LayerDrop with
    ``layerdrop=0``: BART, OPT, Whisper training; the bound is a module value
    checked at every call, the draw stays in the graph:
-   test_a_draw_compared_with_a_bound_outside_its_range_is_honoured).  With
+   test_a_draw_compared_with_a_bound_outside_its_range_is_honoured), and so
+   is ``F.one_hot(labels, num_classes)``, whose C++ reads the labels only to
+   check them: traced as torch's decomposition, which checks them in the
+   graph at every call, raising eager's RuntimeError
+   (test_one_hot_checks_its_class_values_at_every_call).  With
    marked dims (a symbolic trace) ``.item()`` (and ``.tolist()``, element by
    element) becomes an unbacked value computed at every call, and a branch on
    it is refused the same way.  Ops

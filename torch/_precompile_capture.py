@@ -1972,6 +1972,19 @@ class _LstmUnderAutocast(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class _ValueChecksInTheGraph(TorchFunctionMode):
+    """While fn is traced: a torch function whose C++ reads tensor values into Python only to
+    check them runs as ATen ops that check them in the graph, at every call, with eager's result
+    (and a RuntimeError where eager raises one): ``F.one_hot(labels, num_classes)``."""
+
+    def __init__(self):
+        super().__init__()
+        self._in_the_graph = {torch.nn.functional.one_hot: compat.one_hot_checked_in_graph()}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self._in_the_graph.get(func, func)(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def _seen_as_export():
     """Present the trace to model libraries as torch.export's non-strict capture does.
@@ -2194,6 +2207,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
     with (
         _without_mkldnn(),
         _LstmUnderAutocast() if torch.backends.mkldnn.is_available() else contextlib.nullcontext(),
+        _ValueChecksInTheGraph(),
         _seen_as_export(),
         compat.checkpoint_regions_as_in_eager(),
         _caller_grads_kept(args),
