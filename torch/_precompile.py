@@ -813,7 +813,8 @@ says who guarantees it and, where it is enforced, which tests (in
    test_a_draw_compared_with_a_bound_outside_its_range_is_honoured), and so
    is ``F.one_hot(labels, num_classes)``, whose C++ reads the labels only to
    check them: traced as torch's decomposition, which checks them in the
-   graph at every call, raising eager's RuntimeError
+   graph at every call, raising eager's RuntimeError (on CUDA a device-side
+   assert, as under torch.compile: the process's CUDA context is then lost)
    (test_one_hot_checks_its_class_values_at_every_call).  With
    marked dims (a symbolic trace) ``.item()`` (and ``.tolist()``, element by
    element) becomes an unbacked value computed at every call, and a branch on
