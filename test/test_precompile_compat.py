@@ -574,19 +574,6 @@ class TestCaptureInternals(TestCase):
         self.assertNotIsInstance(plain, nn.Parameter)
         self.assertIsInstance(parameter, nn.Parameter)
 
-    def test_one_hot_checked_in_graph_is_one_hot_with_asserts(self):
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        one_hot = compat.one_hot_checked_in_graph()
-        labels = torch.tensor([0, 2, 1])
-        self.assertEqual(one_hot(labels, 4), torch.nn.functional.one_hot(labels, 4))
-        graph = make_fx(lambda y: one_hot(y, 4))(labels)
-        asserts = [n for n in graph.graph.nodes if n.target is torch.ops.aten._assert_async.msg]
-        self.assertEqual(len(asserts), 2)
-        for bad in ([0, 4], [-1, 0]):
-            with self.assertRaisesRegex(RuntimeError, "one_hot: Class values must be"):
-                graph(torch.tensor(bad))
-
     def test_compiling_and_exporting_flags(self):
         self.assertFalse(torch.compiler.is_compiling())
         with compat.compiling_and_exporting():

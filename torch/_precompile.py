@@ -812,8 +812,8 @@ says who guarantees it and, where it is enforced, which tests (in
    checked at every call, the draw stays in the graph:
    test_a_draw_compared_with_a_bound_outside_its_range_is_honoured), and so
    is ``F.one_hot(labels, num_classes)``, whose C++ reads the labels only to
-   check them: traced as torch's decomposition, which checks them in the
-   graph at every call, raising eager's RuntimeError (on CUDA a device-side
+   check them: traced as torch.compile's decomposition computes it, which
+   checks them in the graph at every call, raising eager's RuntimeError (on CUDA a device-side
    assert, as under torch.compile: the process's CUDA context is then lost)
    (test_one_hot_checks_its_class_values_at_every_call).  With
    marked dims (a symbolic trace) ``.item()`` (and ``.tolist()``, element by

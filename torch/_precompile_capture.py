@@ -1977,12 +1977,23 @@ class _ValueChecksInTheGraph(TorchFunctionMode):
     check them runs as ATen ops that check them in the graph, at every call, with eager's result
     (and a RuntimeError where eager raises one): ``F.one_hot(labels, num_classes)``."""
 
-    def __init__(self):
-        super().__init__()
-        self._in_the_graph = {torch.nn.functional.one_hot: compat.one_hot_checked_in_graph()}
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        return self._in_the_graph.get(func, func)(*args, **(kwargs or {}))
+        if func is torch.nn.functional.one_hot:
+            return _one_hot_checked_in_graph(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _one_hot_checked_in_graph(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """``F.one_hot`` as torch.compile's decomposition computes it (torch 2.13-2.14's
+    ``torch._decomp``; 2.11 has none): the class values asserted in the graph, with eager's
+    messages.  Without ``num_classes`` (the labels' max sizes the result, data-dependent) and
+    for what eager refuses outright (labels not int64), eager's own, which the trace refuses."""
+    if num_classes < 0 or labels.dtype != torch.int64:
+        return torch.nn.functional.one_hot(labels, num_classes)
+    torch.ops.aten._assert_async.msg(torch.all(labels >= 0), "Class values must be non-negative.")
+    torch.ops.aten._assert_async.msg(torch.all(labels < num_classes), "Class values must be smaller than num_classes.")
+    classes = torch.arange(num_classes, dtype=labels.dtype, device=labels.device)
+    return (labels.unsqueeze(-1) == classes).to(torch.int64)
 
 
 @contextlib.contextmanager

@@ -218,16 +218,6 @@ def compiling_and_exporting() -> contextlib.AbstractContextManager:
     return _compiling_state_context()
 
 
-def one_hot_checked_in_graph() -> Callable:
-    """``F.one_hot`` as ATen ops that check the class values in the graph (``_assert_async``,
-    at every call, a RuntimeError as eager's) rather than read them into Python, as a trace cannot."""
-    # torch 2.11-2.14: the C++ one_hot reads min() and max() to check them; torch._decomp's
-    # decomposition (what torch.compile runs) asserts them in the graph; no public name for it.
-    from torch._decomp.decompositions import one_hot
-
-    return one_hot
-
-
 @contextlib.contextmanager
 def checkpoint_regions_as_in_eager():
     """Inside, torch.utils.checkpoint's selective checkpointing (``context_fn=
