@@ -809,7 +809,9 @@ says who guarantees it and, where it is enforced, which tests (in
    the truth of a fresh ``torch.rand`` draw compared with a bound outside
    [0, 1], which every call decides alike (transformers' LayerDrop with
    ``layerdrop=0``: BART, OPT, Whisper training; the bound is a module value
-   checked at every call, the draw stays in the graph:
+   checked at every call, the draw stays in the graph; backend='inductor' on
+   torch 2.11/2.12 refuses such an unused draw beside others, as its scheduler
+   may run it after later draws:
    test_a_draw_compared_with_a_bound_outside_its_range_is_honoured), and so
    is ``F.one_hot(labels, num_classes)``, whose C++ reads the labels only to
    check them: traced as torch.compile's decomposition computes it, which

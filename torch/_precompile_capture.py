@@ -4881,6 +4881,23 @@ def _fill_randoms_in_eager_memory_order(graph: torch.fx.GraphModule) -> None:
     graph.recompile()
 
 
+def _refuse_reordered_draws(graph: torch.fx.GraphModule) -> None:
+    """A graph with a draw fn never uses and another draw, which this torch's Inductor may run
+    in another order than eager (Note invariant 11, RNG: each draw starts where the previous
+    one left the generator), so the numbers would differ from eager's: refused."""
+    draws = [
+        node for node in graph.graph.nodes
+        if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+    ]
+    if len(draws) > 1:
+        raise PrecompileError(
+            f"fn draws random numbers it never uses ({draws[0].target}{_source_of(draws[0])}; transformers' "
+            f"LayerDrop draws so) besides other draws: backend='inductor' on torch {torch.__version__} may run "
+            "such a draw after later ones, which would then draw other numbers than eager. Precompile with "
+            "backend='eager', or use torch 2.13 or newer"
+        )
+
+
 def _output_unused_draws(graph: torch.fx.GraphModule) -> int:
     """Make the buffers of random draws fn never uses extra graph outputs; return how many.
 
@@ -5046,6 +5063,8 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     _refuse_strided_normal(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
     num_unused_draws = _output_unused_draws(capture.graph)
+    if num_unused_draws and not compat.INDUCTOR_KEEPS_DRAW_ORDER:
+        _refuse_reordered_draws(capture.graph)
     # The graph holds capture's autocast casts: traced again under it, Inductor would add more.
     with torch.no_grad(), compat.autocast_disabled():
         try:

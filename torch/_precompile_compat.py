@@ -516,6 +516,11 @@ INDUCTOR_STAND_INS = frozenset({"AsyncCompile", "extern_kernels", "align", "mayb
 # (under emulate_precision_casts): 2.13+; 2.11/2.12 compute it in float32.
 INDUCTOR_KEEPS_ROUNDING_CASTS = TORCH_RELEASE >= (2, 13)
 
+# Whether Inductor's scheduler keeps random draws in the graph's order where no data orders
+# them (a draw only a graph output keeps): 2.13+; 2.11 ran such a draw after later ones
+# (2.12 is taken to do so too).
+INDUCTOR_KEEPS_DRAW_ORDER = TORCH_RELEASE >= (2, 13)
+
 
 def inductor_decompositions() -> dict:
     """The decompositions Inductor applies to an ATen graph before lowering it (op -> Python
