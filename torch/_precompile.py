@@ -670,10 +670,9 @@ says who guarantees it and, where it is enforced, which tests (in
      whose numbers depend on tensor values (``rrelu``, symbolic traces'
      ``native_dropout``) is REFUSED
      (test_checkpointed_dropout_replays_the_forward_mask).  Draws fn discards
-     advance the RNG as in eager (on torch 2.11-2.12 Inductor may run two
-     draws in another order: the RNG state after the call is eager's, the
-     two masks may be swapped; use backend='eager' there where that
-     matters), and fills into strided tensors draw eager's
+     advance the RNG as in eager (on torch 2.11-2.12 Inductor may run such a
+     draw after later ones, which would swap the numbers: backend='inductor'
+     there REFUSES a discarded draw beside other draws), and fills into strided tensors draw eager's
      numbers (test_unused_random_draws_advance_the_rng_like_eager,
      test_random_fills_into_strided_tensors_match_eager); REFUSED at capture:
      ``x.random_(low, high)`` (make_fx cannot record ``random_.from``) and, on
@@ -809,9 +808,8 @@ says who guarantees it and, where it is enforced, which tests (in
    the truth of a fresh ``torch.rand`` draw compared with a bound outside
    [0, 1], which every call decides alike (transformers' LayerDrop with
    ``layerdrop=0``: BART, OPT, Whisper training; the bound is a module value
-   checked at every call, the draw stays in the graph; backend='inductor' on
-   torch 2.11/2.12 refuses such an unused draw beside others, as its scheduler
-   may run it after later draws:
+   checked at every call, the draw stays in the graph, as a draw fn
+   discards (invariant 11, RNG):
    test_a_draw_compared_with_a_bound_outside_its_range_is_honoured), and so
    is ``F.one_hot(labels, num_classes)``, whose C++ reads the labels only to
    check them: traced as torch.compile's decomposition computes it, which
