@@ -3373,7 +3373,7 @@ class _TensorAttributes:
 
     def missing(tensor: torch.Tensor, name: str) -> Any:  # a plain function: Tensor.__getattr__
         reads = getattr(_TensorAttributes._tracing, "current", None)
-        entry = None if reads is None else reads._of.get(id(tensor))
+        entry = _TensorAttributes._traced_argument(tensor)
         if entry is None:
             raise AttributeError(f"{type(tensor).__name__!r} object has no attribute {name!r}", name=name, obj=tensor)
         index, path, caller = entry
@@ -3391,13 +3391,18 @@ class _TensorAttributes:
         return value
 
     @staticmethod
+    def _traced_argument(tensor: torch.Tensor) -> tuple | None:
+        """(graph input index, path, the caller's tensor) of a stand-in this thread's trace holds, else None."""
+        reads = getattr(_TensorAttributes._tracing, "current", None)
+        return None if reads is None else reads._of.get(id(tensor))
+
+    @staticmethod
     def deleting(delete: Callable) -> Callable:
         """``Tensor.__delattr__`` during capture: deleting the caller's attribute, which the stand-in
         does not carry, refused as setting one is (rather than the stand-in's AttributeError)."""
 
         def refusing_delete(tensor: torch.Tensor, name: str) -> None:
-            reads = getattr(_TensorAttributes._tracing, "current", None)
-            entry = None if reads is None else reads._of.get(id(tensor))
+            entry = _TensorAttributes._traced_argument(tensor)
             if entry is not None and name not in vars(tensor) and hasattr(entry[2], name):
                 raise _attribute_change_error(entry[1], name)
             delete(tensor, name)
