@@ -520,6 +520,37 @@ class TestReadGuards(TestCase):
         f = precompile.load(*precompile(step, fresh, x, labels, backend="eager"))
         torch.testing.assert_close(f(fresh, x, labels), step(reference, x, labels))
         torch.testing.assert_close(fresh.head.weight.grad, reference.head.weight.grad)
+        # The refused capture left the config as it was: the advice is needed, not a second precompile.
+        self.assertIsNone(model.config.problem_type)
+        with self.assertRaisesRegex(PrecompileError, re.escape(advice)):
+            precompile(step, model, x, labels, backend="eager")
+
+    def test_config_writes_fn_makes_without_reading_are_refused_and_undone(self):
+        config = types.SimpleNamespace(eps=1e-5, nested=types.SimpleNamespace(scale=2.0))
+
+        class Counting(nn.Module):
+            def __init__(self, write):
+                super().__init__()
+                self.config, self.lin, self.write = config, nn.Linear(4, 4), write
+
+            def forward(self, x):
+                self.write(self.config)
+                return self.lin(x) * self.config.nested.scale + self.config.eps
+
+        for write, message in (
+            (lambda c: setattr(c, "calls", 1), r"sets args\[0\]\.config\.calls to 1"),
+            (lambda c: setattr(c.nested, "seen", True), r"sets args\[0\]\.config\.nested\.seen to True"),
+            (lambda c: delattr(c, "eps") or setattr(c, "eps", 1e-5), None),  # put back as it was: no change
+        ):
+            model, x = Counting(write), torch.randn(2, 4)
+            if message is None:
+                f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+                torch.testing.assert_close(f(model, x), model(x))
+                continue
+            with self.assertRaisesRegex(PrecompileError, r"^fn changes the modules it receives beyond their tensors' values: it " + message):
+                precompile(lambda m, x: m(x), model, x, backend="eager")
+            self.assertEqual(vars(config), {"eps": 1e-5, "nested": config.nested})
+            self.assertEqual(vars(config.nested), {"scale": 2.0})
 
     def test_namespaces_and_frozen_dataclasses(self):
         """Config objects of classes that cannot be probed (SimpleNamespace) or set (frozen dataclasses)."""

@@ -241,17 +241,21 @@ says who guarantees it and, where it is enforced, which tests (in
    taken before the first trace: each submodule's ``__dict__`` (attributes
    set, rebound or deleted) and the contents of the containers nn.Module
    keeps there (every hook dict, children, parameters, buffers;
-   ``compat.module_containers``).  A refusal thus leaves no hook or flag a
+   ``compat.module_containers``), and the ``__dict__`` of each plain
+   object fn reaches through them (a config), from a snapshot taken at fn's
+   first read of it.  A refusal thus leaves no hook or flag a
    library installed at fn's first call (transformers' output capturing for
    ``output_hidden_states``, which would make every artifact of that model
    refuse its calls), and no trace's tensor in a module (an RNN's
    ``_flat_weights``).  What fn itself changes during a trace (compared
    with its modules as the trace began, the trace's stand-ins for their
    tensors counting as the caller's) and no other check refuses -- an
-   attribute fn sets without reading it, a hook or submodule it registers
-   -- is refused naming it: eager's call leaves it on the model, the
+   attribute fn sets without reading it (on a module or on such an object:
+   ``config.calls = 1``), a hook or submodule it registers -- is refused
+   naming it: eager's call leaves it on the model, the
    artifact's would not (test_hooks_fn_installs_are_removed_when_capture_refuses,
    test_module_changes_no_other_check_refuses_are_refused_and_undone,
+   test_precompile_read_guards.py test_config_writes_fn_makes_without_reading_are_refused_and_undone,
    test_what_the_trace_leaves_in_a_module_is_undone;
    test_precompile_llm.py test_hidden_states_hooks_are_removed_when_capture_refuses).
 9. Kernels are machine code.  Cached kernels load only when the cache's build
@@ -732,9 +736,8 @@ says who guarantees it and, where it is enforced, which tests (in
      artifact never would (put back where it holds a tensor the trace made)
      (test_python_state_fn_changes_around_its_arguments_is_refused_and_put_back).
    Caller's responsibility (not recorded, stated here so nothing is baked
-   silently): fn's other Python side effects (printing, setting a plain
-   module attribute fn does not read, a change deeper inside state it
-   reaches around its arguments) happen once, at capture, as under any
+   silently): fn's other Python side effects (printing, a change deeper
+   inside state it reaches around its arguments) happen once, at capture, as under any
    tracer; functions,
    methods and modules that modules hold are code, like fn itself, and so
    are the modules' classes: a class redefined under the same import path (a

@@ -2222,7 +2222,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         _seen_as_export(),
         compat.checkpoint_regions_as_in_eager(),
         _caller_grads_kept(args),
-        _ModuleReads(args) as module_reads,
+        _ModuleReads(args, kept) as module_reads,
         _StateReads(),
     ):
 
@@ -2999,7 +2999,8 @@ class _ModuleReads:
     _probes: dict = {}  # (original class, is a module) -> its probe subclass
     _tracing = threading.local()  # .log: the _ModuleReads of this thread's capture
 
-    def __init__(self, args: _Arguments):
+    def __init__(self, args: _Arguments, kept: "_KeptModules"):
+        self.kept = kept  # restores the plain objects followed, with the modules
         self.modules = {}  # id -> (path, module, class, mode), first path of shared submodules
         for path, sub in runtime.named_submodules(args.module_positions, args.modules):
             self.modules.setdefault(id(sub), (path, sub, type(sub), sub.training))
@@ -3115,14 +3116,19 @@ class _ModuleReads:
             odd = [leaf for leaf in leaves if not _has_literal(leaf)]
             return ("refused", f"a {type(value).__name__} holding {_describe_type(odd[0]) if odd else 'keys of no plain type'}")
         if type(getattr(value, "__dict__", None)) is dict and type(value).__module__ != "builtins":
-            self._follow(value)
+            self._follow(f"{self._path_of(obj)}.{name}", value)
             return ("object", value)
         return ("refused", _describe_type(value))
 
-    def _follow(self, obj: Any) -> None:
-        """Log reads of a plain object (a config) from now on, as of a module."""
+    def _path_of(self, obj: Any) -> str:
+        """Where fn first reached a module or plain object: ``args[0].config``."""
+        return self.modules[id(obj)][0] if id(obj) in self.modules else self.kept.objects[id(obj)][0]
+
+    def _follow(self, path: str, obj: Any) -> None:
+        """Log reads of a plain object (a config, at ``path``) from now on, as of a module."""
         if id(obj) in self.objects:
             return
+        self.kept.keep_object(path, obj)
         cls = type(obj)
         try:
             object.__setattr__(obj, "__class__", self._probe(cls, module=False))
@@ -3472,16 +3478,21 @@ class _ModuleState:
     def restore(self) -> None:
         """Put the module back as it was, writing only what differs (the driver watches these
         dicts' versions: an unchanged one stays valid)."""
-        for name in [name for name in self.values if name not in self.before]:
-            del self.values[name]
-        for name, old in self.before.items():
-            if self.values.get(name, schema.MISSING) is not old:
-                self.values[name] = old
+        _put_back(self.values, self.before)
         for name, old in self.contents.items():
             container = self.values[name]
             if not _same_entries(container, old):
                 container.clear()
                 container.update(old)
+
+
+def _put_back(values: dict, before: dict) -> None:
+    """Make ``values`` (an object's ``__dict__``) hold ``before``'s entries, writing only what differs."""
+    for name in [name for name in values if name not in before]:
+        del values[name]
+    for name, old in before.items():
+        if values.get(name, schema.MISSING) is not old:
+            values[name] = old
 
 
 def _same_entries(container: Any, old: Any) -> bool:
@@ -3534,10 +3545,29 @@ class _KeptModules:
     def __init__(self, args: _Arguments):
         self.args = args
         self.states = _module_states(args)
+        self.objects: dict[int, tuple[str, dict, dict]] = {}  # id -> (path, a plain object's __dict__, its entries)
+
+    def keep_object(self, path: str, obj: Any) -> None:
+        """Also keep a plain object fn reached through its modules (a config, at ``path``), as it is
+        now: before fn's first read of it, so a default fn fills in (``config.problem_type``) does not stay."""
+        if id(obj) not in self.objects:
+            values = object.__getattribute__(obj, "__dict__")
+            self.objects[id(obj)] = (path, values, dict(values))
+
+    def object_changes(self) -> list:
+        """What differs in the plain objects kept: attributes set, rebound or deleted."""
+        return [
+            _Change(path, None, name, before.get(name, schema.MISSING), values.get(name, schema.MISSING))
+            for path, values, before in self.objects.values()
+            for name in _changed_keys(before, values)
+            if not _equal_values(before.get(name, schema.MISSING), values.get(name, schema.MISSING), {})
+        ]
 
     def restore(self) -> None:
         for state in self.states:
             state.restore()
+        for _, values, before in self.objects.values():
+            _put_back(values, before)
 
     def caller_tensors(self, traced: list) -> dict:
         """id(each tensor the modules hold in ``traced``, states taken during a trace) -> the caller's there."""
@@ -3569,7 +3599,7 @@ def _module_changes_noted(kept: _KeptModules, recorded: dict):
     states = _module_states(kept.args)
     yield
     caller_tensors = kept.caller_tensors(states)
-    changes = [change for state in states for change in state.diff(caller_tensors)]
+    changes = [change for state in states for change in state.diff(caller_tensors)] + kept.object_changes()
     stored = [change for change in changes if change.container is None and isinstance(change.new, torch.Tensor)]
     if stored:
         raise PrecompileError(
