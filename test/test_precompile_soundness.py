@@ -314,6 +314,24 @@ class TestSoundness(TestCase):
                 saved.backward()
 
     @parametrize("backend", BACKENDS)
+    def test_batch_norm_whose_output_is_discarded_updates_running_stats(self, backend):
+        """A train-mode BatchNorm whose output fn drops (a pass that only refreshes the running
+        stats, as SWA's update_bn makes) updates them in eager: aten.native_batch_norm's schema
+        does not say it writes them, and the eager graph's dead-code pass removed it."""
+        def refresh(model, x):
+            with torch.no_grad():
+                model(x)
+            return x.sum()
+
+        x = torch.randn(8, 4)
+        f = precompile.load(*precompile(refresh, nn.BatchNorm1d(4), x, backend=backend))
+        expected, got = nn.BatchNorm1d(4), nn.BatchNorm1d(4)
+        refresh(expected, x)
+        f(got, x)
+        for name, buffer in expected.named_buffers():
+            self.assertEqual(dict(got.named_buffers())[name], buffer, msg=name)
+
+    @parametrize("backend", BACKENDS)
     def test_outputs_fn_computes_are_new_tensors(self, backend):
         """``x + zeros`` is a new tensor in eager: a write to it must not reach x or a parameter
         (Inductor's folding of uniform constants returned the operand itself)."""

@@ -4527,11 +4527,32 @@ class _Lowered:
     header_code: str = ""  # header constants the graph section depends on
 
 
+# ATen ops that write their running_mean / running_var arguments (when training with
+# stats) although their schemas carry no mutation annotation, so Node.is_impure misses them.
+_UNANNOTATED_STAT_WRITERS = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+
+
+def _is_impure_in_eager_graph(node: torch.fx.Node) -> bool:
+    if node.is_impure():
+        return True
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == "aten"
+        and target._schema.name.removeprefix("aten::") in _UNANNOTATED_STAT_WRITERS
+    )
+
+
 def _lower_eager(capture: _Capture) -> _Lowered:
     graph = capture.graph.graph
     _name_graph_inputs(graph, capture.convention)
     _keep_user_frames(graph)
-    graph.eliminate_dead_code()  # keeps in-place and random ops (Node.is_impure)
+    # Keeps in-place and random ops (Node.is_impure), and the batch norms whose schema hides
+    # that they update running_mean / running_var in place: BatchNorm in train mode whose
+    # output fn discards (a `model(x)` pass that only refreshes the running stats) still
+    # updates them in eager.
+    graph.eliminate_dead_code(is_impure_node=_is_impure_in_eager_graph)
     # verbose: each node's shape/dtype and, where capture recorded one, its source line.
     code = graph.python_code(root_module="self", verbose=True, expanded_def=True)
     imports, unknown = compat.fx_builtin_imports(code.globals)
