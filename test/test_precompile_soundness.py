@@ -314,6 +314,40 @@ class TestSoundness(TestCase):
                 saved.backward()
 
     @parametrize("backend", BACKENDS)
+    def test_batch_norm_whose_output_is_discarded_updates_running_stats(self, backend):
+        """A train-mode BatchNorm whose output fn drops (a pass that only refreshes the running
+        stats, as SWA's update_bn makes) updates them in eager: aten.native_batch_norm's schema
+        does not say it writes them, and the eager graph's dead-code pass removed it."""
+        def refresh(model, x):
+            with torch.no_grad():
+                model(x)
+            return x.sum()
+
+        x = torch.randn(8, 4)
+        f = precompile.load(*precompile(refresh, nn.BatchNorm1d(4), x, backend=backend))
+        expected, got = nn.BatchNorm1d(4), nn.BatchNorm1d(4)
+        refresh(expected, x)
+        f(got, x)
+        for name, buffer in expected.named_buffers():
+            self.assertEqual(dict(got.named_buffers())[name], buffer, msg=name)
+
+    def test_nearest_upsampling_by_a_scale_factor_is_differentiated_as_eager_or_refused(self):
+        """Inductor's upsample_nearest2d_backward ignores the scale: with scale_factor=1.7 the
+        gradient went to other input pixels than eager's (the forward was right)."""
+        def step(m, scale):
+            out = F.interpolate(m.weight[None, None], scale_factor=scale, mode="nearest")
+            (out * torch.arange(out.numel(), dtype=out.dtype).view(out.shape)).sum().backward()
+            return out.detach()
+
+        with self.assertRaisesRegex(PrecompileError, r"nearest upsampling with scale_factor=1.7 \(4 -> 6\).*size="):
+            precompile(lambda m: step(m, 1.7), nn.Linear(5, 4), backend="inductor")
+        f = precompile.load(*precompile(lambda m: step(m, 2.0), nn.Linear(5, 4), backend="inductor"))
+        expected, got = nn.Linear(5, 4), nn.Linear(5, 4)
+        got.load_state_dict(expected.state_dict())
+        self.assertEqual(f(got), step(expected, 2.0))
+        self.assertEqual(got.weight.grad, expected.weight.grad)
+
+    @parametrize("backend", BACKENDS)
     def test_outputs_fn_computes_are_new_tensors(self, backend):
         """``x + zeros`` is a new tensor in eager: a write to it must not reach x or a parameter
         (Inductor's folding of uniform constants returned the operand itself)."""

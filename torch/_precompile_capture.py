@@ -4557,11 +4557,32 @@ class _Lowered:
     header_code: str = ""  # header constants the graph section depends on
 
 
+# ATen ops that write their running_mean / running_var arguments (when training with
+# stats) although their schemas carry no mutation annotation, so Node.is_impure misses them.
+_UNANNOTATED_STAT_WRITERS = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+
+
+def _is_impure_in_eager_graph(node: torch.fx.Node) -> bool:
+    if node.is_impure():
+        return True
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == "aten"
+        and target._schema.name.removeprefix("aten::") in _UNANNOTATED_STAT_WRITERS
+    )
+
+
 def _lower_eager(capture: _Capture) -> _Lowered:
     graph = capture.graph.graph
     _name_graph_inputs(graph, capture.convention)
     _keep_user_frames(graph)
-    graph.eliminate_dead_code()  # keeps in-place and random ops (Node.is_impure)
+    # Keeps in-place and random ops (Node.is_impure), and the batch norms whose schema hides
+    # that they update running_mean / running_var in place: BatchNorm in train mode whose
+    # output fn discards (a `model(x)` pass that only refreshes the running stats) still
+    # updates them in eager.
+    graph.eliminate_dead_code(is_impure_node=_is_impure_in_eager_graph)
     # verbose: each node's shape/dtype and, where capture recorded one, its source line.
     code = graph.python_code(root_module="self", verbose=True, expanded_def=True)
     imports, unknown = compat.fx_builtin_imports(code.globals)
@@ -4855,6 +4876,46 @@ def _refuse_strided_normal(graph: torch.fx.GraphModule) -> None:
             )
 
 
+def _refuse_scaled_nearest_backward(graph: torch.fx.GraphModule) -> None:
+    """Inductor's lowering of aten.upsample_nearest2d_backward ignores its scales_h / scales_w and
+    maps each output row and column to the input from the sizes alone, where eager's kernels
+    (forward and backward) use 1 / scale_factor: with ``F.interpolate(x, scale_factor=1.7,
+    mode="nearest")`` the gradient goes to other input pixels.  (torch.compile differentiates
+    the forward's decomposition instead and never meets this op; the trace records eager's
+    backward.)  Refused where the two maps differ."""
+    for node in graph.graph.find_nodes(op="call_function", target=torch.ops.aten.upsample_nearest2d_backward.default):
+        args = list(node.args) + [None] * (5 - len(node.args))
+        output_size = node.kwargs.get("output_size", args[1])
+        input_size = node.kwargs.get("input_size", args[2])
+        scales = (node.kwargs.get("scales_h", args[3]), node.kwargs.get("scales_w", args[4]))
+        for out_size, in_size, scale in zip(tuple(output_size)[-2:], tuple(input_size)[-2:], scales):
+            if scale is None:
+                continue
+            if not (isinstance(out_size, int) and isinstance(in_size, int)) or _nearest_map(
+                out_size, in_size, scale
+            ) != _nearest_map(out_size, in_size, None):
+                raise PrecompileError(
+                    f"fn differentiates a nearest upsampling with scale_factor={scale} ({in_size} -> "
+                    f"{out_size}){_source_of(node)}: backend='inductor' would send the gradient to other input "
+                    "pixels than eager (its upsample_nearest2d_backward ignores the scale). Pass size= "
+                    "instead of scale_factor (or recompute_scale_factor=True), or use backend='eager'"
+                )
+
+
+def _nearest_map(out_size: int, in_size: int, scale: float | None) -> list:
+    """The input index of each output index of eager's nearest upsampling (ATen's nearest_idx):
+    float32 1 / scale where a scale is given, else in_size / out_size (exact)."""
+    if out_size == in_size:
+        return list(range(out_size))
+    if out_size == 2 * in_size:
+        return [o >> 1 for o in range(out_size)]
+    if scale is None or scale <= 0:
+        return [min(o * in_size // out_size, in_size - 1) for o in range(out_size)]
+    factor = torch.tensor(1.0 / scale, dtype=torch.float32)
+    rows = torch.floor(torch.arange(out_size, dtype=torch.float32) * factor).to(torch.int64)
+    return rows.clamp(max=in_size - 1).tolist()
+
+
 def _memory_order(value: Any) -> list | None:
     """The dims of a non-contiguous, non-overlapping tensor, outermost first; None for any other value."""
     if (
@@ -5096,6 +5157,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     _keep_copies_of_written_inputs(capture.graph)
     _keep_traced_dtypes(capture.graph)
     _refuse_strided_normal(capture.graph)
+    _refuse_scaled_nearest_backward(capture.graph)
     _fill_randoms_in_eager_memory_order(capture.graph)
     num_unused_draws = _output_unused_draws(capture.graph)
     if num_unused_draws and not compat.INDUCTOR_KEEPS_DRAW_ORDER:
