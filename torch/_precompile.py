@@ -142,7 +142,10 @@ says who guarantees it and, where it is enforced, which tests (in
 5. Side effects.  Effectful ops and control-flow higher-order ops are refused
    at capture, and so is rebinding a module attribute instead of updating it
    in place; in-place updates of buffers and inputs (BatchNorm running stats,
-   a StaticCache) are part of the graph and happen at every call.  An input
+   a StaticCache) are part of the graph and happen at every call, also where
+   fn discards the op's output (a pass that only refreshes BatchNorm's
+   statistics, whose ATen schema hides the write: the eager backend's
+   dead-code pass keeps it; test_batch_norm_whose_output_is_discarded_updates_running_stats).  An input
    object fn changes beyond its tensors' values (an attribute rebound, as a
    DynamicCache's update does; an element or key added) is recorded as it is
    after fn (``convention.rebound_inputs``: its tree becomes part of the
@@ -683,6 +686,11 @@ says who guarantees it and, where it is enforced, which tests (in
      backend='inductor', ``normal_`` into a non-contiguous tensor of 16+
      elements, which eager's CPU kernel draws differently
      (test_normal_into_a_non_contiguous_tensor).
+   - On backend='inductor', the gradient of a nearest upsampling whose
+     ``scale_factor`` maps pixels otherwise than its sizes do (1.7, not 2):
+     REFUSED at capture, as Inductor's ``upsample_nearest2d_backward``
+     ignores the scale and would send the gradient to other pixels
+     (test_nearest_upsampling_by_a_scale_factor_is_differentiated_as_eager_or_refused).
    Gradients and writes
    - ``.grad`` read or cleared inside fn: LIFTED (invariant 13).
    - Writes to tensors that are not arguments: REFUSED (invariant 14).
