@@ -480,6 +480,12 @@ class TestCaptureContract(TestCase):
     def test_unsupported_leaf_refused(self):
         with self.assertRaisesRegex(PrecompileError, r"args\[1\]: unsupported leaf of type slice"):
             precompile(lambda x, d: x + 1, torch.randn(2), slice(1), backend="eager")
+        # Python's and torch's own types get no advice to register them as pytree nodes.
+        for leaf in (torch.float32, {1}, 1j):
+            with self.assertRaisesRegex(
+                PrecompileError, rf"^fn's output leaf 1: .* A {type(leaf).__name__} cannot be carried there: .*str\(value\)"
+            ):
+                precompile(lambda x: (x + 1, leaf), torch.randn(2), backend="eager")  # noqa: B023
 
     @parametrize(
         "name",

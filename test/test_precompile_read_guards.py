@@ -389,6 +389,16 @@ class TestReadGuards(TestCase):
                 delattr(model.get_submodule(path), name)
                 torch.testing.assert_close(f(model, x), model(x))
 
+    def test_a_value_of_another_type_with_the_same_repr_is_named_by_its_type(self):
+        class Momentum(float):
+            pass
+
+        model, x = nn.BatchNorm1d(4), torch.randn(5, 4)
+        f = precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        model.momentum = Momentum(0.1)
+        with self.assertRaisesRegex(PrecompileError, r"^args\[0\]\.momentum is 0\.1 of type .*Momentum, but was 0\.1 at capture"):
+            f(model, x)
+
     def test_enum_or_numpy_output_leaf_is_refused_not_a_syntax_error(self):
         """An output leaf is returned as recorded: only plain int, float, bool, str or None."""
         for leaf, kind in ((_Mode.SUM, "_Mode"), (np.float64(1.0), "float64")):

@@ -331,6 +331,28 @@ class TestSoundness(TestCase):
         for name, buffer in expected.named_buffers():
             self.assertEqual(dict(got.named_buffers())[name], buffer, msg=name)
 
+    @parametrize("backend", BACKENDS)
+    def test_a_backward_through_a_returned_view_of_a_parameter_reaches_it(self, backend):
+        """A view of a parameter fn returns was made with grad mode off: it said requires_grad
+        but had no history, so a backward through it left .grad untouched and raised nothing."""
+        def rows(m, x):
+            return m.weight[0], m.weight.t(), x * 2
+
+        x = torch.randn(2, 3)
+        f = precompile.load(*precompile(rows, nn.Linear(3, 3), x, backend=backend))
+        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
+        got.load_state_dict(expected.state_dict())
+        for model, run in ((expected, rows), (got, f)):
+            row, transposed, _ = run(model, x)
+            self.assertIs(row._base, model.weight)
+            (row * 2).sum().backward()
+            (transposed * torch.arange(9.0).view(3, 3)).sum().backward()
+        self.assertEqual(got.weight.grad, expected.weight.grad)
+        with torch.no_grad():  # as eager's views under no_grad: no history
+            row = f(got, x)[0]
+        self.assertIsNone(row.grad_fn)
+        self.assertEqual(row.requires_grad, rows(expected, x)[0].requires_grad)
+
     def test_nearest_upsampling_by_a_scale_factor_is_differentiated_as_eager_or_refused(self):
         """Inductor's upsample_nearest2d_backward ignores the scale: with scale_factor=1.7 the
         gradient went to other input pixels than eager's (the forward was right)."""

@@ -135,10 +135,11 @@ says who guarantees it and, where it is enforced, which tests (in
    parameters receive a gradient is fixed at capture.  A buffer or user input
    that would receive a gradient is refused.  The runnable's outputs carry no
    autograd history: backward must happen inside fn.  An output that is a view
-   of a parameter (``m.weight.t()``) is made with grad mode off, so after its
-   base is updated in place (an optimizer step) autograd refuses to use it
-   with grad mode on, where eager's view would record that use.  Enforced
-   (TestTraining, test_precompile_zoo.py).
+   of a tensor argument requiring grad (``m.weight.t()``) is made again from
+   that argument after the graph, in the caller's grad mode, so a backward
+   through it reaches the parameter as through eager's view (its node is
+   ``AsStridedBackward0``; test_a_backward_through_a_returned_view_of_a_parameter_reaches_it).
+   Enforced (TestTraining, test_precompile_zoo.py).
 5. Side effects.  Effectful ops and control-flow higher-order ops are refused
    at capture, and so is rebinding a module attribute instead of updating it
    in place; in-place updates of buffers and inputs (BatchNorm running stats,
@@ -760,8 +761,9 @@ says who guarantees it and, where it is enforced, which tests (in
    is baked (pass it as an argument to have it checked; a module argument
    reached there is refused, invariant 2); a user input's own ``.grad`` (the trace
    sees None) and a user input that is the ``.grad`` of a parameter
-   backward accumulates into (the runnable adds to ``.grad`` after the
-   graph); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
+   backward accumulates into, or a view of it (the runnable adds to
+   ``.grad`` after the graph, so fn reading it after backward sees it as
+   before); ``torch.nn.utils.parametrize.cached()`` around a call (the graph
    computes each parametrization anew); one input
    object passed at two places where fn rebinds its tensors (a cache layer
    shared by two layers), where the capture had two; ``nn.TransformerEncoder``'s nested-tensor fast path
@@ -786,7 +788,10 @@ says who guarantees it and, where it is enforced, which tests (in
    ``cross_entropy`` target), which Inductor's CPU kernels check with an
    abort of the process instead of an IndexError (the check throws inside
    an OpenMP region, as torch.compile's parallel kernels do): validate
-   indices outside fn or use backend='eager';
+   indices outside fn or use backend='eager'; an in-place op whose other
+   operand partly overlaps the tensor it writes (``x.mul_(x[:, :1])``),
+   where eager's kernel reads elements it already wrote and Inductor, as
+   torch.compile, reads them all first;
    likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero,
    which kills the process (SIGFPE) where eager raises, and the float edge
    cases Inductor lowers otherwise than eager (``inf // 1.5`` is inf, not

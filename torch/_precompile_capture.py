@@ -552,6 +552,11 @@ def _how_to_register(value: Any) -> str:
             "draws anew from it at every call, as eager does) and seed that outside fn (torch.manual_seed), "
             "or draw with your generator outside fn and pass the numbers in as a tensor argument"
         )
+    if cls.__module__ in ("builtins", "torch"):  # a type of Python's or torch's own (set, slice, dtype): not one to register
+        return (
+            f". A {cls.__qualname__} cannot be carried there: pass or return it as one of those types "
+            "(str(value), a tuple), or use it outside fn"
+        )
     return (
         f". To pass a {cls.__qualname__}, register it: torch.utils._pytree.register_pytree_node({cls.__qualname__}, "
         "flatten_fn, unflatten_fn, serialized_type_name=..., flatten_with_keys_fn=...); its tensors "
@@ -2266,10 +2271,9 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
 
     mutated = _mutated_inputs(graph, num_inputs)
     _refuse_aliased_examples(args, mutated, same)
-    output_views = ()
     if backend == "inductor":
         _refuse_input_layout_changes(graph, args)
-        output_views = _output_views(graph, example, output_leaves, args)
+    output_views = _output_views(graph, example, output_leaves, args, backend == "inductor")
     data_parallel = {argument.module_index: argument.spec for argument in args.data_parallel}
     free_by_leaf: dict[int, list] = {}
     for leaf, dim, group, low, high in sizes:
@@ -2460,7 +2464,7 @@ def _refuse_aliased_examples(args: _Arguments, mutated: set, same: list) -> None
                 )
 
 
-def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, args: _Arguments) -> tuple:
+def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, args: _Arguments, inductor: bool) -> tuple:
     """fn's tensor outputs that are a tensor input (state or user) or a view of one (Note invariant 11).
 
     Inductor returns fresh buffers, so a write through such an output would not
@@ -2468,6 +2472,10 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     The graph says which input an output aliases; the example tensors give the
     view's layout, which must be static.  A view the driver cannot rebuild (of
     a .grad or optimizer state, lazily conjugated, another dtype) is refused.
+    The eager graph returns the views themselves, made with grad mode off: there
+    the driver rebuilds only views of a tensor that requires grad, in the
+    caller's grad mode, so that a backward through one reaches its base as in
+    eager (invariant 4); the rest it returns as the graph made them.
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -2481,6 +2489,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     grad_roots = {root(node) for node in grads}
     views = []
     for k, node in enumerate(returned[: len(outputs)]):
+        if not inductor and not _rebuilt_in_eager(node, args, placeholders, inputs_by_root, root):
+            continue
         if isinstance(node, torch.fx.Node) and root(node) in grad_roots and _through_in_place_ops(node) not in grads:
             raise PrecompileError(
                 f"fn returns a view of a .grad or of optimizer state (fn's output {k}{_source_of(node)}): "
@@ -2512,6 +2522,17 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
             )
         views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), out.storage_offset() - base.storage_offset()))
     return tuple(views)
+
+
+def _rebuilt_in_eager(node: Any, args: _Arguments, placeholders: list, inputs_by_root: dict, root: Callable) -> bool:
+    """Whether the eager graph's output ``node`` is a view of a tensor input that requires grad
+    (not the input itself), which the driver rebuilds in the caller's grad mode."""
+    index = inputs_by_root.get(root(node)) if isinstance(node, torch.fx.Node) else None
+    if index is None or _through_in_place_ops(node) is placeholders[index]:
+        return False
+    num_state = len(args.lifted)
+    caller = args.lifted[index].tensor if index < num_state else args.input_leaves[args.tensor_indices[index - num_state]]
+    return caller.requires_grad
 
 
 def _through_in_place_ops(node: torch.fx.Node) -> torch.fx.Node:

@@ -1169,18 +1169,16 @@ class ResultWriter:
         self._rebound_in_place = self._plan_rebound_writes()
         self.written = written  # UserInputs': the rebound arguments as the last call wrote them
 
-    def store(self, outputs: Any, state: list, tensors: list, created: Any) -> Any:
-        """After the graph ran: the optimizer state it created, .grad, and outputs that alias inputs."""
+    def store(self, outputs: Any, state: list, created: Any) -> None:
+        """After the graph ran, with grad mode off: the optimizer state it created, and .grad."""
         for optimizer, entries in created:
             OptimizerArgument.stepped(optimizer, entries)
         if self.writes_grads:
             self._gradients.write(state, outputs)
-        if self._output_views:
-            outputs = self._alias_outputs(outputs, tensors)
-        return outputs
 
-    def _alias_outputs(self, outputs: Any, tensors: list) -> list:
-        """Outputs that were graph inputs or views of them at capture, rebuilt from the runtime inputs."""
+    def alias_outputs(self, outputs: Any, tensors: list) -> list:
+        """Outputs that were graph inputs or views of them at capture, rebuilt from the runtime inputs
+        in the caller's grad mode: a backward through a view of a parameter reaches it, as in eager."""
         outputs = list(outputs)
         for view in self._output_views:
             base = tensors[view.base]
@@ -1747,8 +1745,11 @@ class ModuleArguments:
                         "ran, which the graph holds: delete that instance attribute to call the artifact, or "
                         "precompile again with it set"
                     )
+                described = _describe_read(got)
+                if described == describe_literal(want):  # a value of another type with the same repr
+                    described += f" of type {type(got).__qualname__}"
                 raise PrecompileError(
-                    f"{where} is {_describe_read(got)}, but was "
+                    f"{where} is {described}, but was "
                     f"{describe_literal(want)} at capture (fn read it, so it is baked into the graph): "
                     "set it back, or precompile again"
                 )
@@ -2283,7 +2284,8 @@ class PrecompiledFunction:
         self._reads_grads = bool(convention.grad_inputs)  # the incoming .grad are graph inputs
         self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or self._reads_grads)
         self._copies_inputs = bool(self._constants or convention.output_views)
-        self._writes_state = bool(self._optimizers or self._results.writes_grads or convention.output_views)
+        self._writes_state = bool(self._optimizers or self._results.writes_grads)
+        self._output_views = bool(convention.output_views)
         self._checks_inputs = self._inputs.has_checks
         self._reads_tensor_attributes = bool(convention.tensor_attributes)
         # grad_state: each new gradient's parameter must take it as the graph computes it (grad_dtype)
@@ -2400,9 +2402,11 @@ class PrecompiledFunction:
             if len(outputs) != self._num_graph_outputs:
                 self._raise_edited(outputs)
             if self._writes_state:
-                outputs = self._results.store(outputs, grad_owners, tensors, created)
+                self._results.store(outputs, grad_owners, created)
         finally:
             _set_grad_enabled(grad_enabled)  # also where the graph itself switched it
+        if self._output_views:
+            outputs = self._results.alias_outputs(outputs, tensors)
         if self._single_output:
             return outputs[0]
         if self._plain_outputs:
