@@ -11,6 +11,7 @@ at capture, naming the path.  Artifacts are compiled once per process per
 backend; the models stay tiny.
 """
 
+import collections
 import copy
 import dataclasses
 import enum
@@ -52,6 +53,14 @@ class _Mode(str, enum.Enum):  # a str Enum: its repr is no Python literal
 class _Rope:
     def __init__(self):
         self.theta = 2.0
+
+
+class _Table(dict):  # a dict subclass: has a __dict__, holds its items outside it
+    pass
+
+
+class _Row(list):
+    pass
 
 
 class _Config:
@@ -469,6 +478,11 @@ class TestReadGuards(TestCase):
             ({1, 2}, r"a builtins\.set"),
             (np.ones(2), r"a numpy\.ndarray"),
             ([1.0, _Rope()], r"a list holding a test_precompile_read_guards\._Rope"),
+            # Subclasses of builtin values with a __dict__ are no plain objects: their items (their
+            # value) are no attribute reads, so a change of them would go unchecked.
+            (collections.OrderedDict(a=1.0), r"a collections\.OrderedDict"),
+            (_Table(a=1.0), r"a test_precompile_read_guards\._Table"),
+            (_Row([1.0]), r"a test_precompile_read_guards\._Row"),
         ):
             model = Odd(table)
             before = _state(model)

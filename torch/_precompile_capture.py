@@ -2993,6 +2993,8 @@ def _value_change_fix(path: str, old: Any, new: Any) -> str:
 # nn.Module's own bookkeeping (hook dicts, ``_parameters``, methods): the
 # driver checks structure and hooks itself, these are not values fn computes with.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | frozenset(dir(torch.nn.Module))
+# What a plain object followed by its attribute reads must not be: its items or its own value would go unrecorded.
+_BUILTIN_VALUE_TYPES = (dict, list, tuple, set, frozenset, str, bytes, int, float, complex)
 _SKIPPED = ("skipped", None)  # a read that is code, a tensor, or computed by a descriptor
 _CALLED = object()  # the value noted for a module whose hook dicts fn's call of it read
 
@@ -3136,6 +3138,10 @@ class _ModuleReads:
                 return _SKIPPED
             odd = [leaf for leaf in leaves if not _has_literal(leaf)]
             return ("refused", f"a {type(value).__name__} holding {_describe_type(odd[0]) if odd else 'keys of no plain type'}")
+        if isinstance(value, _BUILTIN_VALUE_TYPES):
+            # A subclass of a container or a number with a ``__dict__`` (OrderedDict, ``class Cfg(dict)``):
+            # its items or value are no attribute reads, which are all a followed object's reads record.
+            return ("refused", _describe_type(value))
         if type(getattr(value, "__dict__", None)) is dict and type(value).__module__ != "builtins":
             self._follow(f"{self._path_of(obj)}.{name}", value)
             return ("object", value)
