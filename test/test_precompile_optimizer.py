@@ -383,6 +383,16 @@ class TestOptimizerContract(TestCase):
             ):
                 self.capture(lambda m: torch.optim.SGD([m[0].weight, *m.parameters()], lr=0.1, momentum=0.9))
 
+    def test_adam_over_float16_parameters_is_refused(self):
+        # The traced capturable step divides sqrt(exp_avg_sq) by lr times the bias corrections in
+        # the parameters' dtype: in float16 that overflows at lr 1e-5, and the element never moves.
+        for cls in (torch.optim.Adam, torch.optim.AdamW):
+            with self.subTest(cls.__name__), self.assertRaisesRegex(
+                PrecompileError, rf"param_groups\[0\]\['params'\]\[0\] is float16: precompile traces {cls.__name__}'s capturable"
+            ):
+                model = small_mlp().half()
+                precompile(train_step_no_zero_grad, model, cls(model.parameters(), lr=1e-5), *_data()[0], backend="eager")
+
     def test_parameters_outside_module_arguments_are_refused(self):
         stray = nn.Parameter(torch.zeros(3))
         with self.assertRaisesRegex(PrecompileError, r"param_groups\[0\]\['params'\]\[4\].*not a parameter"):

@@ -939,7 +939,9 @@ says who guarantees it and, where it is enforced, which tests (in
    wrapper excepted; also at every call:
    test_step_or_zero_grad_set_on_the_optimizer_is_refused), one optimizer at
    two argument positions, a parameter listed twice in its groups
-   (test_a_parameter_twice_in_the_groups_is_refused), an optimizer argument fn also reaches through a
+   (test_a_parameter_twice_in_the_groups_is_refused), Adam / AdamW over
+   float16 parameters (the capturable step overflows float16:
+   test_adam_over_float16_parameters_is_refused), an optimizer argument fn also reaches through a
    closure or global (as for modules, invariant 2;
    test_optimizer_argument_reached_around_fn_is_refused), per-group state layouts that
    differ, free dims, an LR scheduler stepped inside fn

@@ -3789,6 +3789,13 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
                     "parameters: pass the module that owns it as an argument"
                 )
             index = parameter_index[id(param)]
+            if cls != "SGD" and lifted[index].tensor.dtype == torch.float16:
+                raise PrecompileError(
+                    f"{where} param_groups[{g}]['params'][{j}] is float16: precompile traces {cls}'s capturable "
+                    "step, whose sqrt(exp_avg_sq) / (lr * bias corrections) overflows float16 at common learning "
+                    "rates (an element with |grad| above ~6 at lr 1e-5 would not move, where eager's step moves "
+                    "it); keep float32 parameters (torch.autocast for float16 compute) or opt.step() outside fn"
+                )
             if index in seen:
                 raise PrecompileError(
                     f"{where} param_groups[{g}]['params'][{j}] is param_groups{seen[index]} again (shape "
