@@ -393,6 +393,12 @@ class TestOptimizerContract(TestCase):
                 model = small_mlp().half()
                 precompile(train_step_no_zero_grad, model, cls(model.parameters(), lr=1e-5), *_data()[0], backend="eager")
 
+    def test_optimizer_over_named_parameters_is_refused_saying_so(self):
+        with self.assertRaisesRegex(
+            PrecompileError, r"param_groups\[0\] has 'param_names': an optimizer built from named_parameters\(\) is not supported"
+        ):
+            self.capture(lambda m: torch.optim.SGD(m.named_parameters(), lr=0.1))
+
     def test_parameters_outside_module_arguments_are_refused(self):
         stray = nn.Parameter(torch.zeros(3))
         with self.assertRaisesRegex(PrecompileError, r"param_groups\[0\]\['params'\]\[4\].*not a parameter"):

@@ -3862,6 +3862,11 @@ def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
                 f"{where} param_groups[{g}][{key!r}] is a Tensor; pass a Python float (lr becomes a graph "
                 "input; other hyperparameters are baked)"
             )
+        if key == "param_names" and isinstance(value, list):
+            raise PrecompileError(
+                f"{where} param_groups[{g}] has 'param_names': an optimizer built from named_parameters() is "
+                "not supported inside fn yet; build it from model.parameters() (the names are not used by the step)"
+            )
         if key != "params" and not isinstance(value, (*schema.LEAF_VALUE_TYPES, tuple)):
             raise PrecompileError(
                 f"{where} param_groups[{g}][{key!r}]: unsupported value {value!r}; use a Python float, int, "
