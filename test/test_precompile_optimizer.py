@@ -504,6 +504,30 @@ class TestOptimizerContract(TestCase):
                     setattr(opt, name, kept)
         step(model, opt, x, y)
 
+    def test_calls_where_eagers_step_raises_are_refused(self):
+        # A beta1 of 1 (eager divides by 1 - beta1 ** step) and a plain dict for opt.state
+        # without the parameter's entry (eager's _init_group indexes it): eager raises.
+        model = small_mlp()
+        x, y = _data()[0]
+        step = precompile.load(*precompile(train_step, model, OPTIMIZERS["adam"](model), x, y, backend="eager"))
+        edits = {
+            r"param_groups\[0\]\['betas'\]\[0\] is 1, where eager's step raises ZeroDivisionError": lambda o: o.param_groups[0].__setitem__("betas", (1.0, 0.999)),
+            r"^args\[1\] \(optimizer\)\.state is a dict without an entry for param_groups\[0\]\['params'\]\[0\], where eager's step raises KeyError": lambda o: setattr(o, "state", {}),
+        }
+        for message, edit in edits.items():
+            with self.subTest(message):
+                eager_model = copy.deepcopy(model)  # eager raises after backward
+                eager_opt = OPTIMIZERS["adam"](eager_model)
+                edit(eager_opt)
+                with self.assertRaises((ZeroDivisionError, KeyError)):
+                    train_step(eager_model, eager_opt, x, y)
+                opt = OPTIMIZERS["adam"](model)
+                edit(opt)
+                before = copy.deepcopy((model.state_dict(), dict(opt.state), [p.grad for p in model.parameters()]))
+                with self.assertRaisesRegex(PrecompileError, message):
+                    step(model, opt, x, y)
+                self.assertEqual((model.state_dict(), dict(opt.state), [p.grad for p in model.parameters()]), before, atol=0, rtol=0)
+
     def test_step_hooks_are_refused(self):
         def with_hook(m):
             opt = torch.optim.SGD(m.parameters(), lr=0.1)

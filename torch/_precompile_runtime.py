@@ -3285,6 +3285,12 @@ class OptimizerArgument:
         for group_index, param_index in spec.stepped:
             param = groups[group_index]["params"][param_index]
             entry = optimizer.state.get(param)
+            if entry is None and not isinstance(optimizer.state, collections.defaultdict):
+                raise PrecompileError(
+                    f"{self.where}.state is a {type(optimizer.state).__name__} without an entry for "
+                    f"param_groups[{group_index}]['params'][{param_index}], where eager's step raises KeyError "
+                    "(torch.optim keeps a collections.defaultdict(dict)): restore it"
+                )
             if not entry:  # before eager's first step: create it as _init_group would
                 entry = entries[param] = initial_optimizer_state(spec.keys, param)
             try:
@@ -3337,13 +3343,18 @@ class OptimizerArgument:
                 f"{self.where} param_groups[{index}]{_group_key(key)} is missing, which eager's step would "
                 "raise KeyError for: put it back"
             )
-        zero = isinstance(value, (float, int)) and not isinstance(value, bool) and value == 0
-        if zero and key == "lr" and self.spec.cls != "SGD":
+        number = isinstance(value, (float, int)) and not isinstance(value, bool)
+        if number and value == 0 and key == "lr" and self.spec.cls != "SGD":
             raise PrecompileError(
                 f"{self.where} param_groups[{index}]['lr'] is 0: the captured {self.spec.cls} step is torch's "
                 "capturable formulation, which divides by lr, so an element whose gradient has been 0 so far "
                 "would become NaN where eager's step leaves it as it is; run this step with fn itself (the "
                 "artifact goes on from the state it leaves), or start the schedule above 0"
+            )
+        if number and value == 1 and key == "betas[0]":
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}]['betas'][0] is 1, where eager's step raises ZeroDivisionError "
+                "(lr / (1 - beta1 ** step)); use a beta1 below 1"
             )
         if key == "momentum" and value == 0:
             raise PrecompileError(
