@@ -2420,7 +2420,7 @@ class PrecompiledFunction:
         for optimizer in self._optimizers:
             trailing += optimizer.inputs(args[optimizer.spec.position], state, created, tensors, self._inputs.tensor_path)
         if len(self._optimizers) > 1:
-            refuse_shared_optimizers(self._optimizers, args)
+            OptimizerArgument.refuse_shared(self._optimizers, args)
         if self._reads_grads:
             trailing += self._gradients.incoming(grad_owners, tensors)
         return trailing
@@ -3313,6 +3313,40 @@ class OptimizerArgument:
         return lrs + tensors
 
     @staticmethod
+    def refuse_shared(optimizers: list, args: tuple) -> None:
+        """Two optimizer arguments are distinct objects whose state tensors share no memory.
+
+        The graph steps each optimizer argument with its own state inputs: one
+        optimizer passed twice would get its missing state created twice (the
+        second step would not see the first's), and state shared between two
+        optimizers (``o2.load_state_dict(o1.state_dict())`` keeps same-dtype
+        tensors) would be read by the second step before the first's update
+        reaches it, where eager's steps run one after the other.  Each optimizer's
+        own state is checked by ``OptimizerArgument`` (``_unshared``: the tensors
+        last checked); this compares them across optimizers, at every call."""
+        seen = {}
+        for optimizer in optimizers:
+            position = optimizer.spec.position
+            first = seen.setdefault(id(args[position]), position)
+            if first != position:
+                raise PrecompileError(
+                    f"args[{first}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
+                    "argument with its own state, where eager's steps would share it: pass distinct optimizers"
+                )
+        tensors = [tensor for optimizer in optimizers for tensor in optimizer._unshared]
+        if _distinct_storages(tensors):
+            return
+        named = [(optimizer._state_name(j), tensor) for optimizer in optimizers for j, tensor in enumerate(optimizer._unshared)]
+        owner = [optimizer.spec.position for optimizer in optimizers for _ in optimizer._unshared]
+        for j, (name, tensor) in enumerate(named):
+            for k in range(j):
+                if owner[k] != owner[j] and _is_alias_of(tensor, named[k][1]):
+                    raise PrecompileError(
+                        f"{name} shares memory with {named[k][0]}; the artifact updates each state tensor as its "
+                        "own: give it a tensor of its own (.clone() it) before the call"
+                    )
+
+    @staticmethod
     def stepped(optimizer: Any, entries: dict) -> None:
         """After the graph stepped ``optimizer``: keep the state it created, as eager's step does."""
         optimizer.state.update(entries)
@@ -3415,40 +3449,6 @@ class OptimizerArgument:
                         f"{name} shares memory with {other}; the artifact updates each state tensor as its "
                         "own: give it a tensor of its own (.clone() it) before the call"
                     )
-
-
-def refuse_shared_optimizers(optimizers: list, args: tuple) -> None:
-    """Two optimizer arguments are distinct objects whose state tensors share no memory.
-
-    The graph steps each optimizer argument with its own state inputs: one
-    optimizer passed twice would get its missing state created twice (the
-    second step would not see the first's), and state shared between two
-    optimizers (``o2.load_state_dict(o1.state_dict())`` keeps same-dtype
-    tensors) would be read by the second step before the first's update
-    reaches it, where eager's steps run one after the other.  Each optimizer's
-    own state is checked by ``OptimizerArgument`` (``_unshared``: the tensors
-    last checked); this compares them across optimizers, only when one changed."""
-    seen = {}
-    for optimizer in optimizers:
-        position = optimizer.spec.position
-        first = seen.setdefault(id(args[position]), position)
-        if first != position:
-            raise PrecompileError(
-                f"args[{first}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
-                "argument with its own state, where eager's steps would share it: pass distinct optimizers"
-            )
-    tensors = [tensor for optimizer in optimizers for tensor in optimizer._unshared]
-    if _distinct_storages(tensors):
-        return
-    named = [(optimizer._state_name(j), tensor) for optimizer in optimizers for j, tensor in enumerate(optimizer._unshared)]
-    owner = [optimizer.spec.position for optimizer in optimizers for _ in optimizer._unshared]
-    for j, (name, tensor) in enumerate(named):
-        for k in range(j):
-            if owner[k] != owner[j] and _is_alias_of(tensor, named[k][1]):
-                raise PrecompileError(
-                    f"{name} shares memory with {named[k][0]}; the artifact updates each state tensor as its "
-                    "own: give it a tensor of its own (.clone() it) before the call"
-                )
 
 
 # ~~~~ driver part: input_objects ~~~~
