@@ -10,6 +10,7 @@ built once per test process (``_artifact``); models stay tiny.
 """
 
 import copy
+import warnings
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ TOLERANCE = {"atol": 1e-6, "rtol": 1e-5}
 BIT_EXACT_ON_EAGER = ("sgd", "sgd_nesterov")
 
 _ARTIFACTS: dict = {}
+_global_optimizer = None  # test_optimizer_argument_reached_around_fn_is_refused
 
 
 def _groups(model):
@@ -310,6 +312,42 @@ class TestOptimizerSemantics(OptimizerTestCase):
         model[2].weight.grad = torch.ones_like(model[2].weight)
         self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture")
 
+    def test_adam_call_with_lr_zero_is_refused(self):
+        # The trace steps Adam/AdamW in torch's capturable formulation, which divides by lr: at
+        # lr 0 (a warmup from 0) an element whose gradient has been 0 (an embedding row no batch
+        # used) would become NaN, where eager's step leaves the parameter as it is.
+        def step_fn(model, opt, x, y):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        torch.manual_seed(0)
+        x, y = torch.tensor([[1, 2, 3]]), torch.randn(1, 3, 2)  # rows 0 and 4..9 get no gradient
+        for cls in (torch.optim.Adam, torch.optim.AdamW):
+            with self.subTest(cls.__name__):
+                model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
+                eager_model = copy.deepcopy(model)
+                opt, eager_opt = cls(model.parameters(), lr=1e-3), cls(eager_model.parameters(), lr=1e-3)
+                step = precompile.load(*precompile(step_fn, model, opt, x, y, backend="eager"))
+                schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: s / 10) for o in (opt, eager_opt)]
+                before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\] is 0: the captured "
+                    rf"{cls.__name__} step .*divides by lr.*run this step with fn itself"
+                ):
+                    step(model, opt, x, y)
+                self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+                step_fn(model, opt, x, y)  # the step at lr 0, eagerly
+                step_fn(eager_model, eager_opt, x, y)
+                for _ in range(2):
+                    for scheduler in schedulers:
+                        scheduler.step()
+                    torch.testing.assert_close(step(model, opt, x, y), step_fn(eager_model, eager_opt, x, y))
+                    self.assert_same_training_state(model, opt, eager_model, eager_opt)
+                self.assertFalse(any(p.isnan().any() for p in model.parameters()))
+
 
 class TestOptimizerContract(TestCase):
     """Refused at capture, or at the call, with the argument, group and key named."""
@@ -334,6 +372,32 @@ class TestOptimizerContract(TestCase):
         for needle, opt_fn in cases.items():
             with self.subTest(needle), self.assertRaisesRegex(PrecompileError, r"args\[1\] \(optimizer\).*" + needle):
                 self.capture(opt_fn)
+
+    def test_a_parameter_twice_in_the_groups_is_refused(self):
+        # torch only warns about it; eager's step updates it once per occurrence through one
+        # state entry, the artifact would give each occurrence a state input of its own.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with self.assertRaisesRegex(
+                PrecompileError, r"param_groups\[0\]\['params'\]\[1\] is param_groups\[0\]\['params'\]\[0\] again"
+            ):
+                self.capture(lambda m: torch.optim.SGD([m[0].weight, *m.parameters()], lr=0.1, momentum=0.9))
+
+    def test_adam_over_float16_parameters_is_refused(self):
+        # The traced capturable step divides sqrt(exp_avg_sq) by lr times the bias corrections in
+        # the parameters' dtype: in float16 that overflows at lr 1e-5, and the element never moves.
+        for cls in (torch.optim.Adam, torch.optim.AdamW):
+            with self.subTest(cls.__name__), self.assertRaisesRegex(
+                PrecompileError, rf"param_groups\[0\]\['params'\]\[0\] is float16: precompile traces {cls.__name__}'s capturable"
+            ):
+                model = small_mlp().half()
+                precompile(train_step_no_zero_grad, model, cls(model.parameters(), lr=1e-5), *_data()[0], backend="eager")
+
+    def test_optimizer_over_named_parameters_is_refused_saying_so(self):
+        with self.assertRaisesRegex(
+            PrecompileError, r"param_groups\[0\] has 'param_names': an optimizer built from named_parameters\(\) is not supported"
+        ):
+            self.capture(lambda m: torch.optim.SGD(m.named_parameters(), lr=0.1))
 
     def test_parameters_outside_module_arguments_are_refused(self):
         stray = nn.Parameter(torch.zeros(3))
@@ -360,6 +424,109 @@ class TestOptimizerContract(TestCase):
         for fn, args, message in cases:
             with self.subTest(message), self.assertRaisesRegex(PrecompileError, message):
                 precompile(fn, *args, x, y, backend="eager")
+
+    def test_optimizer_argument_reached_around_fn_is_refused(self):
+        # At capture the closure's / global's optimizer is the argument, so its step() is traced as
+        # the argument's; called with another optimizer, eager fn would step the one it closed over.
+        global _global_optimizer
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["sgd"](model)
+        _global_optimizer = opt
+
+        def global_step(model, opt, x, y):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            _global_optimizer.step()
+
+        held = {"opt": opt}
+
+        def closure_step(model, opt, x, y):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            held["opt"].step()
+
+        cases = [
+            (global_step, r"^fn's global '_global_optimizer' is the optimizer argument args\[1\]: "),
+            (closure_step, r"^fn's closure variable 'held' holds the optimizer argument args\[1\]: "),
+        ]
+        try:
+            for fn, message in cases:
+                with self.subTest(message), self.assertRaisesRegex(PrecompileError, message + r".*Reach it through fn's argument"):
+                    precompile(fn, model, opt, x, y, backend="eager")
+                self.assertIs(type(opt), torch.optim.SGD)
+                self.assertEqual(len(opt.state), 0)
+        finally:
+            _global_optimizer = None
+
+    def test_step_or_zero_grad_set_on_the_optimizer_is_refused(self):
+        # fn's opt.step() runs what the instance holds (a wrapper clipping or scaling the grads):
+        # the trace would bake the one found at capture, and no call would see another one, or
+        # one added later.  torch's LR scheduler wrapper of the class's step stays allowed.
+        def halving(opt):
+            step = opt.step
+
+            def halved_step(closure=None):
+                with torch.no_grad():
+                    for group in opt.param_groups:
+                        for p in group["params"]:
+                            p.grad.mul_(0.5)
+                return step(closure)
+
+            return halved_step
+
+        model = small_mlp()
+        x, y = _data()[0]
+        opt = OPTIMIZERS["sgd"](model)
+        opt.step = halving(opt)
+        with self.assertRaisesRegex(
+            PrecompileError, r"^args\[1\] \(optimizer\): its step\(\) is set on the optimizer itself \(.*halving\.<locals>\.halved_step\), "
+        ):
+            precompile(train_step, model, opt, x, y, backend="eager")
+        del opt.step
+        torch.optim.lr_scheduler.StepLR(opt, step_size=1)  # wraps opt.step on the instance
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend="eager"))
+        step(model, opt, x, y)
+        for name, method in (("step", halving(opt)), ("zero_grad", lambda set_to_none=True: None)):
+            with self.subTest(name):
+                kept = opt.__dict__.get(name)
+                setattr(opt, name, method)
+                before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+                with self.assertRaisesRegex(
+                    PrecompileError, rf"^args\[1\] \(optimizer\): its {name}\(\) is set on the optimizer itself .*"
+                    rf"\(del opt\.{name} removes it\); the artifact runs the step traced at capture"
+                ):
+                    step(model, opt, x, y)
+                self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+                if kept is None:
+                    delattr(opt, name)
+                else:
+                    setattr(opt, name, kept)
+        step(model, opt, x, y)
+
+    def test_calls_where_eagers_step_raises_are_refused(self):
+        # A beta1 of 1 (eager divides by 1 - beta1 ** step) and a plain dict for opt.state
+        # without the parameter's entry (eager's _init_group indexes it): eager raises.
+        model = small_mlp()
+        x, y = _data()[0]
+        step = precompile.load(*precompile(train_step, model, OPTIMIZERS["adam"](model), x, y, backend="eager"))
+        edits = {
+            r"param_groups\[0\]\['betas'\]\[0\] is 1, where eager's step raises ZeroDivisionError": lambda o: o.param_groups[0].__setitem__("betas", (1.0, 0.999)),
+            r"^args\[1\] \(optimizer\)\.state is a dict without an entry for param_groups\[0\]\['params'\]\[0\], where eager's step raises KeyError": lambda o: setattr(o, "state", {}),
+        }
+        for message, edit in edits.items():
+            with self.subTest(message):
+                eager_model = copy.deepcopy(model)  # eager raises after backward
+                eager_opt = OPTIMIZERS["adam"](eager_model)
+                edit(eager_opt)
+                with self.assertRaises((ZeroDivisionError, KeyError)):
+                    train_step(eager_model, eager_opt, x, y)
+                opt = OPTIMIZERS["adam"](model)
+                edit(opt)
+                before = copy.deepcopy((model.state_dict(), dict(opt.state), [p.grad for p in model.parameters()]))
+                with self.assertRaisesRegex(PrecompileError, message):
+                    step(model, opt, x, y)
+                self.assertEqual((model.state_dict(), dict(opt.state), [p.grad for p in model.parameters()]), before, atol=0, rtol=0)
 
     def test_step_hooks_are_refused(self):
         def with_hook(m):
@@ -544,6 +711,47 @@ class TestOptimizerContract(TestCase):
         for entry in entries[1:]:
             entry["step"] = entry["step"].clone()
         step(model, opt, x, y)
+
+    def test_one_optimizer_at_two_positions_or_sharing_state_with_another_is_refused(self):
+        # The artifact steps each optimizer argument with its own state inputs: one optimizer
+        # passed twice would get its missing state made twice (the second step would not see
+        # the first's), and state two optimizers share (a load_state_dict keeps same-dtype
+        # tensors) would be read by the second step before the first's update reached it.
+        def two_steps(model, first, second, x, y):
+            first.zero_grad()
+            loss = F.mse_loss(model(x), torch.zeros(6, 4))
+            loss.backward()
+            first.step()
+            second.step()
+            return loss.detach()
+
+        x, _ = _data()[0]
+        model = small_mlp()
+        opt = OPTIMIZERS["sgd_nesterov"](model)
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\] and args\[2\] are the same optimizer"):
+            precompile(two_steps, model, opt, opt, x, None, backend="eager")
+        self.assertIs(type(opt), torch.optim.SGD)  # capture refused before pointing it at the trace
+        self.assertEqual(opt.param_groups[0]["params"], list(model.parameters()))
+        step = precompile.load(
+            *precompile(two_steps, model, OPTIMIZERS["sgd_nesterov"](model), OPTIMIZERS["sgd_nesterov"](model), x, None, backend="eager")
+        )
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        with self.assertRaisesRegex(PrecompileError, r"^args\[1\] and args\[2\] are the same optimizer"):
+            step(model, opt, opt, x, None)
+        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+        first, second = OPTIMIZERS["sgd_nesterov"](model), OPTIMIZERS["sgd_nesterov"](model)
+        step(model, first, second, x, None)
+        second.load_state_dict(first.state_dict())  # shares first's momentum buffers
+        before = copy.deepcopy((model.state_dict(), first.state_dict(), second.state_dict()))
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[2\] \(optimizer\) state of param_groups\[0\]\['params'\]\[0\]\['momentum_buffer'\] shares "
+            r"memory with args\[1\] \(optimizer\) state of param_groups\[0\]\['params'\]\[0\]\['momentum_buffer'\]",
+        ):
+            step(model, first, second, x, None)
+        self.assertEqual((model.state_dict(), first.state_dict(), second.state_dict()), before, atol=0, rtol=0)
+        second.load_state_dict(copy.deepcopy(first.state_dict()))
+        step(model, first, second, x, None)
 
     @parametrize("backend", BACKENDS)
     def test_state_sharing_memory_with_a_parameter_or_grad_is_refused(self, backend):

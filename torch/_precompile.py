@@ -950,7 +950,16 @@ says who guarantees it and, where it is enforced, which tests (in
    The step reads the incoming ``.grad`` (invariant 13), so it is a graph
    input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
-   dampening, tensor hyperparameters, step hooks, per-group state layouts that
+   dampening, tensor hyperparameters, step hooks, ``step`` / ``zero_grad``
+   set on the optimizer itself (``opt.step = wrapper``; torch's LR scheduler
+   wrapper excepted; also at every call:
+   test_step_or_zero_grad_set_on_the_optimizer_is_refused), one optimizer at
+   two argument positions, a parameter listed twice in its groups
+   (test_a_parameter_twice_in_the_groups_is_refused), Adam / AdamW over
+   float16 parameters (the capturable step overflows float16:
+   test_adam_over_float16_parameters_is_refused), an optimizer argument fn also reaches through a
+   closure or global (as for modules, invariant 2;
+   test_optimizer_argument_reached_around_fn_is_refused), per-group state layouts that
    differ, free dims, an LR scheduler stepped inside fn
    (test_scheduler_stepped_inside_fn_is_refused), and fn's own reads of
    ``lr`` or a lifted hyperparameter (a Python float in eager's fn, a graph
@@ -964,7 +973,15 @@ says who guarantees it and, where it is enforced, which tests (in
    shapes, dtypes and layout, that no state tensor shares memory with
    another, a parameter, buffer or tensor argument, or a stepped
    parameter's ``.grad`` (when the state tensors are other objects than at
-   the last call; test_state_sharing_memory_with_a_parameter_or_grad_is_refused), and
+   the last call; test_state_sharing_memory_with_a_parameter_or_grad_is_refused),
+   that optimizer arguments are distinct objects sharing no state tensor
+   (test_one_optimizer_at_two_positions_or_sharing_state_with_another_is_refused),
+   that Adam's / AdamW's ``lr`` is not 0 (the capturable formulation divides
+   by it: an element whose gradient has been 0 would become NaN where eager
+   leaves it; run that step with fn itself:
+   test_adam_call_with_lr_zero_is_refused), that no call goes where eager's
+   step raises (a beta1 of 1; ``opt.state`` a plain dict lacking an entry:
+   test_calls_where_eagers_step_raises_are_refused), and
    that no step hook (the optimizer's own or torch.optim's global ones,
    which eager's step() runs) was added (test_precompile_optimizer.py,
    test_step_hooks_added_after_capture_are_refused).

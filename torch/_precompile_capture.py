@@ -147,6 +147,20 @@ def _refuse_buffer_that_is_a_parameter(module_positions: list, parameter: _Lifte
     )
 
 
+def _refuse_repeated_optimizers(example_inputs: tuple, optimizer_positions: list) -> None:
+    """One optimizer at two argument positions: capture points each optimizer argument at its own
+    traced groups and state (and restores each), and the artifact steps each with its own state."""
+    first: dict = {}
+    for position in optimizer_positions:
+        earlier = first.setdefault(id(example_inputs[position]), position)
+        if earlier != position:
+            raise PrecompileError(
+                f"args[{earlier}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
+                "argument with its own state, where eager's steps would share it: pass it once (or distinct "
+                "optimizers)"
+            )
+
+
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
@@ -154,6 +168,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         _refuse_script_modules(f"args[{position}]", module)
         _refuse_compiled_modules(f"args[{position}]", module)
     optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
+    _refuse_repeated_optimizers(example_inputs, optimizer_positions)
     user_positions = [
         i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
     ]
@@ -2023,6 +2038,7 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
     as live state when read.)"""
     if not args.modules:
         return
+    _refuse_optimizer_arguments_reached_around(fn, args)
     submodules = runtime.named_submodules(args.module_positions, args.modules)
     owned = {id(sub): path for path, sub in submodules}
     tensors = {  # a parameter or buffer held in a container: in the trace the modules hold stand-ins
@@ -2047,6 +2063,25 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
                 "parameters, `p in params`) would not find it where eager fn does, and a read of it would read the "
                 "caller's tensor. Key such a container by name (dict(m.named_parameters())) or reach the tensors "
                 "through fn's argument"
+            )
+
+
+def _refuse_optimizer_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
+    """An optimizer argument that fn also reaches through a closure cell, a global its code names, a
+    bound ``self`` or a ``functools.partial``'s arguments (as for modules, Note invariant 2): at
+    capture it is the argument, which the trace points at its own groups and state, so a
+    ``step()`` through it is traced as the argument's; called with another optimizer, eager fn
+    would still step the one it closed over, the artifact the argument."""
+    owned = {id(lifted.optimizer): f"args[{lifted.position}]" for lifted in args.optimizers}
+    if not owned:
+        return
+    for where, value in _values_fn_names(fn):
+        found = _argument_within(value, owned, depth=3)
+        if found is not None:
+            raise PrecompileError(
+                f"fn's {where} {'is' if id(value) in owned else 'holds'} the optimizer argument {found}: the "
+                f"trace steps it as {found}, but eager fn would keep using the {where} when called with "
+                "another optimizer. Reach it through fn's argument instead"
             )
 
 
@@ -3782,11 +3817,17 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
         )
     if compat.optimizer_has_step_hooks(optimizer):
         raise PrecompileError(f"{where}: step hooks are registered, which the artifact would not run; remove them")
+    shadowed = runtime.optimizer_methods_set_on_instance(optimizer)
+    if shadowed is not None:
+        raise PrecompileError(
+            f"{where}: {shadowed}; no call could check it is the same: remove it before precompile "
+            "and do its work in fn"
+        )
     # A fully_shard parameter's step updates its local shard (Note invariant 17).
     parameter_index = {id(e.param if e.sharded else e.tensor): i for i, e in enumerate(lifted) if e.kind == "parameter"}
     cycled = {_cycled_hyperparameters(cls, group) for group in optimizer.param_groups}
     cycled = cycled.pop() if len(cycled) == 1 else ()  # groups that disagree: all baked
-    groups, hyper, state, keys = [], [], [], None
+    groups, hyper, state, keys, seen = [], [], [], None, {}
     for g, group in enumerate(optimizer.param_groups):
         _check_optimizer_group(where, g, cls, group)
         group_keys = runtime.optimizer_state_keys(cls, group)
@@ -3805,6 +3846,20 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
                     "parameters: pass the module that owns it as an argument"
                 )
             index = parameter_index[id(param)]
+            if cls != "SGD" and lifted[index].tensor.dtype == torch.float16:
+                raise PrecompileError(
+                    f"{where} param_groups[{g}]['params'][{j}] is float16: precompile traces {cls}'s capturable "
+                    "step, whose sqrt(exp_avg_sq) / (lr * bias corrections) overflows float16 at common learning "
+                    "rates (an element with |grad| above ~6 at lr 1e-5 would not move, where eager's step moves "
+                    "it); keep float32 parameters (torch.autocast for float16 compute) or opt.step() outside fn"
+                )
+            if index in seen:
+                raise PrecompileError(
+                    f"{where} param_groups[{g}]['params'][{j}] is param_groups{seen[index]} again (shape "
+                    f"{tuple(param.shape)}); eager's step updates it once per occurrence through one state, the "
+                    "artifact would give each its own: build the optimizer with each parameter once"
+                )
+            seen[index] = f"[{g}]['params'][{j}]"
             indices.append(index)
             state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), lifted[index].tensor))
         groups.append(indices)
@@ -3863,6 +3918,11 @@ def _check_optimizer_group(where: str, g: int, cls: str, group: dict) -> None:
             raise PrecompileError(
                 f"{where} param_groups[{g}][{key!r}] is a Tensor; pass a Python float (lr becomes a graph "
                 "input; other hyperparameters are baked)"
+            )
+        if key == "param_names" and isinstance(value, list):
+            raise PrecompileError(
+                f"{where} param_groups[{g}] has 'param_names': an optimizer built from named_parameters() is "
+                "not supported inside fn yet; build it from model.parameters() (the names are not used by the step)"
             )
         if key != "params" and not isinstance(value, (*schema.LEAF_VALUE_TYPES, tuple)):
             raise PrecompileError(

@@ -2423,6 +2423,8 @@ class PrecompiledFunction:
         trailing = self._inputs.free_sizes(leaves) if self._inputs.free_inputs else []
         for optimizer in self._optimizers:
             trailing += optimizer.inputs(args[optimizer.spec.position], state, created, tensors, self._inputs.tensor_path)
+        if len(self._optimizers) > 1:
+            OptimizerArgument.refuse_shared(self._optimizers, args)
         if self._reads_grads:
             trailing += self._gradients.incoming(grad_owners, tensors)
         return trailing
@@ -3175,6 +3177,27 @@ def sharded_inputs(tensors: list, sharded: list, num_state: int, state_path: Cal
 # in artifacts with an optimizer argument.
 
 
+def optimizer_methods_set_on_instance(optimizer: Any) -> str | None:
+    """Which of ``step`` / ``zero_grad`` is set on ``optimizer`` itself (``opt.step = wrapper``),
+    shadowing its class's, or None.  The trace ran what fn's ``opt.step()`` found at capture, which
+    no call compares, so one is refused wherever it is found; torch's LR scheduler wrapper of the
+    class's own step (it only sets ``_opt_called``, as every call does) excepted."""
+    own = optimizer.__dict__
+    for name in ("step", "zero_grad"):
+        method = own.get(name)
+        if method is None and name not in own:
+            continue
+        if (
+            name == "step"
+            and getattr(method, "_wrapped_by_lr_sched", False)
+            and getattr(method, "__wrapped__", None) is getattr(type(optimizer), "step", None)
+        ):
+            continue
+        what = getattr(method, "__qualname__", None) or type(method).__qualname__
+        return f"its {name}() is set on the optimizer itself ({what}), shadowing torch.optim's (del opt.{name} removes it)"
+    return None
+
+
 def guard_passes(guard: Any, tensors: list) -> bool:
     try:
         return guard.check(*tensors)
@@ -3247,6 +3270,12 @@ class OptimizerArgument:
         hooks = _optimizer_step_hooks(optimizer)
         if hooks is not None:
             raise PrecompileError(f"{self.where}: {hooks}, which the artifact would not run; remove them")
+        shadowed = optimizer_methods_set_on_instance(optimizer)
+        if shadowed is not None:
+            raise PrecompileError(
+                f"{self.where}: {shadowed}; the artifact runs the step traced at capture, not it: remove it "
+                "or call fn eagerly"
+            )
         groups = optimizer.param_groups
         if len(groups) != len(spec.groups):
             raise PrecompileError(
@@ -3260,6 +3289,12 @@ class OptimizerArgument:
         for group_index, param_index in spec.stepped:
             param = groups[group_index]["params"][param_index]
             entry = optimizer.state.get(param)
+            if entry is None and not isinstance(optimizer.state, collections.defaultdict):
+                raise PrecompileError(
+                    f"{self.where}.state is a {type(optimizer.state).__name__} without an entry for "
+                    f"param_groups[{group_index}]['params'][{param_index}], where eager's step raises KeyError "
+                    "(torch.optim keeps a collections.defaultdict(dict)): restore it"
+                )
             if not entry:  # before eager's first step: create it as _init_group would
                 entry = entries[param] = initial_optimizer_state(spec.keys, param)
             try:
@@ -3280,6 +3315,40 @@ class OptimizerArgument:
             self._unshared = tensors
         created.append((optimizer, entries))
         return lrs + tensors
+
+    @staticmethod
+    def refuse_shared(optimizers: list, args: tuple) -> None:
+        """Two optimizer arguments are distinct objects whose state tensors share no memory.
+
+        The graph steps each optimizer argument with its own state inputs: one
+        optimizer passed twice would get its missing state created twice (the
+        second step would not see the first's), and state shared between two
+        optimizers (``o2.load_state_dict(o1.state_dict())`` keeps same-dtype
+        tensors) would be read by the second step before the first's update
+        reaches it, where eager's steps run one after the other.  Each optimizer's
+        own state is checked by ``OptimizerArgument`` (``_unshared``: the tensors
+        last checked); this compares them across optimizers, at every call."""
+        seen = {}
+        for optimizer in optimizers:
+            position = optimizer.spec.position
+            first = seen.setdefault(id(args[position]), position)
+            if first != position:
+                raise PrecompileError(
+                    f"args[{first}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
+                    "argument with its own state, where eager's steps would share it: pass distinct optimizers"
+                )
+        tensors = [tensor for optimizer in optimizers for tensor in optimizer._unshared]
+        if _distinct_storages(tensors):
+            return
+        named = [(optimizer._state_name(j), tensor) for optimizer in optimizers for j, tensor in enumerate(optimizer._unshared)]
+        owner = [optimizer.spec.position for optimizer in optimizers for _ in optimizer._unshared]
+        for j, (name, tensor) in enumerate(named):
+            for k in range(j):
+                if owner[k] != owner[j] and _is_alias_of(tensor, named[k][1]):
+                    raise PrecompileError(
+                        f"{name} shares memory with {named[k][0]}; the artifact updates each state tensor as its "
+                        "own: give it a tensor of its own (.clone() it) before the call"
+                    )
 
     @staticmethod
     def stepped(optimizer: Any, entries: dict) -> None:
@@ -3311,6 +3380,19 @@ class OptimizerArgument:
             raise PrecompileError(
                 f"{self.where} param_groups[{index}]{_group_key(key)} is missing, which eager's step would "
                 "raise KeyError for: put it back"
+            )
+        number = isinstance(value, (float, int)) and not isinstance(value, bool)
+        if number and value == 0 and key == "lr" and self.spec.cls != "SGD":
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}]['lr'] is 0: the captured {self.spec.cls} step is torch's "
+                "capturable formulation, which divides by lr, so an element whose gradient has been 0 so far "
+                "would become NaN where eager's step leaves it as it is; run this step with fn itself (the "
+                "artifact goes on from the state it leaves), or start the schedule above 0"
+            )
+        if number and value == 1 and key == "betas[0]":
+            raise PrecompileError(
+                f"{self.where} param_groups[{index}]['betas'][0] is 1, where eager's step raises ZeroDivisionError "
+                "(lr / (1 - beta1 ** step)); use a beta1 below 1"
             )
         if key == "momentum" and value == 0:
             raise PrecompileError(
