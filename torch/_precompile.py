@@ -775,8 +775,12 @@ says who guarantees it and, where it is enforced, which tests (in
    (during the trace ``type(m)`` and the
    type of a config it reads are probe subclasses, which also run the
    class's ``__init_subclass__``), and on ``type(d) is dict`` for a dict
-   input (a probe dict subclass, invariant 3); ``param.data = ...`` and
-   ``m.__class__ = ...`` (a ``_parameters`` / ``_buffers`` entry is
+   input (a probe dict subclass, invariant 3); a grad-mode query bound
+   before capture (``from torch import is_grad_enabled``, which the trace's
+   wrapper on ``torch`` does not reach); ``param.data = ...`` and
+   ``m.__class__ = ...`` on a module or on a config it reads, after a call
+   (the module cache watches dicts, not classes; a check of every
+   submodule's class measured ~11 us a call on a 151-module model) (a ``_parameters`` / ``_buffers`` entry is
    looked up by name at every call, and rebinding either dict is seen:
    test_module_edits_bypassing_hooks_are_seen), and, once a model was
    called, writes into those private dicts that bypass nn.Module's API
@@ -791,7 +795,11 @@ says who guarantees it and, where it is enforced, which tests (in
    indices outside fn or use backend='eager'; an in-place op whose other
    operand partly overlaps the tensor it writes (``x.mul_(x[:, :1])``),
    where eager's kernel reads elements it already wrote and Inductor, as
-   torch.compile, reads them all first;
+   torch.compile, reads them all first; BatchNorm's running statistics,
+   which ATen's schema does not mark as written, are not among the tensors
+   the checks on written tensors cover (a ``running_var`` made under
+   ``inference_mode()`` or requiring grad is written by a call where eager
+   raises);
    likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero,
    which kills the process (SIGFPE) where eager raises, and the float edge
    cases Inductor lowers otherwise than eager (``inf // 1.5`` is inf, not
