@@ -3540,7 +3540,7 @@ class _ModuleState:
     def restore(self) -> None:
         """Put the module back as it was, writing only what differs (the driver watches these
         dicts' versions: an unchanged one stays valid)."""
-        _put_back(self.values, self.before)
+        _restore_entries(self.values, self.before)
         for name, old in self.contents.items():
             container = self.values[name]
             if not _same_entries(container, old):
@@ -3548,7 +3548,7 @@ class _ModuleState:
                 container.update(old)
 
 
-def _put_back(values: dict, before: dict) -> None:
+def _restore_entries(values: dict, before: dict) -> None:
     """Make ``values`` (an object's ``__dict__``) hold ``before``'s entries, writing only what differs."""
     for name in [name for name in values if name not in before]:
         del values[name]
@@ -3629,7 +3629,7 @@ class _KeptModules:
         for state in self.states:
             state.restore()
         for _, values, before in self.objects.values():
-            _put_back(values, before)
+            _restore_entries(values, before)
 
     def caller_tensors(self, traced: list) -> dict:
         """id(each tensor the modules hold in ``traced``, states taken during a trace) -> the caller's there."""
