@@ -954,7 +954,10 @@ says who guarantees it and, where it is enforced, which tests (in
    0), and the graph computes eager's first-step values from it; a parameter
    that gets no gradient gets no state.  Adam/AdamW trace their capturable
    formulation and foreach SGD multiplies then adds, so results equal eager's
-   within float noise (single-tensor SGD on backend='eager': bit-exact).
+   within float noise (single-tensor SGD on backend='eager': bit-exact for
+   float32 parameters; bfloat16 and float16 ones differ by an ulp, as the
+   graph multiplies by a float64 lr tensor where eager adds with
+   ``alpha=-lr``).
    The step reads the incoming ``.grad`` (invariant 13), so it is a graph
    input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
