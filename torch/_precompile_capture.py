@@ -147,20 +147,6 @@ def _refuse_buffer_that_is_a_parameter(module_positions: list, parameter: _Lifte
     )
 
 
-def _refuse_repeated_optimizers(example_inputs: tuple, optimizer_positions: list) -> None:
-    """One optimizer at two argument positions: capture points each optimizer argument at its own
-    traced groups and state (and restores each), and the artifact steps each with its own state."""
-    first: dict = {}
-    for position in optimizer_positions:
-        earlier = first.setdefault(id(example_inputs[position]), position)
-        if earlier != position:
-            raise PrecompileError(
-                f"args[{earlier}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
-                "argument with its own state, where eager's steps would share it: pass it once (or distinct "
-                "optimizers)"
-            )
-
-
 def _split_arguments(example_inputs: tuple) -> _Arguments:
     module_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Module)]
     modules = [example_inputs[i] for i in module_positions]
@@ -168,7 +154,7 @@ def _split_arguments(example_inputs: tuple) -> _Arguments:
         _refuse_script_modules(f"args[{position}]", module)
         _refuse_compiled_modules(f"args[{position}]", module)
     optimizer_positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.optim.Optimizer)]
-    _refuse_repeated_optimizers(example_inputs, optimizer_positions)
+    runtime.refuse_repeated_optimizers(example_inputs, optimizer_positions)
     user_positions = [
         i for i in range(len(example_inputs)) if i not in module_positions and i not in optimizer_positions
     ]

@@ -2281,6 +2281,7 @@ class PrecompiledFunction:
         self._optimizers = [
             OptimizerArgument(spec, convention.backend, sharded, convention.needs_grad) for spec in convention.optimizers
         ]
+        self._optimizer_states_apart: list = []  # two or more optimizers: their state tensors last found apart
         self._reads_grads = bool(convention.grad_inputs)  # the incoming .grad are graph inputs
         self._has_trailing_inputs = bool(self._inputs.free_inputs or self._optimizers or self._reads_grads)
         self._copies_inputs = bool(self._constants or convention.output_views)
@@ -2424,7 +2425,7 @@ class PrecompiledFunction:
         for optimizer in self._optimizers:
             trailing += optimizer.inputs(args[optimizer.spec.position], state, created, tensors, self._inputs.tensor_path)
         if len(self._optimizers) > 1:
-            OptimizerArgument.refuse_shared(self._optimizers, args)
+            self._optimizer_states_apart = OptimizerArgument.refuse_shared(self._optimizers, args, self._optimizer_states_apart)
         if self._reads_grads:
             trailing += self._gradients.incoming(grad_owners, tensors)
         return trailing
@@ -3317,7 +3318,7 @@ class OptimizerArgument:
         return lrs + tensors
 
     @staticmethod
-    def refuse_shared(optimizers: list, args: tuple) -> None:
+    def refuse_shared(optimizers: list, args: tuple, checked: list) -> list:
         """Two optimizer arguments are distinct objects whose state tensors share no memory.
 
         The graph steps each optimizer argument with its own state inputs: one
@@ -3327,28 +3328,20 @@ class OptimizerArgument:
         tensors) would be read by the second step before the first's update
         reaches it, where eager's steps run one after the other.  Each optimizer's
         own state is checked by ``OptimizerArgument`` (``_unshared``: the tensors
-        last checked); this compares them across optimizers, at every call."""
-        seen = {}
-        for optimizer in optimizers:
-            position = optimizer.spec.position
-            first = seen.setdefault(id(args[position]), position)
-            if first != position:
-                raise PrecompileError(
-                    f"args[{first}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
-                    "argument with its own state, where eager's steps would share it: pass distinct optimizers"
-                )
+        last checked); this compares them across optimizers, as that check does
+        when they are other objects than ``checked`` (those last found apart,
+        which it returns)."""
+        refuse_repeated_optimizers(args, [optimizer.spec.position for optimizer in optimizers])
         tensors = [tensor for optimizer in optimizers for tensor in optimizer._unshared]
-        if _distinct_storages(tensors):
-            return
-        named = [(optimizer._state_name(j), tensor) for optimizer in optimizers for j, tensor in enumerate(optimizer._unshared)]
-        owner = [optimizer.spec.position for optimizer in optimizers for _ in optimizer._unshared]
-        for j, (name, tensor) in enumerate(named):
-            for k in range(j):
-                if owner[k] != owner[j] and _is_alias_of(tensor, named[k][1]):
-                    raise PrecompileError(
-                        f"{name} shares memory with {named[k][0]}; the artifact updates each state tensor as its "
-                        "own: give it a tensor of its own (.clone() it) before the call"
-                    )
+        if len(tensors) == len(checked) and not any(map(operator.is_not, tensors, checked)):
+            return checked
+        if not _distinct_storages(tensors):
+            earlier: list = []
+            for optimizer in optimizers:
+                named = [(optimizer._state_name(j), tensor) for j, tensor in enumerate(optimizer._unshared)]
+                _raise_if_state_shares(named, earlier)
+                earlier += named
+        return tensors
 
     @staticmethod
     def stepped(optimizer: Any, entries: dict) -> None:
@@ -3445,14 +3438,33 @@ class OptimizerArgument:
         if _distinct_storages([*tensors, *others, *(grad for _, grad in grads)]):
             return
         named = [(self._state_name(j), tensor) for j, tensor in enumerate(tensors)]
-        rest = [(name_of(i), tensor) for i, tensor in enumerate(others)] + grads
-        for j, (name, tensor) in enumerate(named):
-            for other, shared in named[:j] + rest:
-                if _is_alias_of(tensor, shared):
-                    raise PrecompileError(
-                        f"{name} shares memory with {other}; the artifact updates each state tensor as its "
-                        "own: give it a tensor of its own (.clone() it) before the call"
-                    )
+        _raise_if_state_shares(named, [(name_of(i), tensor) for i, tensor in enumerate(others)] + grads)
+
+
+def _raise_if_state_shares(named: list, others: list) -> None:
+    """A PrecompileError naming the first state tensor of ``named`` ((name, tensor)) that shares
+    memory with one before it or with one of ``others`` ((name, tensor))."""
+    for j, (name, tensor) in enumerate(named):
+        for other, shared in named[:j] + others:
+            if _is_alias_of(tensor, shared):
+                raise PrecompileError(
+                    f"{name} shares memory with {other}; the artifact updates each state tensor as its "
+                    "own: give it a tensor of its own (.clone() it) before the call"
+                )
+
+
+def refuse_repeated_optimizers(args: tuple, positions: list) -> None:
+    """One optimizer at two of ``positions`` of ``args``: capture points each optimizer argument at
+    its own traced groups and state, and the graph steps each with its own state inputs."""
+    first: dict = {}
+    for position in positions:
+        earlier = first.setdefault(id(args[position]), position)
+        if earlier != position:
+            raise PrecompileError(
+                f"args[{earlier}] and args[{position}] are the same optimizer; the artifact steps each optimizer "
+                "argument with its own state, where eager's steps would share it: pass it once, or distinct "
+                "optimizers"
+            )
 
 
 # ~~~~ driver part: input_objects ~~~~
