@@ -2021,10 +2021,11 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
     invariant 2).  At capture they are one object, whose tensors the trace swaps for its own, so
     reads through it look like the argument's; called with another module, eager fn would still
     read the one it closed over.  (A tensor held there is the caller's, never swapped: refused
-    as live state when read.)"""
+    as live state when read.)  So with an optimizer argument: the trace steps it as the argument,
+    where eager fn called with another optimizer would still step the one it closed over."""
     if not args.modules:
         return
-    _refuse_optimizer_arguments_reached_around(fn, args)
+    optimizers = {id(lifted.optimizer): f"args[{lifted.position}]" for lifted in args.optimizers}
     submodules = runtime.named_submodules(args.module_positions, args.modules)
     owned = {id(sub): path for path, sub in submodules}
     tensors = {  # a parameter or buffer held in a container: in the trace the modules hold stand-ins
@@ -2033,6 +2034,13 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
         for name, tensor in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))
     }
     for where, value in _values_fn_names(fn):
+        found = _argument_within(value, optimizers, depth=3) if optimizers else None
+        if found is not None:
+            raise PrecompileError(
+                f"fn's {where} {'is' if id(value) in optimizers else 'holds'} the optimizer argument {found}: the "
+                f"trace steps it as {found}, but eager fn would keep using the {where} when called with "
+                "another optimizer. Reach it through fn's argument instead"
+            )
         found = _argument_within(value, owned, depth=3)  # containers nested deeper are not followed
         if found is not None:
             argument = found.split(".")[0]
@@ -2049,25 +2057,6 @@ def _refuse_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
                 "parameters, `p in params`) would not find it where eager fn does, and a read of it would read the "
                 "caller's tensor. Key such a container by name (dict(m.named_parameters())) or reach the tensors "
                 "through fn's argument"
-            )
-
-
-def _refuse_optimizer_arguments_reached_around(fn: Callable, args: _Arguments) -> None:
-    """An optimizer argument that fn also reaches through a closure cell, a global its code names, a
-    bound ``self`` or a ``functools.partial``'s arguments (as for modules, Note invariant 2): at
-    capture it is the argument, which the trace points at its own groups and state, so a
-    ``step()`` through it is traced as the argument's; called with another optimizer, eager fn
-    would still step the one it closed over, the artifact the argument."""
-    owned = {id(lifted.optimizer): f"args[{lifted.position}]" for lifted in args.optimizers}
-    if not owned:
-        return
-    for where, value in _values_fn_names(fn):
-        found = _argument_within(value, owned, depth=3)
-        if found is not None:
-            raise PrecompileError(
-                f"fn's {where} {'is' if id(value) in owned else 'holds'} the optimizer argument {found}: the "
-                f"trace steps it as {found}, but eager fn would keep using the {where} when called with "
-                "another optimizer. Reach it through fn's argument instead"
             )
 
 
