@@ -2499,9 +2499,7 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     grad_roots = {root(node) for node in grads}
     views = []
     for k, node in enumerate(returned[: len(outputs)]):
-        if not inductor and not _rebuilt_in_eager(node, args, placeholders, inputs_by_root, root):
-            continue
-        if isinstance(node, torch.fx.Node) and root(node) in grad_roots and _through_in_place_ops(node) not in grads:
+        if inductor and isinstance(node, torch.fx.Node) and root(node) in grad_roots and _through_in_place_ops(node) not in grads:
             raise PrecompileError(
                 f"fn returns a view of a .grad or of optimizer state (fn's output {k}{_source_of(node)}): "
                 "backend='inductor' returns new tensors, so writes through it would not reach the "
@@ -2511,14 +2509,19 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
         if index is None:
             continue
         if _through_in_place_ops(node) is placeholders[index]:  # `return x`, `return x.add_(1)`
-            views.append(OutputView(graph_output=k, base=index))
+            if inductor:  # the eager graph returns the input itself
+                views.append(OutputView(graph_output=k, base=index))
             continue
+        if not inductor and not _caller_tensor(args, index).requires_grad:
+            continue  # the eager graph's own view, with no history to lose
         base, out = example[index], outputs[k]
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
             continue  # an out= op, which the graph's aliasing over-approximates
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
         lazy_bits = (out.is_conj(), out.is_neg()) != (base.is_conj(), base.is_neg())  # x.conj(), x.mH
         if out.dtype != base.dtype or lazy_bits or not all(type(size) is int for size in layout):
+            if not inductor:
+                continue  # as_strided cannot rebuild it: the eager graph's view, as it made it
             differs = (
                 "another dtype"
                 if out.dtype != base.dtype
@@ -2534,15 +2537,11 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     return tuple(views)
 
 
-def _rebuilt_in_eager(node: Any, args: _Arguments, placeholders: list, inputs_by_root: dict, root: Callable) -> bool:
-    """Whether the eager graph's output ``node`` is a view of a tensor input that requires grad
-    (not the input itself), which the driver rebuilds in the caller's grad mode."""
-    index = inputs_by_root.get(root(node)) if isinstance(node, torch.fx.Node) else None
-    if index is None or _through_in_place_ops(node) is placeholders[index]:
-        return False
-    num_state = len(args.lifted)
-    caller = args.lifted[index].tensor if index < num_state else args.input_leaves[args.tensor_indices[index - num_state]]
-    return caller.requires_grad
+def _caller_tensor(args: _Arguments, index: int) -> torch.Tensor:
+    """Tensor graph input ``index`` as the caller passed it: a parameter/buffer, then the user tensors."""
+    if index < len(args.lifted):
+        return args.lifted[index].tensor
+    return args.input_leaves[args.tensor_indices[index - len(args.lifted)]]
 
 
 def _through_in_place_ops(node: torch.fx.Node) -> torch.fx.Node:
