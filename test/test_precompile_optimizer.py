@@ -119,6 +119,13 @@ class OptimizerTestCase(TestCase):
             for key, value in entry.items():
                 self.assertEqual(value, ref_state["state"][index][key], **tolerance, msg=f"state[{index}][{key!r}]")
 
+    def assert_refused_unchanged(self, message, step, model, opt, *inputs):
+        """step(model, opt, *inputs) refused with ``message``; model and optimizer bit-identical afterwards."""
+        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        with self.assertRaisesRegex(PrecompileError, message):
+            step(model, opt, *inputs)
+        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+
 
 class TestOptimizerSemantics(OptimizerTestCase):
     @parametrize("backend", BACKENDS)
@@ -253,12 +260,6 @@ class TestOptimizerSemantics(OptimizerTestCase):
 
         return step
 
-    def assert_refused_unchanged(self, step, model, opt, x, message):
-        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
-        with self.assertRaisesRegex(PrecompileError, message):
-            step(model, opt, x)
-        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
-
     def three_steps_beside_eager(self, zero_grad, grads=False):
         """The first-layer step captured and run 3 times beside eager's (``grads``: every
         .grad a zeros tensor, not None, from the start); the artifact side's step, model, opt, x."""
@@ -284,13 +285,13 @@ class TestOptimizerSemantics(OptimizerTestCase):
         self.assertEqual(len(opt.state), 2)
         self.assertIn("grad          args[0].2.weight.grad: None, as at capture", map(str, step.checks))
         model[2].weight.grad = torch.zeros_like(model[2].weight)
-        self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture")
+        self.assert_refused_unchanged(r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture", step, model, opt, x)
 
     def test_parameter_backward_skips_keeps_its_captured_grad(self):
         step, model, opt, x = self.three_steps_beside_eager("kept", grads=True)
         self.assertEqual(len(opt.state), 4)
         model[2].bias.grad = None
-        self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.bias\.grad is None, which was a tensor at capture")
+        self.assert_refused_unchanged(r"args\[0\]\.2\.bias\.grad is None, which was a tensor at capture", step, model, opt, x)
 
     def test_frozen_parameter_keeps_no_grad(self):
         # Eager's step uses a .grad left on a parameter that no longer requires grad.
@@ -310,7 +311,7 @@ class TestOptimizerSemantics(OptimizerTestCase):
         fn(ref_model, ref_opt, x)
         self.assert_same_training_state(model, opt, ref_model, ref_opt, exact=True)
         model[2].weight.grad = torch.ones_like(model[2].weight)
-        self.assert_refused_unchanged(step, model, opt, x, r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture")
+        self.assert_refused_unchanged(r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture", step, model, opt, x)
 
     def test_adam_call_with_lr_zero_is_refused(self):
         # The trace steps Adam/AdamW in torch's capturable formulation, which divides by lr: at
@@ -332,13 +333,11 @@ class TestOptimizerSemantics(OptimizerTestCase):
                 opt, eager_opt = cls(model.parameters(), lr=1e-3), cls(eager_model.parameters(), lr=1e-3)
                 step = precompile.load(*precompile(step_fn, model, opt, x, y, backend="eager"))
                 schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: s / 10) for o in (opt, eager_opt)]
-                before = copy.deepcopy((model.state_dict(), opt.state_dict()))
-                with self.assertRaisesRegex(
-                    PrecompileError, rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\] is 0: the captured "
-                    rf"{cls.__name__} step .*divides by lr.*run this step with fn itself"
-                ):
-                    step(model, opt, x, y)
-                self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+                self.assert_refused_unchanged(
+                    rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\] is 0: the captured "
+                    rf"{cls.__name__} step .*divides by lr.*run this step with fn itself",
+                    step, model, opt, x, y,
+                )
                 step_fn(model, opt, x, y)  # the step at lr 0, eagerly
                 step_fn(eager_model, eager_opt, x, y)
                 for _ in range(2):
@@ -349,7 +348,7 @@ class TestOptimizerSemantics(OptimizerTestCase):
                 self.assertFalse(any(p.isnan().any() for p in model.parameters()))
 
 
-class TestOptimizerContract(TestCase):
+class TestOptimizerContract(OptimizerTestCase):
     """Refused at capture, or at the call, with the argument, group and key named."""
 
     def capture(self, opt_fn, fn=train_step, model=None):
@@ -491,13 +490,11 @@ class TestOptimizerContract(TestCase):
             with self.subTest(name):
                 kept = opt.__dict__.get(name)
                 setattr(opt, name, method)
-                before = copy.deepcopy((model.state_dict(), opt.state_dict()))
-                with self.assertRaisesRegex(
-                    PrecompileError, rf"^args\[1\] \(optimizer\): its {name}\(\) is set on the optimizer itself .*"
-                    rf"\(del opt\.{name} removes it\); the artifact runs the step traced at capture"
-                ):
-                    step(model, opt, x, y)
-                self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+                self.assert_refused_unchanged(
+                    rf"^args\[1\] \(optimizer\): its {name}\(\) is set on the optimizer itself .*"
+                    rf"\(del opt\.{name} removes it\); the artifact runs the step traced at capture",
+                    step, model, opt, x, y,
+                )
                 if kept is None:
                     delattr(opt, name)
                 else:
@@ -701,13 +698,10 @@ class TestOptimizerContract(TestCase):
         entries = list(opt.state.values())
         for entry in entries[1:]:
             entry["step"] = entries[0]["step"]
-        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
-        with self.assertRaisesRegex(
-            PrecompileError,
+        self.assert_refused_unchanged(
             r"state of param_groups\[0\]\['params'\]\[1\]\['step'\] shares memory with .*\['params'\]\[0\]\['step'\]",
-        ):
-            step(model, opt, x, y)
-        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+            step, model, opt, x, y,
+        )
         for entry in entries[1:]:
             entry["step"] = entry["step"].clone()
         step(model, opt, x, y)
@@ -735,10 +729,7 @@ class TestOptimizerContract(TestCase):
         step = precompile.load(
             *precompile(two_steps, model, OPTIMIZERS["sgd_nesterov"](model), OPTIMIZERS["sgd_nesterov"](model), x, None, backend="eager")
         )
-        before = copy.deepcopy((model.state_dict(), opt.state_dict()))
-        with self.assertRaisesRegex(PrecompileError, r"^args\[1\] and args\[2\] are the same optimizer"):
-            step(model, opt, opt, x, None)
-        self.assertEqual((model.state_dict(), opt.state_dict()), before, atol=0, rtol=0)
+        self.assert_refused_unchanged(r"^args\[1\] and args\[2\] are the same optimizer", step, model, opt, opt, x, None)
         first, second = OPTIMIZERS["sgd_nesterov"](model), OPTIMIZERS["sgd_nesterov"](model)
         step(model, first, second, x, None)
         second.load_state_dict(first.state_dict())  # shares first's momentum buffers
