@@ -15,11 +15,13 @@ import collections
 import copy
 import dataclasses
 import enum
+import gc
 import logging
 import os
 import re
 import sys
 import types
+import weakref
 
 import numpy as np
 
@@ -244,6 +246,41 @@ class TestReadGuards(TestCase):
         )
         self.model.config.unused = "changed"  # a field fn never read: honoured
         self.check_call(_reader_step(backend))
+
+    def test_class_of_a_config_object_assigned_after_a_call_is_refused(self):
+        """A class default read through a plain object is looked up on the object's class at every
+        call: ``config.__class__ = Other`` after a warm call, which writes no dict the module cache
+        watches, is refused as the first call's walk would refuse it."""
+
+        class Defaults:
+            scale = 2.0
+
+        class Larger(Defaults):
+            scale = 5.0
+
+        class Scaled(nn.Module):
+            factor = 1.0  # a class attribute read through the module: its owner is the model
+
+            def __init__(self):
+                super().__init__()
+                self.lin, self.config = nn.Linear(4, 4), Defaults()
+
+            def forward(self, x):
+                return self.lin(x) * self.config.scale * self.factor
+
+        model, x = Scaled(), torch.randn(3, 4)
+        f = torch_precompile.load(*precompile(lambda m, x: m(x), model, x, backend="eager"))
+        torch.testing.assert_close(f(model, x), model(x))  # warm: the module cache holds model
+        model.config.__class__ = Larger
+        with self.assertRaisesRegex(PrecompileError, r"args\[0\]\.config\.scale is 5\.0, but was 2\.0 at capture"):
+            f(model, x)
+        model.config.__class__ = Defaults
+        torch.testing.assert_close(f(model, x), model(x))
+        # The cache finds the owners' classes through weak references: it keeps no model alive.
+        alive = weakref.ref(model)
+        del model
+        gc.collect()
+        self.assertIsNone(alive())
 
     @parametrize("backend", BACKENDS)
     def test_str_enum_attribute(self, backend):

@@ -853,6 +853,35 @@ class TestSoundness(TestCase):
             model,
         )
 
+    @parametrize("backend", BACKENDS)
+    def test_a_class_assigned_in_place_after_a_call_is_refused(self, backend):
+        """``sub.__class__ = Other`` (as parametrize and module converters do) changes no dict the
+        module cache watches: a warm call must still see it, as the first call's walk does."""
+
+        class Zeroed(nn.ReLU):
+            def forward(self, x):
+                return x * 0
+
+        def net():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.ReLU())
+
+        x = torch.randn(3, 4)
+        f = _runnable("layernorm", _forward, net(), x, backend=backend)
+        for path, swap in (("2", lambda m: m[2]), ("", lambda m: m)):
+            model = net()
+            torch.testing.assert_close(f(model, x), model(x))  # warm: the module cache holds model
+            module = swap(model)
+            original = type(module)
+            module.__class__ = Zeroed if path else type("Other", (nn.Sequential,), {})
+            self.assertRefused(
+                rf"args\[0\]{re.escape('.' + path) if path else ''} is a .*, but was a {re.escape(original.__module__)}",
+                lambda: f(model, x),
+                model,
+            )
+            module.__class__ = original  # the class put back: honoured again
+            torch.testing.assert_close(f(model, x), model(x))
+
     def test_state_passed_again_as_an_input_is_refused(self):
         model, x = _linear(), torch.randn(3, 4)
         for again, path in (((model.weight,), r"args\[2\]\[0\] is \(or shares memory with\) args\[0\]\.weight"),

@@ -777,12 +777,13 @@ says who guarantees it and, where it is enforced, which tests (in
    class's ``__init_subclass__``), and on ``type(d) is dict`` for a dict
    input (a probe dict subclass, invariant 3); a grad-mode query bound
    before capture (``from torch import is_grad_enabled``, which the trace's
-   wrapper on ``torch`` does not reach); ``param.data = ...`` and
-   ``m.__class__ = ...`` on a module or on a config it reads, after a call
-   (the module cache watches dicts, not classes; a check of every
-   submodule's class measured ~11 us a call on a 151-module model) (a ``_parameters`` / ``_buffers`` entry is
+   wrapper on ``torch`` does not reach); ``param.data = ...`` after a call (a ``_parameters`` / ``_buffers`` entry is
    looked up by name at every call, and rebinding either dict is seen:
-   test_module_edits_bypassing_hooks_are_seen), and, once a model was
+   test_module_edits_bypassing_hooks_are_seen); ``obj.__class__ = ...``
+   after a call on an object fn reads that cannot be referenced weakly
+   (``__slots__`` without ``__weakref__``: the module cache checks the
+   class of every module, and of every other object it can hold weakly);
+   and, once a model was
    called, writes into those private dicts that bypass nn.Module's API
    and its registration hooks (``m._parameters["w"] = other`` tying two
    names or sharing memory, a ``_forward_hooks`` dict replaced by a filled

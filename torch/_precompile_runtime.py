@@ -783,6 +783,14 @@ class _ModuleCache(Record):
     containers: list
     container_copies: list  # ... a copy of each, holding its elements
     class_and_element_ids: list  # id() of each class value, then of each container's elements
+    # The class of each module and object the walk read: ``m.__class__ = Other`` writes no
+    # dict watched above.  The submodules are held as ``lengths`` holds them; the module
+    # arguments and the other objects by a weakref (a strong one could keep the module
+    # arguments alive), so one that cannot be referenced weakly (__slots__ without
+    # __weakref__) is not among them.
+    class_objects: list
+    class_refs: list
+    classes: list  # of class_objects, then of class_refs' referents
 
     def watched_unchanged(self) -> bool:
         """With ``generation`` still ``_STRUCTURE[0]``: whether the walk this entry records
@@ -796,7 +804,18 @@ class _ModuleCache(Record):
             not self.class_and_element_ids
             or [*map(id, map(getattr, self.class_owners, self.class_names, _ABSENT)), *map(_element_ids, self.containers)]
             == self.class_and_element_ids
-        )
+        ) and _classes_unchanged(self.class_objects, self.class_refs, self.classes)
+
+
+def _weak_refs(objects: Any) -> list:
+    """A weakref to each of ``objects`` that can be referenced weakly."""
+    refs = []
+    for item in objects:
+        try:
+            refs.append(weakref.ref(item))
+        except TypeError:
+            pass
+    return refs
 
 
 def _lifted_tensors(cached: _ModuleCache) -> list:
@@ -834,6 +853,16 @@ _entries_unchanged = _C.entries_unchanged if _ABI_2 else _entries_unchanged_in_p
 _dict_version = _C.dict_version if _ABI_2 else lambda d: 0
 
 
+def _classes_unchanged_in_python(objects: list, refs: list, classes: list) -> bool:
+    """The classes of ``objects``, then of the weakrefs ``refs``' referents (NoneType for one
+    that is gone), are ``classes``."""
+    return [*map(type, objects), *map(type, map(weakref.ref.__call__, refs))] == classes
+
+
+# Added to the extension at ABI 3 (an older build of it lacks it).
+_classes_unchanged = getattr(_C, "classes_unchanged", _classes_unchanged_in_python)
+
+
 NO_PATH = object()  # an attribute path whose owner is gone: matches no recorded value
 
 
@@ -851,12 +880,14 @@ class ValueReads:
         self.entries: dict = {}  # (id(vars), name) -> (vars, name): each watched dict entry once
         self.classes: dict = {}  # (id(class), name) -> (class, name)
         self.containers: dict = {}  # id -> list or dict
+        self.owners: dict = {}  # id -> each object read from, whose class answered the reads
 
     def read(self, owner: Any, name: str) -> Any:
         """``owner.name`` where it is a plain value in ``vars(owner)`` or on its class, else MISSING."""
         values = getattr(owner, "__dict__", None)
         if type(values) is not dict:
             return MISSING
+        self.owners[id(owner)] = owner
         self.entries.setdefault((id(values), name), (values, name))
         value = values.get(name, MISSING)
         if value is MISSING:
@@ -1606,6 +1637,10 @@ class ModuleArguments:
         class_values = [getattr(owner, name, MISSING) for owner, name in classes]
         containers = list(reads.containers.values())
         copies = [type(c)(c) for c in containers]
+        roots = {id(module): module for module in modules}
+        held = {id(sub): sub for sub in submodules if id(sub) not in roots}
+        weakly = {**{i: owner for i, owner in reads.owners.items() if i not in held}, **roots}
+        class_refs = _weak_refs(weakly.values())
         forget = functools.partial(_forget, self.cache, key)
         cached = _ModuleCache(
             refs=tuple(weakref.ref(m, forget) for m in modules),
@@ -1625,6 +1660,9 @@ class ModuleArguments:
             containers=containers,
             container_copies=copies,
             class_and_element_ids=[*map(id, class_values), *map(_element_ids, copies)],
+            class_objects=list(held.values()),
+            class_refs=class_refs,
+            classes=[*map(type, held.values()), *map(type, map(weakref.ref.__call__, class_refs))],
         )
         # Checked again, after the snapshot the next calls compare by identity: another
         # thread's write between the checks above and the snapshot would be cached as checked.

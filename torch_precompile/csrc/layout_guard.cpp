@@ -34,9 +34,16 @@
 //     CPython's per-dict version tag (PEP 509; changes with every write to
 //     the dict) where this Python has one, else 0 (never equal: values compared).
 //
+//   classes_unchanged(objects, refs, classes) -> bool
+//     [*map(type, objects), *(type(ref()) for ref in refs)] == classes, by
+//     identity (NoneType for a referent that is gone): ``m.__class__ =
+//     Other`` writes no dict, so only the object's class shows it.
+//
 // ABI_VERSION (a module int) moves whenever a signature or meaning changes:
 // 2 added the tuple form of lengths[j] and dict_version; 3, gather() None
-// under a torch function or dispatch mode.  A driver (the copy
+// under a torch function or dispatch mode.  A function added keeps it
+// (classes_unchanged: drivers look it up by name, and older ones use the
+// rest as before).  A driver (the copy
 // an artifact carries included) uses the extension only at an ABI it names
 // (DRIVER_ABIS in torch/_precompile_runtime.py); at any other it checks with
 // TensorGuards and Python loops, as without the extension.
@@ -374,12 +381,61 @@ PyObject* entries_unchanged(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   Py_RETURN_TRUE;
 }
 
+// The class of a weakref's referent (NoneType once it is gone), or nullptr with an error set.
+PyObject* referent_class(PyObject* ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* object = nullptr;
+  if (PyWeakref_GetRef(ref, &object) < 0) {
+    return nullptr;
+  }
+  PyObject* cls = reinterpret_cast<PyObject*>(object == nullptr ? Py_TYPE(Py_None) : Py_TYPE(object));
+  Py_XDECREF(object);  // the class outlives this call: the caller's list holds it
+  return cls;
+#else
+  return reinterpret_cast<PyObject*>(Py_TYPE(PyWeakref_GET_OBJECT(ref)));
+#endif
+}
+
+PyObject* classes_unchanged(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+      PyList_GET_SIZE(args[0]) + PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "classes_unchanged(objects, refs, classes): lists, len(classes) the sum");
+    return nullptr;
+  }
+  PyObject *objects = args[0], *refs = args[1], *classes = args[2];
+  Py_ssize_t n = PyList_GET_SIZE(objects);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (reinterpret_cast<PyObject*>(Py_TYPE(PyList_GET_ITEM(objects, i))) != PyList_GET_ITEM(classes, i)) {
+      Py_RETURN_FALSE;
+    }
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(refs); ++i) {
+    PyObject* ref = PyList_GET_ITEM(refs, i);
+    if (!PyWeakref_CheckRef(ref)) {
+      PyErr_SetString(PyExc_TypeError, "classes_unchanged: refs holds a non-weakref");
+      return nullptr;
+    }
+    PyObject* cls = referent_class(ref);
+    if (cls == nullptr) {
+      return nullptr;
+    }
+    if (cls != PyList_GET_ITEM(classes, n + i)) {
+      Py_RETURN_FALSE;
+    }
+  }
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef module_methods[] = {
     {"entries_unchanged", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(entries_unchanged)),
      METH_FASTCALL,
      "entries_unchanged(owners, keys, values, sized, lengths, missing) -> bool: "
      "owners[i].get(keys[i], missing) is values[i], and len(sized[j]) == lengths[j] (an int) or "
      "tuple(sized[j].values()) are lengths[j][1:] (a tuple), by identity"},
+    {"classes_unchanged", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(classes_unchanged)),
+     METH_FASTCALL,
+     "classes_unchanged(objects, refs, classes) -> bool: the classes of objects, then of the referents "
+     "of the weakrefs refs, are classes, by identity"},
     {"dict_version", reinterpret_cast<PyCFunction>(dict_version_of), METH_O,
      "dict_version(d) -> int: the dict's PEP 509 version tag, or 0 where this Python has none"},
     {nullptr, nullptr, 0, nullptr}};
