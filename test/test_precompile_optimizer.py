@@ -144,6 +144,30 @@ class TestOptimizerSemantics(OptimizerTestCase):
             )
 
     @parametrize("backend", BACKENDS)
+    @parametrize("config", ("sgd_momentum_foreach", "adamw"))
+    def test_initial_lr_of_a_scheduler_at_capture_is_not_checked(self, backend, config):
+        # An LR scheduler made before capture adds initial_lr, which the step never reads: a call
+        # without it, or with another value, is eager's.  What the step reads stays checked.
+        model = small_mlp()
+        opt = OPTIMIZERS[config](model)
+        torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        x, y = _data()[0]
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend=backend))
+        for initial_lr in (None, 0.5):
+            model, ref_model = small_mlp(), small_mlp()
+            opt, ref_opt = OPTIMIZERS[config](model), OPTIMIZERS[config](ref_model)
+            if initial_lr is not None:
+                opt.param_groups[0]["initial_lr"] = ref_opt.param_groups[0]["initial_lr"] = initial_lr
+            for x, y in _data(n=3):
+                self.assertEqual(step(model, opt, x, y), train_step(ref_model, ref_opt, x, y), **TOLERANCE)
+                self.assert_same_training_state(model, opt, ref_model, ref_opt)
+        opt.param_groups[0]["weight_decay"] = 0.5
+        self.assert_refused_unchanged(
+            r"args\[1\] \(optimizer\) param_groups\[0\]\['weight_decay'\]: expected 0.01 \(baked at capture\), got 0.5",
+            step, model, opt, x, y,
+        )
+
+    @parametrize("backend", BACKENDS)
     def test_without_zero_grad_inside_fn(self, backend):
         step = _artifact("no_zero_grad", train_step_no_zero_grad, "adamw", backend)
         (model, opt, _), (ref_model, ref_opt, _) = _pair("adamw")

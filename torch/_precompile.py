@@ -978,9 +978,12 @@ says who guarantees it and, where it is enforced, which tests (in
    pass it as an argument;
    test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
-   (every group entry present at capture but ``params``, ``lr`` and the
-   lifted ones: fn may read its own, a loss scale kept there; one deleted
-   since, where eager's step raises KeyError, too), state keys,
+   (the group entries read while fn was traced, by torch's step or fn --
+   all where code read the key set -- and those capture decides from, but
+   ``params``, ``lr`` and the lifted ones: fn may read its own, a loss
+   scale kept there; one deleted since, where eager's step raises KeyError,
+   too; one nothing read, a scheduler's ``initial_lr``, may be absent or
+   other: test_initial_lr_of_a_scheduler_at_capture_is_not_checked), state keys,
    shapes, dtypes and layout, that no state tensor shares memory with
    another, a parameter, buffer or tensor argument, or a stepped
    parameter's ``.grad`` (when the state tensors are other objects than at

@@ -3759,10 +3759,13 @@ class _LiftedOptimizer:
     optimizer: torch.optim.Optimizer
     cls: str  # key of schema.OPTIMIZER_STATE_KEYS
     groups: list  # per param group: indices into args.lifted
-    hyper: list  # per param group: [(key, baked value)], every default but lr and the lifted ones
+    hyper: list  # per param group: [(key, value)], every entry but params, lr and the lifted ones
     keys: tuple  # state keys of one stepped parameter
     state: list  # per (group, param): {key: example tensor} (a clone, or eager's initial state)
     lifted: tuple = ()  # hyperparameters lifted like lr, per group after it ("momentum", "betas[0]")
+    # Per param group: the keys the artifact checks, so bakes (of hyper): those capture decides
+    # from, and those read while fn was traced, by fn or torch's step (_GroupProbe adds them).
+    read: list = dataclasses.field(default_factory=list)
 
     @property
     def num_group_inputs(self) -> int:
@@ -3778,6 +3781,10 @@ _REFUSED_OPTIONS = {
     "traces the capturable formulation itself)",
     "differentiable": "a step that builds autograd history cannot be part of the graph; pass differentiable=False",
 }
+# The group keys _lift_optimizer decides from (refusals, state keys, lifted hyperparameters):
+# checked at every call even where the traced step does not read them (SGD's step reads
+# differentiable from opt.defaults).
+_DECIDED_AT_CAPTURE = (*_REFUSED_OPTIONS, "dampening", "momentum", "nesterov", "amsgrad")
 
 
 def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptimizer:
@@ -3838,7 +3845,8 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
             state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), lifted[index].tensor))
         groups.append(indices)
         hyper.append(_baked_hyperparameters(group, cycled))
-    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled)
+    read = [set(_DECIDED_AT_CAPTURE) for _ in groups]
+    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled, read)
 
 
 def _cycled_hyperparameters(cls: str, group: dict) -> tuple:
@@ -3862,9 +3870,10 @@ def _graph_input_keys(lifted: tuple) -> dict:
 
 
 def _baked_hyperparameters(group: dict, lifted: tuple) -> list:
-    """(key, value) of the group's entries the artifact bakes: all but params and the graph inputs.
+    """(key, value) of the group's entries the artifact may bake: all but params and the graph inputs.
 
     Keys beyond the optimizer's defaults too: fn may read one (a loss scale kept in the group).
+    The spec keeps those the trace read (_LiftedOptimizer.read).
     """
     graph_inputs = _graph_input_keys(lifted)
     baked = []
@@ -4031,7 +4040,8 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
                     swapped.append(_set_lifted_hyperparameter(traced, key, next(inputs)))
                 if lifted.cls != "SGD":
                     traced["capturable"] = True
-                caller.traced.append(_GroupProbe(traced, group, f"{caller.where}.param_groups[{g}]", lifted.lifted))
+                where = f"{caller.where}.param_groups[{g}]"
+                caller.traced.append(_GroupProbe(traced, group, where, lifted.lifted, lifted.read[g]))
             optimizer.param_groups[:] = caller.traced
             traced_state = collections.defaultdict(dict)
             for group in caller.traced:
@@ -4101,8 +4111,10 @@ class _GroupProbe(dict):
     The artifact steps with the group's values as each call finds them and
     never writes the group, so a write by any code (``g["lr"] *= 0.5``) is
     refused before it happens.  It checks at every call the values of the keys
-    the group had at capture, not which keys it has (an LR scheduler adds
-    ``initial_lr``), so fn's own code may not look up a key the group lacks
+    read here, by any code (all of them where its key set is read), and of
+    those capture decides from, not which keys the group has: an LR
+    scheduler's ``initial_lr``, which the step never reads, may be absent or
+    other at a call.  So fn's own code may not look up a key the group lacks
     (``g.get("loss_scale", 1.0)``) or read its key set (iteration, ``len``,
     copies); nor read a key whose traced value is not the caller's
     (``capturable``, ``foreach``, set for the trace), nor ``lr`` or a lifted
@@ -4111,11 +4123,11 @@ class _GroupProbe(dict):
     optimizer's constructor fills in.  Each refusal names fn's line.
     """
 
-    __slots__ = ("where", "traced_only", "graph_inputs")
+    __slots__ = ("where", "traced_only", "graph_inputs", "read")
 
-    def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple):
+    def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple, read: set):
         super().__init__(traced)
-        self.where = where
+        self.where, self.read = where, read  # read: the keys the artifact checks (_LiftedOptimizer.read)
         self.graph_inputs = _graph_input_keys(lifted)  # key -> the graph input it holds ("betas" -> "betas[0]")
         kept = ("params", *self.graph_inputs)
         self.traced_only = {k: caller.get(k) for k in traced if k not in kept and traced[k] is not caller.get(k)}
@@ -4139,8 +4151,8 @@ class _GroupProbe(dict):
     def refuse_absent(self, key: Any) -> None:
         raise PrecompileError(
             f"fn reads {self.where}[{key!r}]{_user_line(traceback.extract_stack())}, a key the group does not "
-            "have: the artifact checks at every call the keys the group had at capture, so the key added later "
-            "would go unseen; put it in the group before precompile (e.g. in the optimizer's constructor), "
+            "have: the artifact checks at every call the values of the keys read at capture, so the key added "
+            "later would go unseen; put it in the group before precompile (e.g. in the optimizer's constructor), "
             "or pass the value as an argument of fn"
         )
 
@@ -4170,6 +4182,7 @@ class _GroupProbe(dict):
         )
 
     def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
         if (key in self.traced_only or key in self.graph_inputs) and _caller_is_fn():
             self.refuse_unchecked_read(key)
         return dict.__getitem__(self, key)
@@ -4180,11 +4193,13 @@ class _GroupProbe(dict):
         raise KeyError(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
         if _caller_is_fn():
             self.refuse_unchecked_read(key)
         return dict.get(self, key, default)
 
     def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
         found = dict.__contains__(self, key)
         if not found and _caller_is_fn():
             self.refuse_absent(key)
@@ -4207,6 +4222,7 @@ _GROUP_KEY_SET_READS = {
 def _refusing_group_write(name: str) -> Callable:
     def refuse(group: _GroupProbe, *args: Any, **kwargs: Any) -> Any:
         if name == "setdefault" and dict.__contains__(group, args[0]):  # a read
+            group.read.add(args[0])
             if _caller_is_fn():
                 group.refuse_unchecked_read(args[0])
             return dict.__getitem__(group, args[0])
@@ -4222,6 +4238,7 @@ def _refusing_key_set_read(name: str) -> Callable:
     def read(group: _GroupProbe, *args: Any) -> Any:
         if _caller_is_fn():
             group.refuse_key_set(_GROUP_KEY_SET_READS[name])
+        group.read.update(dict.keys(group))
         return method(group, *args)
 
     return read
@@ -4367,7 +4384,10 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
                 position=lifted.position,
                 cls=lifted.cls,
                 groups=tuple(tuple(g) for g in lifted.groups),
-                hyper=tuple(tuple(h) for h in lifted.hyper),
+                hyper=tuple(
+                    tuple((key, value) for key, value in baked if key.partition("[")[0] in read)
+                    for baked, read in zip(lifted.hyper, lifted.read)
+                ),
                 keys=tuple(lifted.keys),
                 stepped=tuple(stepped),
                 tensors=tuple(tensors),

@@ -2493,7 +2493,7 @@ class PrecompiledFunction:
             read = " and ".join(("lr", *spec.lifted))
             expected = (
                 f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
-                f"other hyperparameters as baked ({read} read at every call)"
+                f"the other group entries its step or fn read as baked ({read} read at every call)"
             )
             checks.append(Check("optimizer", f"args[{spec.position}]", expected))
             checks.append(Check("optimizer", f"args[{spec.position}] state", "no inference tensor, unless called under torch.inference_mode()"))
