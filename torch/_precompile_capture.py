@@ -2485,7 +2485,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     The eager graph returns the views themselves, made with grad mode off: there
     the driver rebuilds only views of a tensor that requires grad, in the
     caller's grad mode, so that a backward through one reaches its base as in
-    eager (invariant 4); the rest it returns as the graph made them.
+    eager (invariant 4), refusing those as_strided cannot rebuild (``.conj()``,
+    ``.real``); the rest it returns as the graph made them (``.view(dtype)``).
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -2520,15 +2521,23 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
         lazy_bits = (out.is_conj(), out.is_neg()) != (base.is_conj(), base.is_neg())  # x.conj(), x.mH
         if out.dtype != base.dtype or lazy_bits or not all(type(size) is int for size in layout):
-            if not inductor:
-                continue  # as_strided cannot rebuild it: the eager graph's view, as it made it
+            if not inductor and not out.requires_grad:
+                continue  # no history to lose (.view(dtype)): the eager graph's view, as it made it
             differs = (
                 "another dtype"
                 if out.dtype != base.dtype
                 else "a lazy conjugate or negation (.conj(), .mH)" if lazy_bits else "sizes that depend on a marked dim"
             )
+            name = _input_name(args, index)
+            if not inductor:  # .conj(), .real, view_as_real: the graph's view has no history
+                raise PrecompileError(
+                    f"fn returns a view of {name} with {differs} that autograd follows back to it: the eager "
+                    "graph makes it with grad mode off and as_strided cannot make it again in the caller's grad "
+                    "mode, so a backward through it would not reach the input as in eager. Return the input itself "
+                    "and take the view outside fn, or .detach() it (the artifact's outputs carry no autograd history)"
+                )
             raise PrecompileError(
-                f"fn returns a view of {_input_name(args, index)} with {differs}: "
+                f"fn returns a view of {name} with {differs}: "
                 "backend='inductor' returns new tensors and cannot rebuild that view, so writes "
                 "through it would not reach the input as in eager. Return a .clone() (or the "
                 "input itself), or use backend='eager'"
