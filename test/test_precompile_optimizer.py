@@ -820,6 +820,21 @@ class TestOptimizerContract(OptimizerTestCase):
             step(model, opt, x, y)
         self.assertEqual(list(model.parameters()), before, atol=0, rtol=0)
 
+    def test_numpy_group_values_the_step_reads_are_refused_saying_so(self):
+        # A numpy float64 is a float: it passed every check until python_code could not write it.
+        for opt_fn, entry in (
+            (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, weight_decay=np.float64(0.01)), r"\['weight_decay'\]"),
+            (lambda m: torch.optim.Adam(m.parameters(), betas=(0.9, np.float64(0.999))), r"\['betas'\]"),
+        ):
+            with self.subTest(entry):
+                self.assert_capture_refused_unchanged(
+                    train_step,
+                    opt_fn,
+                    rf"^args\[1\] \(optimizer\) param_groups\[0\]{entry} holds a numpy.float64 \(.*\), which the "
+                    r"artifact bakes and checks at every call as a Python literal: make it a Python float, .*"
+                    r"\(float\(value\) for a numpy scalar\)",
+                )
+
     def assert_capture_refused_unchanged(self, fn, opt_fn, message, backend="eager"):
         """precompile(fn) refused with ``message``; model, .grad and optimizer (its group dicts too) as before."""
         model = small_mlp()

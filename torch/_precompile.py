@@ -964,7 +964,8 @@ says who guarantees it and, where it is enforced, which tests (in
    The step reads the incoming ``.grad`` (invariant 13), so it is a graph
    input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
-   dampening, tensor hyperparameters, step hooks, ``step`` / ``zero_grad``
+   dampening, tensor hyperparameters, a baked one that is a numpy scalar
+   (test_numpy_group_values_the_step_reads_are_refused_saying_so), step hooks, ``step`` / ``zero_grad``
    set on the optimizer itself (``opt.step = wrapper``; torch's LR scheduler
    wrapper excepted; also at every call:
    test_step_or_zero_grad_set_on_the_optimizer_is_refused), one optimizer at

@@ -4393,10 +4393,7 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
                 position=lifted.position,
                 cls=lifted.cls,
                 groups=tuple(tuple(g) for g in lifted.groups),
-                hyper=tuple(
-                    tuple((key, value) for key, value in baked if key.partition("[")[0] in read)
-                    for baked, read in zip(lifted.hyper, lifted.read)
-                ),
+                hyper=_checked_group_values(lifted),
                 keys=tuple(lifted.keys),
                 stepped=tuple(stepped),
                 tensors=tuple(tensors),
@@ -4404,6 +4401,27 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
             )
         )
     return tuple(specs), unused, position
+
+
+def _checked_group_values(lifted: _LiftedOptimizer) -> tuple:
+    """Per param group, the (key, value) entries the artifact bakes and checks at every call:
+    those read (_LiftedOptimizer.read), each a literal python_code can hold."""
+    checked = []
+    for g, (entries, read) in enumerate(zip(lifted.hyper, lifted.read)):
+        kept = tuple((key, value) for key, value in entries if key.partition("[")[0] in read)
+        for key, value in kept:
+            values = value if type(value) is tuple else (value,)
+            bad = next((v for v in values if type(v) not in schema.LEAF_VALUE_TYPES), None)  # numpy's float64 is a float
+            if bad is not None:
+                name = key.partition("[")[0]
+                raise PrecompileError(
+                    f"args[{lifted.position}] (optimizer) param_groups[{g}][{name!r}] holds a "
+                    f"{type(bad).__module__}.{type(bad).__qualname__} ({bad!r}), which the artifact bakes and checks at "
+                    "every call as a Python literal: make it a Python float, int, bool, str or None "
+                    "(float(value) for a numpy scalar) before precompile"
+                )
+        checked.append(kept)
+    return tuple(checked)
 
 
 def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, recorded: dict) -> dict:
