@@ -526,21 +526,23 @@ class TestOptimizerContract(OptimizerTestCase):
         step(model, opt, x, y)
 
     def test_calls_where_eagers_step_raises_are_refused(self):
-        # A beta1 of 1 (eager divides by 1 - beta1 ** step) and a plain dict for opt.state
-        # without the parameter's entry (eager's _init_group indexes it): eager raises.
+        # A beta1 of 1 (eager divides by 1 - beta1 ** step), a plain dict for opt.state
+        # without the parameter's entry (eager's _init_group indexes it) and defaults'
+        # differentiable (eager's step runs with grad mode on, then writes a leaf): eager raises.
         model = small_mlp()
         x, y = _data()[0]
         step = precompile.load(*precompile(train_step, model, OPTIMIZERS["adam"](model), x, y, backend="eager"))
         edits = {
             r"param_groups\[0\]\['betas'\]\[0\] is 1, where eager's step raises ZeroDivisionError": lambda o: o.param_groups[0].__setitem__("betas", (1.0, 0.999)),
             r"^args\[1\] \(optimizer\)\.state is a dict without an entry for param_groups\[0\]\['params'\]\[0\], where eager's step raises KeyError": lambda o: setattr(o, "state", {}),
+            r"^args\[1\] \(optimizer\)\.defaults\['differentiable'\] is True, where eager's step raises RuntimeError.*set it back to False": lambda o: o.defaults.__setitem__("differentiable", True),
         }
         for message, edit in edits.items():
             with self.subTest(message):
                 eager_model = copy.deepcopy(model)  # eager raises after backward
                 eager_opt = OPTIMIZERS["adam"](eager_model)
                 edit(eager_opt)
-                with self.assertRaises((ZeroDivisionError, KeyError)):
+                with self.assertRaises((ZeroDivisionError, KeyError, RuntimeError)):
                     train_step(eager_model, eager_opt, x, y)
                 opt = OPTIMIZERS["adam"](model)
                 edit(opt)

@@ -998,7 +998,8 @@ says who guarantees it and, where it is enforced, which tests (in
    by it: an element whose gradient has been 0 would become NaN where eager
    leaves it; run that step with fn itself:
    test_adam_call_with_lr_zero_is_refused), that no call goes where eager's
-   step raises (a beta1 of 1; ``opt.state`` a plain dict lacking an entry:
+   step raises (a beta1 of 1; ``opt.state`` a plain dict lacking an entry;
+   ``opt.defaults['differentiable']`` set after capture:
    test_calls_where_eagers_step_raises_are_refused), and
    that no step hook (the optimizer's own or torch.optim's global ones,
    which eager's step() runs) was added (test_precompile_optimizer.py,

@@ -3277,6 +3277,11 @@ class OptimizerArgument:
                 f"{self.where}: {shadowed}; the artifact runs the step traced at capture, not it: remove it "
                 "or call fn eagerly"
             )
+        if optimizer.defaults.get("differentiable"):  # not a group entry: torch's step reads it here
+            raise PrecompileError(
+                f"{self.where}.defaults['differentiable'] is True, where eager's step raises RuntimeError (it "
+                "updates the parameters in place with grad mode on); set it back to False"
+            )
         groups = optimizer.param_groups
         if len(groups) != len(spec.groups):
             raise PrecompileError(
