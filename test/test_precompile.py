@@ -1799,8 +1799,8 @@ class TestChecksListing(TestCase):
             "value         args[4]: 2.0 (baked)",
             "alias         args[0].1.num_batches_tracked (buffer): shares memory with no other tensor argument (the graph writes it)",
             "same          args[2], args[3]: 2 distinct tensors, as at capture (fn may branch on identity)",
-            "optimizer     args[1]: torch.optim.AdamW over the captured parameters (parameter groups: 1), other "
-            "hyperparameters as baked (lr and betas[0] read at every call)",
+            "optimizer     args[1]: torch.optim.AdamW over the captured parameters (parameter groups: 1), the other "
+            "group entries its step or fn read as baked (lr and betas[0] read at every call)",
         ):
             self.assertIn(line, lines)
         kinds = [line.split(" ", 1)[0] for line in lines]

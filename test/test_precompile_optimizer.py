@@ -144,6 +144,30 @@ class TestOptimizerSemantics(OptimizerTestCase):
             )
 
     @parametrize("backend", BACKENDS)
+    @parametrize("config", ("sgd_momentum_foreach", "adamw"))
+    def test_initial_lr_of_a_scheduler_at_capture_is_not_checked(self, backend, config):
+        # An LR scheduler made before capture adds initial_lr, which the step never reads: a call
+        # without it, or with another value, is eager's.  What the step reads stays checked.
+        model = small_mlp()
+        opt = OPTIMIZERS[config](model)
+        torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        x, y = _data()[0]
+        step = precompile.load(*precompile(train_step, model, opt, x, y, backend=backend))
+        for initial_lr in (None, 0.5):
+            model, ref_model = small_mlp(), small_mlp()
+            opt, ref_opt = OPTIMIZERS[config](model), OPTIMIZERS[config](ref_model)
+            if initial_lr is not None:
+                opt.param_groups[0]["initial_lr"] = ref_opt.param_groups[0]["initial_lr"] = initial_lr
+            for x, y in _data(n=3):
+                self.assertEqual(step(model, opt, x, y), train_step(ref_model, ref_opt, x, y), **TOLERANCE)
+                self.assert_same_training_state(model, opt, ref_model, ref_opt)
+        opt.param_groups[0]["weight_decay"] = 0.5
+        self.assert_refused_unchanged(
+            r"args\[1\] \(optimizer\) param_groups\[0\]\['weight_decay'\]: expected 0.01 \(baked at capture\), got 0.5",
+            step, model, opt, x, y,
+        )
+
+    @parametrize("backend", BACKENDS)
     def test_without_zero_grad_inside_fn(self, backend):
         step = _artifact("no_zero_grad", train_step_no_zero_grad, "adamw", backend)
         (model, opt, _), (ref_model, ref_opt, _) = _pair("adamw")
@@ -502,21 +526,23 @@ class TestOptimizerContract(OptimizerTestCase):
         step(model, opt, x, y)
 
     def test_calls_where_eagers_step_raises_are_refused(self):
-        # A beta1 of 1 (eager divides by 1 - beta1 ** step) and a plain dict for opt.state
-        # without the parameter's entry (eager's _init_group indexes it): eager raises.
+        # A beta1 of 1 (eager divides by 1 - beta1 ** step), a plain dict for opt.state
+        # without the parameter's entry (eager's _init_group indexes it) and defaults'
+        # differentiable (eager's step runs with grad mode on, then writes a leaf): eager raises.
         model = small_mlp()
         x, y = _data()[0]
         step = precompile.load(*precompile(train_step, model, OPTIMIZERS["adam"](model), x, y, backend="eager"))
         edits = {
             r"param_groups\[0\]\['betas'\]\[0\] is 1, where eager's step raises ZeroDivisionError": lambda o: o.param_groups[0].__setitem__("betas", (1.0, 0.999)),
             r"^args\[1\] \(optimizer\)\.state is a dict without an entry for param_groups\[0\]\['params'\]\[0\], where eager's step raises KeyError": lambda o: setattr(o, "state", {}),
+            r"^args\[1\] \(optimizer\)\.defaults\['differentiable'\] is True, where eager's step raises RuntimeError.*set it back to False": lambda o: o.defaults.__setitem__("differentiable", True),
         }
         for message, edit in edits.items():
             with self.subTest(message):
                 eager_model = copy.deepcopy(model)  # eager raises after backward
                 eager_opt = OPTIMIZERS["adam"](eager_model)
                 edit(eager_opt)
-                with self.assertRaises((ZeroDivisionError, KeyError)):
+                with self.assertRaises((ZeroDivisionError, KeyError, RuntimeError)):
                     train_step(eager_model, eager_opt, x, y)
                 opt = OPTIMIZERS["adam"](model)
                 edit(opt)
@@ -795,6 +821,21 @@ class TestOptimizerContract(OptimizerTestCase):
         with self.assertRaisesRegex(PrecompileError, r"param_groups\[0\]\['loss_scale'\]: expected 1.0 \(baked at capture\), got 4.0"):
             step(model, opt, x, y)
         self.assertEqual(list(model.parameters()), before, atol=0, rtol=0)
+
+    def test_numpy_group_values_the_step_reads_are_refused_saying_so(self):
+        # A numpy float64 is a float: it passed every check until python_code could not write it.
+        for opt_fn, entry in (
+            (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, weight_decay=np.float64(0.01)), r"\['weight_decay'\]"),
+            (lambda m: torch.optim.Adam(m.parameters(), betas=(0.9, np.float64(0.999))), r"\['betas'\]"),
+        ):
+            with self.subTest(entry):
+                self.assert_capture_refused_unchanged(
+                    train_step,
+                    opt_fn,
+                    rf"^args\[1\] \(optimizer\) param_groups\[0\]{entry} holds a numpy.float64 \(.*\), which the "
+                    r"artifact bakes and checks at every call as a Python literal: make it a Python float, .*"
+                    r"\(float\(value\) for a numpy scalar\)",
+                )
 
     def assert_capture_refused_unchanged(self, fn, opt_fn, message, backend="eager"):
         """precompile(fn) refused with ``message``; model, .grad and optimizer (its group dicts too) as before."""

@@ -353,6 +353,34 @@ class TestSoundness(TestCase):
         self.assertIsNone(row.grad_fn)
         self.assertEqual(row.requires_grad, rows(expected, x)[0].requires_grad)
 
+    def test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused(self):
+        """backend='eager' returns its graph's own view of a parameter where as_strided cannot
+        rebuild it (a lazy conjugate, another dtype): eager's where autograd does not follow it
+        back (a frozen parameter, .view(dtype)); where it does, that view had no history, so a
+        backward through it left .grad untouched and raised nothing: refused."""
+        def views(m, x):
+            return m.weight.conj(), m.weight.view(torch.float64), x * 2
+
+        x = torch.randn(2, 3)
+        frozen = nn.Linear(3, 4, dtype=torch.complex64).requires_grad_(False)
+        f = precompile.load(*precompile(views, frozen, x, backend="eager"))
+        model = nn.Linear(3, 4, dtype=torch.complex64).requires_grad_(False)
+        for got, expected in zip(f(model, x), views(model, x), strict=True):
+            self.assertEqual(got, expected, atol=0, rtol=0)
+            self.assertEqual((got.is_conj(), got.dtype, got.requires_grad), (expected.is_conj(), expected.dtype, expected.requires_grad))
+        self.assertEqual(f(model, x)[0].data_ptr(), model.weight.data_ptr())
+        trainable = nn.Linear(3, 4, dtype=torch.complex64)
+        f = precompile.load(*precompile(lambda m, x: m.weight.view(torch.float64), trainable, x, backend="eager"))
+        self.assertEqual(f(trainable, x), trainable.weight.view(torch.float64), atol=0, rtol=0)
+        for view, differs in ((torch.conj, "a lazy conjugate"), (torch.view_as_real, "another dtype")):
+            with self.subTest(differs), self.assertRaisesRegex(
+                PrecompileError,
+                rf"fn returns a view of args\[0\]\.weight \(parameter\) with {differs}.* that autograd follows back "
+                r"to it: .*a backward through it would not reach the input as in eager\. Return the input "
+                r"itself and take the view outside fn, or \.detach\(\) it",
+            ):
+                precompile(lambda m, x: view(m.weight), trainable, x, backend="eager")
+
     def test_nearest_upsampling_by_a_scale_factor_is_differentiated_as_eager_or_refused(self):
         """Inductor's upsample_nearest2d_backward ignores the scale: with scale_factor=1.7 the
         gradient went to other input pixels than eager's (the forward was right)."""

@@ -138,7 +138,10 @@ says who guarantees it and, where it is enforced, which tests (in
    of a tensor argument requiring grad (``m.weight.t()``) is made again from
    that argument after the graph, in the caller's grad mode, so a backward
    through it reaches the parameter as through eager's view (its node is
-   ``AsStridedBackward0``; test_a_backward_through_a_returned_view_of_a_parameter_reaches_it).
+   ``AsStridedBackward0``; test_a_backward_through_a_returned_view_of_a_parameter_reaches_it);
+   one as_strided cannot make again that autograd follows back to it (a lazy
+   ``.conj()``, ``.real``, ``view_as_real``) is refused at capture
+   (test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused).
    Enforced (TestTraining, test_precompile_zoo.py).
 5. Side effects.  Effectful ops and control-flow higher-order ops are refused
    at capture, and so is rebinding a module attribute instead of updating it
@@ -962,7 +965,8 @@ says who guarantees it and, where it is enforced, which tests (in
    The step reads the incoming ``.grad`` (invariant 13), so it is a graph
    input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
-   dampening, tensor hyperparameters, step hooks, ``step`` / ``zero_grad``
+   dampening, tensor hyperparameters, a baked one that is a numpy scalar
+   (test_numpy_group_values_the_step_reads_are_refused_saying_so), step hooks, ``step`` / ``zero_grad``
    set on the optimizer itself (``opt.step = wrapper``; torch's LR scheduler
    wrapper excepted; also at every call:
    test_step_or_zero_grad_set_on_the_optimizer_is_refused), one optimizer at
@@ -979,9 +983,12 @@ says who guarantees it and, where it is enforced, which tests (in
    pass it as an argument;
    test_fn_reading_lr_or_a_lifted_hyperparameter_is_refused).  Checked at every call: class, number of groups,
    the parameters (identity against the runtime modules'), baked values
-   (every group entry present at capture but ``params``, ``lr`` and the
-   lifted ones: fn may read its own, a loss scale kept there; one deleted
-   since, where eager's step raises KeyError, too), state keys,
+   (the group entries read while fn was traced, by torch's step or fn --
+   all where code read the key set -- and those capture decides from, but
+   ``params``, ``lr`` and the lifted ones: fn may read its own, a loss
+   scale kept there; one deleted since, where eager's step raises KeyError,
+   too; one nothing read, a scheduler's ``initial_lr``, may be absent or
+   other: test_initial_lr_of_a_scheduler_at_capture_is_not_checked), state keys,
    shapes, dtypes and layout, that no state tensor shares memory with
    another, a parameter, buffer or tensor argument, or a stepped
    parameter's ``.grad`` (when the state tensors are other objects than at
@@ -992,7 +999,8 @@ says who guarantees it and, where it is enforced, which tests (in
    by it: an element whose gradient has been 0 would become NaN where eager
    leaves it; run that step with fn itself:
    test_adam_call_with_lr_zero_is_refused), that no call goes where eager's
-   step raises (a beta1 of 1; ``opt.state`` a plain dict lacking an entry:
+   step raises (a beta1 of 1; ``opt.state`` a plain dict lacking an entry;
+   ``opt.defaults['differentiable']`` set after capture:
    test_calls_where_eagers_step_raises_are_refused), and
    that no step hook (the optimizer's own or torch.optim's global ones,
    which eager's step() runs) was added (test_precompile_optimizer.py,

@@ -2485,7 +2485,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     The eager graph returns the views themselves, made with grad mode off: there
     the driver rebuilds only views of a tensor that requires grad, in the
     caller's grad mode, so that a backward through one reaches its base as in
-    eager (invariant 4); the rest it returns as the graph made them.
+    eager (invariant 4), refusing those as_strided cannot rebuild (``.conj()``,
+    ``.real``); the rest it returns as the graph made them (``.view(dtype)``).
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -2520,15 +2521,23 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
         lazy_bits = (out.is_conj(), out.is_neg()) != (base.is_conj(), base.is_neg())  # x.conj(), x.mH
         if out.dtype != base.dtype or lazy_bits or not all(type(size) is int for size in layout):
-            if not inductor:
-                continue  # as_strided cannot rebuild it: the eager graph's view, as it made it
+            if not inductor and not out.requires_grad:
+                continue  # no history to lose (.view(dtype)): the eager graph's view, as it made it
             differs = (
                 "another dtype"
                 if out.dtype != base.dtype
                 else "a lazy conjugate or negation (.conj(), .mH)" if lazy_bits else "sizes that depend on a marked dim"
             )
+            name = _input_name(args, index)
+            if not inductor:  # .conj(), .real, view_as_real: the graph's view has no history
+                raise PrecompileError(
+                    f"fn returns a view of {name} with {differs} that autograd follows back to it: the eager "
+                    "graph makes it with grad mode off and as_strided cannot make it again in the caller's grad "
+                    "mode, so a backward through it would not reach the input as in eager. Return the input itself "
+                    "and take the view outside fn, or .detach() it (the artifact's outputs carry no autograd history)"
+                )
             raise PrecompileError(
-                f"fn returns a view of {_input_name(args, index)} with {differs}: "
+                f"fn returns a view of {name} with {differs}: "
                 "backend='inductor' returns new tensors and cannot rebuild that view, so writes "
                 "through it would not reach the input as in eager. Return a .clone() (or the "
                 "input itself), or use backend='eager'"
@@ -3759,10 +3768,13 @@ class _LiftedOptimizer:
     optimizer: torch.optim.Optimizer
     cls: str  # key of schema.OPTIMIZER_STATE_KEYS
     groups: list  # per param group: indices into args.lifted
-    hyper: list  # per param group: [(key, baked value)], every default but lr and the lifted ones
+    hyper: list  # per param group: [(key, value)], every entry but params, lr and the lifted ones
     keys: tuple  # state keys of one stepped parameter
     state: list  # per (group, param): {key: example tensor} (a clone, or eager's initial state)
     lifted: tuple = ()  # hyperparameters lifted like lr, per group after it ("momentum", "betas[0]")
+    # Per param group: the keys the artifact checks, so bakes (of hyper): those capture decides
+    # from, and those read while fn was traced, by fn or torch's step (_GroupProbe adds them).
+    read: list = dataclasses.field(default_factory=list)
 
     @property
     def num_group_inputs(self) -> int:
@@ -3778,6 +3790,10 @@ _REFUSED_OPTIONS = {
     "traces the capturable formulation itself)",
     "differentiable": "a step that builds autograd history cannot be part of the graph; pass differentiable=False",
 }
+# The group keys _lift_optimizer decides from (refusals, state keys, lifted hyperparameters):
+# checked at every call even where the traced step does not read them (SGD's step reads
+# differentiable from opt.defaults).
+_DECIDED_AT_CAPTURE = (*_REFUSED_OPTIONS, "dampening", "momentum", "nesterov", "amsgrad")
 
 
 def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptimizer:
@@ -3838,7 +3854,8 @@ def _lift_optimizer(position: int, optimizer: Any, lifted: list) -> _LiftedOptim
             state.append(_example_optimizer_state(where, g, j, keys, optimizer.state.get(param), lifted[index].tensor))
         groups.append(indices)
         hyper.append(_baked_hyperparameters(group, cycled))
-    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled)
+    read = [set(_DECIDED_AT_CAPTURE) for _ in groups]
+    return _LiftedOptimizer(position, optimizer, cls, groups, hyper, keys or (), state, cycled, read)
 
 
 def _cycled_hyperparameters(cls: str, group: dict) -> tuple:
@@ -3862,9 +3879,10 @@ def _graph_input_keys(lifted: tuple) -> dict:
 
 
 def _baked_hyperparameters(group: dict, lifted: tuple) -> list:
-    """(key, value) of the group's entries the artifact bakes: all but params and the graph inputs.
+    """(key, value) of the group's entries the artifact may bake: all but params and the graph inputs.
 
     Keys beyond the optimizer's defaults too: fn may read one (a loss scale kept in the group).
+    The spec keeps those the trace read (_LiftedOptimizer.read).
     """
     graph_inputs = _graph_input_keys(lifted)
     baked = []
@@ -4031,7 +4049,8 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
                     swapped.append(_set_lifted_hyperparameter(traced, key, next(inputs)))
                 if lifted.cls != "SGD":
                     traced["capturable"] = True
-                caller.traced.append(_GroupProbe(traced, group, f"{caller.where}.param_groups[{g}]", lifted.lifted))
+                where = f"{caller.where}.param_groups[{g}]"
+                caller.traced.append(_GroupProbe(traced, group, where, lifted.lifted, lifted.read[g]))
             optimizer.param_groups[:] = caller.traced
             traced_state = collections.defaultdict(dict)
             for group in caller.traced:
@@ -4101,8 +4120,10 @@ class _GroupProbe(dict):
     The artifact steps with the group's values as each call finds them and
     never writes the group, so a write by any code (``g["lr"] *= 0.5``) is
     refused before it happens.  It checks at every call the values of the keys
-    the group had at capture, not which keys it has (an LR scheduler adds
-    ``initial_lr``), so fn's own code may not look up a key the group lacks
+    read here, by any code (all of them where its key set is read), and of
+    those capture decides from, not which keys the group has: an LR
+    scheduler's ``initial_lr``, which the step never reads, may be absent or
+    other at a call.  So fn's own code may not look up a key the group lacks
     (``g.get("loss_scale", 1.0)``) or read its key set (iteration, ``len``,
     copies); nor read a key whose traced value is not the caller's
     (``capturable``, ``foreach``, set for the trace), nor ``lr`` or a lifted
@@ -4111,11 +4132,11 @@ class _GroupProbe(dict):
     optimizer's constructor fills in.  Each refusal names fn's line.
     """
 
-    __slots__ = ("where", "traced_only", "graph_inputs")
+    __slots__ = ("where", "traced_only", "graph_inputs", "read")
 
-    def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple):
+    def __init__(self, traced: dict, caller: dict, where: str, lifted: tuple, read: set):
         super().__init__(traced)
-        self.where = where
+        self.where, self.read = where, read  # read: the keys the artifact checks (_LiftedOptimizer.read)
         self.graph_inputs = _graph_input_keys(lifted)  # key -> the graph input it holds ("betas" -> "betas[0]")
         kept = ("params", *self.graph_inputs)
         self.traced_only = {k: caller.get(k) for k in traced if k not in kept and traced[k] is not caller.get(k)}
@@ -4139,8 +4160,8 @@ class _GroupProbe(dict):
     def refuse_absent(self, key: Any) -> None:
         raise PrecompileError(
             f"fn reads {self.where}[{key!r}]{_user_line(traceback.extract_stack())}, a key the group does not "
-            "have: the artifact checks at every call the keys the group had at capture, so the key added later "
-            "would go unseen; put it in the group before precompile (e.g. in the optimizer's constructor), "
+            "have: the artifact checks at every call the values of the keys read at capture, so the key added "
+            "later would go unseen; put it in the group before precompile (e.g. in the optimizer's constructor), "
             "or pass the value as an argument of fn"
         )
 
@@ -4170,6 +4191,7 @@ class _GroupProbe(dict):
         )
 
     def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
         if (key in self.traced_only or key in self.graph_inputs) and _caller_is_fn():
             self.refuse_unchecked_read(key)
         return dict.__getitem__(self, key)
@@ -4180,11 +4202,13 @@ class _GroupProbe(dict):
         raise KeyError(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
         if _caller_is_fn():
             self.refuse_unchecked_read(key)
         return dict.get(self, key, default)
 
     def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
         found = dict.__contains__(self, key)
         if not found and _caller_is_fn():
             self.refuse_absent(key)
@@ -4207,6 +4231,7 @@ _GROUP_KEY_SET_READS = {
 def _refusing_group_write(name: str) -> Callable:
     def refuse(group: _GroupProbe, *args: Any, **kwargs: Any) -> Any:
         if name == "setdefault" and dict.__contains__(group, args[0]):  # a read
+            group.read.add(args[0])
             if _caller_is_fn():
                 group.refuse_unchecked_read(args[0])
             return dict.__getitem__(group, args[0])
@@ -4222,6 +4247,7 @@ def _refusing_key_set_read(name: str) -> Callable:
     def read(group: _GroupProbe, *args: Any) -> Any:
         if _caller_is_fn():
             group.refuse_key_set(_GROUP_KEY_SET_READS[name])
+        group.read.update(dict.keys(group))
         return method(group, *args)
 
     return read
@@ -4367,7 +4393,7 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
                 position=lifted.position,
                 cls=lifted.cls,
                 groups=tuple(tuple(g) for g in lifted.groups),
-                hyper=tuple(tuple(h) for h in lifted.hyper),
+                hyper=_checked_group_values(lifted),
                 keys=tuple(lifted.keys),
                 stepped=tuple(stepped),
                 tensors=tuple(tensors),
@@ -4375,6 +4401,27 @@ def _finish_optimizer_inputs(graph: torch.fx.GraphModule, placeholders: list, ar
             )
         )
     return tuple(specs), unused, position
+
+
+def _checked_group_values(lifted: _LiftedOptimizer) -> tuple:
+    """Per param group, the (key, value) entries the artifact bakes and checks at every call:
+    those read (_LiftedOptimizer.read), each a literal python_code can hold."""
+    checked = []
+    for g, (entries, read) in enumerate(zip(lifted.hyper, lifted.read)):
+        kept = tuple((key, value) for key, value in entries if key.partition("[")[0] in read)
+        for key, value in kept:
+            values = value if type(value) is tuple else (value,)
+            bad = next((v for v in values if type(v) not in schema.LEAF_VALUE_TYPES), None)  # numpy's float64 is a float
+            if bad is not None:
+                name = key.partition("[")[0]
+                raise PrecompileError(
+                    f"args[{lifted.position}] (optimizer) param_groups[{g}][{name!r}] holds a "
+                    f"{type(bad).__module__}.{type(bad).__qualname__} ({bad!r}), which the artifact bakes and checks at "
+                    "every call as a Python literal: make it a Python float, int, bool, str or None "
+                    "(float(value) for a numpy scalar) before precompile"
+                )
+        checked.append(kept)
+    return tuple(checked)
 
 
 def _finish_grad_inputs(graph: torch.fx.GraphModule, placeholders: list, args: _Arguments, recorded: dict) -> dict:

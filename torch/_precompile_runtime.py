@@ -2531,7 +2531,7 @@ class PrecompiledFunction:
             read = " and ".join(("lr", *spec.lifted))
             expected = (
                 f"torch.optim.{spec.cls} over the captured parameters (parameter groups: {len(spec.groups)}), "
-                f"other hyperparameters as baked ({read} read at every call)"
+                f"the other group entries its step or fn read as baked ({read} read at every call)"
             )
             checks.append(Check("optimizer", f"args[{spec.position}]", expected))
             checks.append(Check("optimizer", f"args[{spec.position}] state", "no inference tensor, unless called under torch.inference_mode()"))
@@ -3314,6 +3314,11 @@ class OptimizerArgument:
             raise PrecompileError(
                 f"{self.where}: {shadowed}; the artifact runs the step traced at capture, not it: remove it "
                 "or call fn eagerly"
+            )
+        if optimizer.defaults.get("differentiable"):  # not a group entry: torch's step reads it here
+            raise PrecompileError(
+                f"{self.where}.defaults['differentiable'] is True, where eager's step raises RuntimeError (it "
+                "updates the parameters in place with grad mode on); set it back to False"
             )
         groups = optimizer.param_groups
         if len(groups) != len(spec.groups):

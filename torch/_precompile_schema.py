@@ -388,14 +388,15 @@ class OptimizerSpec(Record):
 
     Graph inputs per optimizer: per param group a 0-dim float64 ``lr`` and one
     per ``lifted`` hyperparameter, then the ``keys`` state tensors of each
-    ``stepped`` parameter.  Every other hyperparameter is baked and must be
-    equal at every call.
+    ``stepped`` parameter.  Every other group entry the trace read (by fn or
+    torch's step) or capture decided from is baked and must be equal at every
+    call; the rest (an LR scheduler's ``initial_lr``) are not checked.
     """
 
     position: Count  # positional index in fn's arguments
     cls: str  # "SGD", "Adam" or "AdamW" (torch.optim.<cls>, exact type; OPTIMIZER_STATE_KEYS)
     groups: tuple[tuple[Count, ...], ...]  # per param group: indices into state
-    hyper: tuple[tuple[tuple[str, PyValue], ...], ...]  # per param group: baked (key, value)
+    hyper: tuple[tuple[tuple[str, PyValue], ...], ...]  # per param group: baked (key, value), the read ones
     keys: tuple[str, ...]  # state keys of one stepped parameter, in input order
     stepped: tuple[tuple[Count, Count], ...]  # (group, index in group) with state inputs
     tensors: tuple[TensorSpec, ...]  # the state inputs, len(stepped) * len(keys)
