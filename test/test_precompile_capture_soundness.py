@@ -1168,6 +1168,20 @@ class TestCaptureSoundness(TestCase):
         ):
             precompile(branch, x, backend="inductor")
 
+    def test_truth_value_of_a_tensor_of_free_size_is_refused_naming_the_line(self):
+        def branch(x):
+            t = x.sum(1)  # its element count is the free dim, which bool() reads
+            return t * 2 if t else t
+
+        x = torch.randn(4, 3)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            rf"^fn needs the concrete size of a tensor whose size depends on a dim marked with mark_unbacked at "
+            rf"{THIS_FILE}:\d+ \(return t \* 2 if t else t\): `if tensor:` and bool\(tensor\) read its element count",
+        ):
+            precompile(branch, x, backend="inductor")
+
     # -- graphs without compute ------------------------------------------------
 
     @parametrize("backend", BACKENDS)

@@ -1664,6 +1664,17 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, record
             if fact is None or len(facts) == _MAX_SIZE_FACTS:
                 raise attempt.guard_error(error) from None
             facts.append(fact)
+        except RuntimeError as error:
+            if not compat.needs_concrete_sizes(error):
+                raise
+            frames = traceback.extract_tb(error.__traceback__)
+            raise PrecompileError(
+                f"fn needs the concrete size of a tensor whose size depends on a dim marked with mark_unbacked"
+                f"{_user_line(frames)}{_library_line(frames)}: `if tensor:` and bool(tensor) read its element count "
+                "(eager raises for more than one element and branches on the value of one), as do ops without "
+                "symbolic-size support. Branch on an explicit size (x.shape[0] > 0, a size fact the artifact "
+                "checks at every call) or with torch.where(cond, a, b), or remove the mark"
+            ) from None
     raise AssertionError("unreachable: each retry merges two shape groups or adds a size fact")
 
 

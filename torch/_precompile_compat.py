@@ -408,6 +408,13 @@ def forget_pending_unbacked_symbols(shape_env: Any) -> None:
     shape_env.pending_fresh_unbacked_symbols.clear()
 
 
+def needs_concrete_sizes(error: RuntimeError) -> bool:
+    """Whether ``error`` is c10's refusal to give a symbolic-size tensor's element count or
+    sizes as integers (``bool(t)``, ops without symbolic-size support): torch 2.11-2.14 raise it
+    as a plain RuntimeError, with no type of its own, so its text identifies it."""
+    return str(error).startswith(("Cannot call numel() on tensor with symbolic sizes", "Cannot call sizes() on tensor with symbolic sizes"))
+
+
 def is_fake(tensor: Any) -> bool:
     # torch._subclasses is private in 2.13; no public is-fake test.
     from torch._subclasses.fake_tensor import is_fake as _is_fake
