@@ -216,6 +216,23 @@ class TestDataParallel(_JobResults):
         self.assertTrue(refusals["batchnorm_untouched"], "a refused call changed .grad, parameters or buffers")
 
     @parametrize("backend", BACKENDS)
+    def test_the_parameters_ddp_averages_must_match_capture(self, backend):
+        # DDP fixes them when it is constructed: those requiring grad then, less its ignored ones.
+        refusals = self.ranks[0]["refusals"][backend]
+        self.assertRegex(
+            refusals["ignored_parameters"],
+            r"^args\[0\]\.parameters_to_ignore is \['0\.bias'\], but was \[\] at capture .*construct DDP with the "
+            r"same ignored parameters and buffers as at capture, or precompile again$",
+        )
+        self.assertRegex(
+            refusals["unfrozen_after_wrapping"],
+            r"^args\[0\]: DDP averages the gradients of \['0\.weight', '2\.weight', '2\.bias'\], but of \['0\.weight', "
+            r"'0\.bias', '2\.weight', '2\.bias'\] at capture .*set requires_grad as at capture before wrapping",
+        )
+        for name in ("ignored_parameters", "unfrozen_after_wrapping"):
+            self.assertTrue(refusals[f"{name}_untouched"], f"{name}: a refused call changed .grad or the parameters")
+
+    @parametrize("backend", BACKENDS)
     def test_plain_module_for_ddp_is_refused(self, backend):
         self.assertRegex(
             self.ranks[0]["refusals"][backend]["plain_module"],
@@ -267,7 +284,8 @@ class TestDataParallel(_JobResults):
             plain["data_parallel"],
             {"world_size": 2, "group_name": "0", "grad_sync": True, "find_unused_parameters": False,
              "static_graph": False, "gradient_as_bucket_view": False, "bucket_cap_bytes": 25 * 1024 * 1024,
-             "comm_hook": None, "broadcast_buffers": False},
+             "comm_hook": None, "broadcast_buffers": False, "reduced": ("0.weight", "0.bias", "2.weight", "2.bias"),
+             "ignored": ()},
         )
         self.assertFalse(inspected["accumulate"][0]["data_parallel"]["grad_sync"])
         self.assertTrue(inspected["batchnorm"][0]["data_parallel"]["broadcast_buffers"])
@@ -287,6 +305,12 @@ class TestDataParallel(_JobResults):
             refusals["buffers_in_no_sync"],
             r"^args\[0\]: DDP broadcasts this model's buffers before a forward only when the previous forward "
             r"synchronized gradients, which a step captured inside no_sync\(\) .*broadcast_buffers=False",
+        )
+        self.assertRegex(
+            refusals["frozen_after_wrapping"],
+            r"^args\[0\]: DDP averages the gradients of the parameters that required grad when it was constructed; "
+            r"module\.0\.bias frozen since \(eager DDP's reducer waits for their gradients\): set requires_grad before "
+            r"wrapping the model in DDP",
         )
         self.assertRegex(
             refusals["fsdp"], r"^args\[0\] is a FullyShardedDataParallel \(FSDP1\), which precompile does not support: .*fully_shard"

@@ -282,6 +282,12 @@ def _ddp_comm_hook_name(ddp: Any) -> str | None:
     return ddp._get_ddp_logging_data().get("comm_hook")
 
 
+def _ddp_reduced_parameters(ddp: Any) -> set:
+    """ids of the parameters DDP's reducer averages, fixed when DDP was constructed (its
+    buckets' parameters; the reader allocates zeros of the buckets' size)."""
+    return {id(p) for bucket in ddp.reducer._get_zeros_like_grad_buckets() for p in bucket.parameters()}
+
+
 def _resolve_process_group(group_name: str) -> Any:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -2871,6 +2877,12 @@ def data_parallel_buffer_sync(ddp: Any) -> tuple[str, bool]:
     return name, bool(values[name])
 
 
+def data_parallel_reduced(ddp: Any) -> tuple:
+    """Names in the wrapped module of the parameters DDP's reducer averages, in module order."""
+    ids = _ddp_reduced_parameters(ddp)
+    return tuple(name for name, param in ddp.module.named_parameters() if id(param) in ids)
+
+
 _DATA_PARALLEL_FLAGS = ("find_unused_parameters", "static_graph")
 
 
@@ -2932,7 +2944,22 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
             "e.g. inside no_sync(), so DDP would not broadcast the buffers now), but the graph broadcasts "
             f"them: call it after a synchronizing step, or construct DDP with {buffer_sync}=False"
         )
-    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", *_DATA_PARALLEL_FLAGS)
+    ignored = tuple(sorted(values["parameters_to_ignore"]))
+    if spec.ignored is not None and ignored != spec.ignored:
+        raise PrecompileError(
+            f"{where}.parameters_to_ignore is {list(ignored)}, but was {list(spec.ignored)} at capture (the graph "
+            "averages the gradients and broadcasts the buffers of the others): construct DDP with the same "
+            "ignored parameters and buffers as at capture, or precompile again"
+        )
+    reduced = data_parallel_reduced(ddp)
+    if spec.reduced is not None and reduced != spec.reduced:
+        raise PrecompileError(
+            f"{where}: DDP averages the gradients of {list(reduced)}, but of {list(spec.reduced)} at capture "
+            "(those that required grad when DDP was constructed, less parameters_to_ignore): set requires_grad "
+            "as at capture before wrapping the model in DDP, or precompile again"
+        )
+    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", "parameters_to_ignore",
+               *_DATA_PARALLEL_FLAGS)
     return [(values, name) for name in (*watched, buffer_sync)]
 
 
