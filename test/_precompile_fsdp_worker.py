@@ -247,6 +247,8 @@ def call_refusals(runnable) -> dict:
         ("world_size", lambda: make_model(mesh=DeviceMesh.from_group(one_rank, "cpu"))),
         ("mixed_precision", lambda: model_for("bf16_adamw")),
         ("no_gradient_sync", lambda: _without_gradient_sync(make_model())),
+        ("custom_reduce_scatter", lambda: _with_custom_reduce_scatter(make_model())),
+        ("no_reshard_after_backward", lambda: _without_reshard_after_backward(make_model())),
         ("requires_grad", lambda: make_model().requires_grad_(False)),
         ("replicated_grad", lambda: with_replicated_grad(make_model())),
         ("plain_model", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))),
@@ -276,6 +278,26 @@ def with_replicated_grad(model: nn.Module) -> nn.Module:
 
 def _without_gradient_sync(model: nn.Module) -> nn.Module:
     model.set_requires_gradient_sync(False)
+    return model
+
+
+class _SummingReduceScatter:
+    """A caller's reduce-scatter (set_custom_reduce_scatter): it sums where fully_shard's averages."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def _with_custom_reduce_scatter(model: nn.Module) -> nn.Module:
+    model[0].set_custom_reduce_scatter(_SummingReduceScatter())
+    return model
+
+
+def _without_reshard_after_backward(model: nn.Module) -> nn.Module:
+    model.set_reshard_after_backward(False)  # eager leaves the unsharded parameters registered after backward
     return model
 
 

@@ -443,6 +443,11 @@ class TestFullyShard(_ShardedChecks, _JobResults):
                           r"at capture .*call model\.reshard\(\)"),
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off "
                                  r"\(set_requires_gradient_sync\(False\).*call set_requires_gradient_sync\(True\)"),
+            ("custom_reduce_scatter", r"^args\[0\]\.0 is sharded by fully_shard, and its reduce_scatter_comm is a "
+                                      r"_SummingReduceScatter \(set_custom_all_gather / set_custom_reduce_scatter\), which "
+                                      r"the graph does not run"),
+            ("no_reshard_after_backward", r"^args\[0\]\.0 is sharded by fully_shard, and it does not reshard after backward "
+                                          r"\(set_reshard_after_backward\(False\)\): .*call set_reshard_after_backward\(True\)$"),
             ("requires_grad", r"^args\[0\]\.0\.weight \(parameter\): requires_grad was True at capture, got False"),
             ("replicated_grad", REPLICATED_GRAD_REFUSAL),
             ("plain_model", r"^args\[0\] is a torch\.nn\.modules\.container\.Sequential, but was a .*FSDPSequential"),

@@ -595,8 +595,9 @@ says who guarantees it and, where it is enforced, which tests (in
      placed ``Shard(0)`` on a 1-D mesh over the captured process group and
      world size (its local shard's layout by the tensor check), and its
      ``requires_grad``; fully_shard's settings (each module's mixed precision
-     policy, the offload policy, gradient sync, divide factor, unused-parameter
-     reduction, all-reduce hook) are CHECKED and watched by the module cache; fully_shard's
+     policy, the offload policy, gradient sync, resharding after backward,
+     divide factor, unused-parameter reduction, all-reduce hook, custom
+     all-gather / reduce-scatter) are CHECKED and watched by the module cache; fully_shard's
      own forward hooks are expected, any other hook is refused as above
      (test_precompile_distributed.py TestFullyShard
      test_calls_refuse_other_shardings_before_changing_anything).
@@ -1084,7 +1085,10 @@ says who guarantees it and, where it is enforced, which tests (in
    retargeted afterwards).  Refused at capture, with a fix that keeps the
    model's meaning: FSDP1, CPU offload policies, gradient sync turned off, a
    custom gradient divide factor, unused-parameter
-   reduction or all-reduce hook, modules sharded together by one fully_shard
+   reduction, all-reduce hook or all-gather / reduce-scatter
+   (``set_custom_reduce_scatter``: the graph runs torch's collectives), no
+   resharding after backward (``set_reshard_after_backward(False)``: eager
+   leaves the unsharded parameters registered, the artifact the shards), modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
    would differ per rank), and meshes other than 1-D (HSDP) except fully_shard
    over tensor parallel, below.  Tested on 2 gloo ranks against eager FSDP2, per rank, on both

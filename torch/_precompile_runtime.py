@@ -356,6 +356,9 @@ def fully_shard_param_groups(state: Any) -> list:
 # graph assumes (set_gradient_divide_factor, set_reduce_scatter_unused_params,
 # set_all_reduce_hook); an attribute a release lacks reads as its default.
 _FULLY_SHARD_DEFAULTS = (("gradient_divide_factor", None), ("reduce_scatter_unused_params", False), ("_all_reduce_hook", None))
+# Its collectives' objects (set_custom_all_gather, set_custom_reduce_scatter): torch's own
+# compute what the graph's collectives do, a caller's may compute anything.
+_FULLY_SHARD_COMMS = ("_all_gather_comm", "_reduce_scatter_comm")
 
 
 # A DTensor's local shard, a slot of this name; no public API returns that tensor
@@ -3025,6 +3028,12 @@ def fully_shard_unsupported(group: Any) -> str | None:
             f"it offloads parameters to the CPU ({type(group.offload_policy).__name__}), which precompile does "
             "not support: fully_shard it without offload_policy"
         )
+    if not getattr(group, "reshard_after_backward", True):
+        return (
+            "it does not reshard after backward (set_reshard_after_backward(False)): eager fully_shard leaves "
+            "the module holding its unsharded parameters after backward, the artifact leaves its shards; call "
+            "set_reshard_after_backward(True)"
+        )
     if not group.reduce_grads:
         return (
             "its gradient sync is off (set_requires_gradient_sync(False), accumulation without communication), "
@@ -3036,6 +3045,14 @@ def fully_shard_unsupported(group: Any) -> str | None:
             return (
                 f"its {name.lstrip('_')} is {getattr(group, name)!r}, not {default!r} as the graph's gradient "
                 "reduction assumes: use fully_shard's default"
+            )
+    for name in _FULLY_SHARD_COMMS:
+        comm = getattr(group, name, None)
+        if comm is not None and not type(comm).__module__.startswith("torch.distributed"):
+            return (
+                f"its {name.strip('_')} is a {type(comm).__qualname__} (set_custom_all_gather / "
+                "set_custom_reduce_scatter), which the graph does not run (it communicates with torch's "
+                "collectives): shard the module without a custom collective, or run it eagerly"
             )
     return None
 
@@ -3062,8 +3079,9 @@ def check_fully_shard(named_modules: list, policies: Any) -> list:
             if problem is not None:
                 raise PrecompileError(f"{path} is sharded by fully_shard, and {problem}")
             values = vars(group)
-            watched += [(values, name) for name in ("reduce_grads", "offload_policy")]
+            watched += [(values, name) for name in ("reduce_grads", "reshard_after_backward", "offload_policy")]
             watched += [(values, name) for name, _ in _FULLY_SHARD_DEFAULTS]
+            watched += [(values, name) for name in _FULLY_SHARD_COMMS]
     return watched
 
 
