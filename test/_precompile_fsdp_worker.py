@@ -313,7 +313,17 @@ def capture_refusals(backend: str, hsdp_mesh) -> dict:
     }
     out = {name: refusal(lambda: torch_precompile.precompile(step, model(), x, y, backend=backend)) for name, model in models.items()}
     out["sets_grad"] = refusal(lambda: torch_precompile.precompile(sets_grad, make_model(), x, y, backend=backend))
+    # A forward in grad mode without backward: eager leaves these modules' unsharded parameters registered.
+    for name, model in (("forward_in_grad_mode", _with_root_parameters), ("forward_without_reshard", lambda: make_model(False))):
+        out[name] = refusal(lambda: torch_precompile.precompile(forward, model(), x, backend=backend))
     return out
+
+
+def _with_root_parameters() -> nn.Module:
+    """The root's own parameters (the last layer's): fully_shard keeps them unsharded after forward."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    fully_shard(model[0])
+    return fully_shard(model)
 
 
 def _grouped() -> nn.Module:

@@ -463,6 +463,10 @@ class TestFullyShard(_ShardedChecks, _JobResults):
             ("uneven", r"^args\[0\]\.0\.weight has 7 rows over 2 ranks: its shards differ in size from rank to rank"),
             ("grouped", r"^args\[0\]\.0 was sharded by one fully_shard call together with other modules"),
             ("sets_grad", SETS_GRAD_REFUSAL),
+            ("forward_in_grad_mode", r"^args\[0\]: fn runs its forward with grad enabled and no backward through it; "
+                                     r"eager fully_shard then leaves its unsharded parameters registered .*run that forward "
+                                     r"under torch\.no_grad\(\), or call backward on its output inside fn$"),
+            ("forward_without_reshard", r"^args\[0\]\.0: fn runs its forward with grad enabled and no backward through it"),
             ("hsdp", r"^args\[0\]\.0\.weight is placed \(Replicate\(\), Shard\(dim=0\)\) on a 2-D device mesh: precompile "
                      r"supports fully_shard with its default Shard\(0\) placement on a 1-D mesh, or on the first dim of a named "
                      r"2-D mesh whose second dim tensor parallel shards"),

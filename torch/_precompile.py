@@ -1088,7 +1088,10 @@ says who guarantees it and, where it is enforced, which tests (in
    reduction, all-reduce hook or all-gather / reduce-scatter
    (``set_custom_reduce_scatter``: the graph runs torch's collectives), no
    resharding after backward (``set_reshard_after_backward(False)``: eager
-   leaves the unsharded parameters registered, the artifact the shards), modules sharded together by one fully_shard
+   leaves the unsharded parameters registered, the artifact the shards), a
+   forward in grad mode that no backward in fn goes through, of a module
+   whose parameters eager fully_shard then leaves unsharded (the root's own,
+   ``reshard_after_forward=False``'s), modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
    would differ per rank), and meshes other than 1-D (HSDP) except fully_shard
    over tensor parallel, below.  Tested on 2 gloo ranks against eager FSDP2, per rank, on both
