@@ -293,8 +293,10 @@ def call_refusals(runnables: dict) -> dict:
     unfrozen[0].bias.requires_grad_(False)
     unfrozen = nn.parallel.DistributedDataParallel(unfrozen)
     unfrozen.module[0].bias.requires_grad_(True)
+    replaced = example_ddp()
+    replaced.module = make_model()  # DDP's reducer still averages the old module's parameters
     if dist.get_rank() == 0:
-        for name, model in (("ignored_parameters", ignoring), ("unfrozen_after_wrapping", unfrozen)):
+        for name, model in (("ignored_parameters", ignoring), ("unfrozen_after_wrapping", unfrozen), ("module_replaced", replaced)):
             before = params(model)
             out[name] = refusal(lambda: runnable(model, x, y))
             out[f"{name}_untouched"] = all(p.grad is None for p in model.parameters()) and all(

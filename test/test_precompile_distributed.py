@@ -217,7 +217,7 @@ class TestDataParallel(_JobResults):
 
     @parametrize("backend", BACKENDS)
     def test_the_parameters_ddp_averages_must_match_capture(self, backend):
-        # DDP fixes them when it is constructed: those requiring grad then, less its ignored ones.
+        # DDP fixes them when it is constructed: those of its module requiring grad then, less its ignored ones.
         refusals = self.ranks[0]["refusals"][backend]
         self.assertRegex(
             refusals["ignored_parameters"],
@@ -227,9 +227,13 @@ class TestDataParallel(_JobResults):
         self.assertRegex(
             refusals["unfrozen_after_wrapping"],
             r"^args\[0\]: DDP averages the gradients of \['0\.weight', '2\.weight', '2\.bias'\], but of \['0\.weight', "
-            r"'0\.bias', '2\.weight', '2\.bias'\] at capture .*set requires_grad as at capture before wrapping",
+            r"'0\.bias', '2\.weight', '2\.bias'\] at capture .*wrap the model in DDP as at capture \(requires_grad set before",
         )
-        for name in ("ignored_parameters", "unfrozen_after_wrapping"):
+        self.assertRegex(
+            refusals["module_replaced"],
+            r"^args\[0\]: DDP averages the gradients of \[\], but of \['0\.weight', .*ddp\.module not replaced since",
+        )
+        for name in ("ignored_parameters", "unfrozen_after_wrapping", "module_replaced"):
             self.assertTrue(refusals[f"{name}_untouched"], f"{name}: a refused call changed .grad or the parameters")
 
     @parametrize("backend", BACKENDS)

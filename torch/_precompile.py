@@ -1033,8 +1033,9 @@ says who guarantees it and, where it is enforced, which tests (in
    The parameters reduced are those requiring grad at capture, less DDP's
    ``parameters_to_ignore``; DDP fixes its own set when it is constructed, so
    a parameter frozen or unfrozen after wrapping is REFUSED at capture, and
-   the set DDP's reducer averages and its ``parameters_to_ignore`` are CHECKED
-   at every call (test_the_parameters_ddp_averages_must_match_capture).
+   the set DDP's reducer averages (none of a ``ddp.module`` replaced after
+   wrapping) and its ``parameters_to_ignore`` are CHECKED at every call
+   (test_the_parameters_ddp_averages_must_match_capture).
    Caller's responsibility: every rank's call must pass the checks -- one rank refused
    (another shape, a module attribute that differs by rank) leaves the
    others waiting in the graph's first all-reduce until the process

@@ -2958,8 +2958,9 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
     if spec.reduced is not None and reduced != spec.reduced:
         raise PrecompileError(
             f"{where}: DDP averages the gradients of {list(reduced)}, but of {list(spec.reduced)} at capture "
-            "(those that required grad when DDP was constructed, less parameters_to_ignore): set requires_grad "
-            "as at capture before wrapping the model in DDP, or precompile again"
+            "(those of the module it wrapped that required grad when it was constructed, less parameters_to_ignore): "
+            "wrap the model in DDP as at capture (requires_grad set before, ddp.module not replaced since), or "
+            "precompile again"
         )
     watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", "parameters_to_ignore",
                *_DATA_PARALLEL_FLAGS)
