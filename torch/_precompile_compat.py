@@ -849,10 +849,11 @@ def is_fully_shard_pre_hook(hook: Any) -> bool:
 
 
 def fully_shard_keeps_unsharded(state: Any, groups: list, root: bool) -> bool:
-    """Whether fully_shard leaves a module's parameters (its state's parameter ``groups``) unsharded (registered as plain
-    Parameters) after a forward in grad mode, for its backward: the root's, unless its
-    reshard_after_forward was set (FSDPState._auto_reshard_after_forward), and those of
-    reshard_after_forward=False (FSDPParamGroup.post_forward_mesh_info None).  Private in 2.11-2.14."""
+    """Whether fully_shard leaves the parameters of a module (its state's parameter
+    ``groups``) unsharded, registered as plain Parameters, after a forward in grad mode,
+    for its backward: the root's, unless its reshard_after_forward was set
+    (FSDPState._auto_reshard_after_forward), and those of reshard_after_forward=False
+    (FSDPParamGroup.post_forward_mesh_info None).  Private in 2.11-2.14."""
     if root and getattr(state, "_auto_reshard_after_forward", False):
         return bool(groups)
     return any(group.post_forward_mesh_info is None for group in groups)

@@ -121,7 +121,8 @@ def data_parallel_argument(module_index: int, where: str, ddp: Any, lifted: list
     if changed:
         raise PrecompileError(
             f"{where}: DDP averages the gradients of the parameters that required grad when it was constructed; "
-            f"{'; '.join(changed)}: set requires_grad before wrapping the model in DDP (construct DDP again)"
+            f"{'; '.join(changed)}: set requires_grad before wrapping the model in DDP, and keep ddp.module "
+            "(construct DDP again)"
         )
     spec = DataParallelSpec(
         world_size=ddp.process_group.size(),
