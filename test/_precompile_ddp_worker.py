@@ -195,6 +195,8 @@ def example_models() -> dict:
         "comm_hook": example_ddp(),
     }
     models["comm_hook"].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    models["frozen_after_wrapping"] = example_ddp()
+    models["frozen_after_wrapping"].module[0].bias.requires_grad_(False)  # DDP's reducer still waits for it
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     models["fsdp"] = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
@@ -284,7 +286,22 @@ def call_refusals(runnables: dict) -> dict:
     out = {}
     one_rank = dist.new_group([0])  # every rank creates it; only rank 0 uses it
     ddp, batchnorm = example_ddp(), example_ddp("batchnorm")
+    ignoring = make_model()  # DDP neither averages 0.bias's gradient nor broadcasts it
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(ignoring, ["0.bias"])
+    ignoring = nn.parallel.DistributedDataParallel(ignoring)
+    unfrozen = make_model()  # frozen while DDP is constructed: it leaves 0.bias's gradient local
+    unfrozen[0].bias.requires_grad_(False)
+    unfrozen = nn.parallel.DistributedDataParallel(unfrozen)
+    unfrozen.module[0].bias.requires_grad_(True)
+    replaced = example_ddp()
+    replaced.module = make_model()  # DDP's reducer still averages the old module's parameters
     if dist.get_rank() == 0:
+        for name, model in (("ignored_parameters", ignoring), ("unfrozen_after_wrapping", unfrozen), ("module_replaced", replaced)):
+            before = params(model)
+            out[name] = refusal(lambda: runnable(model, x, y))
+            out[f"{name}_untouched"] = all(p.grad is None for p in model.parameters()) and all(
+                torch.equal(a, b) for a, b in zip(before, params(model))
+            )
         small = nn.parallel.DistributedDataParallel(make_model(), process_group=one_rank)
         before = params(small)
         out["world_size"] = refusal(lambda: runnable(small, x, y))
@@ -313,6 +330,7 @@ def capture_refusals(backend: str, models: dict) -> dict:
         name: refusal(lambda: torch_precompile.precompile(step, models[model], x, y, backend=backend))
         for name, model in (
             ("unused", "unused_refused"), ("comm_hook", "comm_hook"), ("fsdp", "fsdp"),
+            ("frozen_after_wrapping", "frozen_after_wrapping"),
         )
     }
     with models["batchnorm"].no_sync():

@@ -247,6 +247,8 @@ def call_refusals(runnable) -> dict:
         ("world_size", lambda: make_model(mesh=DeviceMesh.from_group(one_rank, "cpu"))),
         ("mixed_precision", lambda: model_for("bf16_adamw")),
         ("no_gradient_sync", lambda: _without_gradient_sync(make_model())),
+        ("custom_reduce_scatter", lambda: _with_custom_reduce_scatter(make_model())),
+        ("no_reshard_after_backward", lambda: _without_reshard_after_backward(make_model())),
         ("requires_grad", lambda: make_model().requires_grad_(False)),
         ("replicated_grad", lambda: with_replicated_grad(make_model())),
         ("plain_model", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))),
@@ -279,6 +281,26 @@ def _without_gradient_sync(model: nn.Module) -> nn.Module:
     return model
 
 
+class _SummingReduceScatter:
+    """A caller's reduce-scatter (set_custom_reduce_scatter): it sums where fully_shard's averages."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def _with_custom_reduce_scatter(model: nn.Module) -> nn.Module:
+    model[0].set_custom_reduce_scatter(_SummingReduceScatter())
+    return model
+
+
+def _without_reshard_after_backward(model: nn.Module) -> nn.Module:
+    model.set_reshard_after_backward(False)  # eager leaves the unsharded parameters registered after backward
+    return model
+
+
 def capture_refusals(backend: str, hsdp_mesh) -> dict:
     """What capture refuses (rank 0 alone; nothing communicates)."""
     x, y = make_data(0)[0]
@@ -291,7 +313,17 @@ def capture_refusals(backend: str, hsdp_mesh) -> dict:
     }
     out = {name: refusal(lambda: torch_precompile.precompile(step, model(), x, y, backend=backend)) for name, model in models.items()}
     out["sets_grad"] = refusal(lambda: torch_precompile.precompile(sets_grad, make_model(), x, y, backend=backend))
+    # A forward in grad mode without backward: eager leaves these modules' unsharded parameters registered.
+    for name, model in (("forward_in_grad_mode", _with_root_parameters), ("forward_without_reshard", lambda: make_model(False))):
+        out[name] = refusal(lambda: torch_precompile.precompile(forward, model(), x, backend=backend))
     return out
+
+
+def _with_root_parameters() -> nn.Module:
+    """The root's own parameters (the last layer's): fully_shard keeps them unsharded after forward."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    fully_shard(model[0])
+    return fully_shard(model)
 
 
 def _grouped() -> nn.Module:

@@ -216,6 +216,27 @@ class TestDataParallel(_JobResults):
         self.assertTrue(refusals["batchnorm_untouched"], "a refused call changed .grad, parameters or buffers")
 
     @parametrize("backend", BACKENDS)
+    def test_the_parameters_ddp_averages_must_match_capture(self, backend):
+        # DDP fixes them when it is constructed: those of its module requiring grad then, less its ignored ones.
+        refusals = self.ranks[0]["refusals"][backend]
+        self.assertRegex(
+            refusals["ignored_parameters"],
+            r"^args\[0\]\.parameters_to_ignore is \['0\.bias'\], but was \[\] at capture .*construct DDP with the "
+            r"same ignored parameters and buffers as at capture, or precompile again$",
+        )
+        self.assertRegex(
+            refusals["unfrozen_after_wrapping"],
+            r"^args\[0\]: DDP averages the gradients of \['0\.weight', '2\.weight', '2\.bias'\], but of \['0\.weight', "
+            r"'0\.bias', '2\.weight', '2\.bias'\] at capture .*wrap the model in DDP as at capture \(requires_grad set before",
+        )
+        self.assertRegex(
+            refusals["module_replaced"],
+            r"^args\[0\]: DDP averages the gradients of \[\], but of \['0\.weight', .*ddp\.module not replaced since",
+        )
+        for name in ("ignored_parameters", "unfrozen_after_wrapping", "module_replaced"):
+            self.assertTrue(refusals[f"{name}_untouched"], f"{name}: a refused call changed .grad or the parameters")
+
+    @parametrize("backend", BACKENDS)
     def test_plain_module_for_ddp_is_refused(self, backend):
         self.assertRegex(
             self.ranks[0]["refusals"][backend]["plain_module"],
@@ -267,7 +288,8 @@ class TestDataParallel(_JobResults):
             plain["data_parallel"],
             {"world_size": 2, "group_name": "0", "grad_sync": True, "find_unused_parameters": False,
              "static_graph": False, "gradient_as_bucket_view": False, "bucket_cap_bytes": 25 * 1024 * 1024,
-             "comm_hook": None, "broadcast_buffers": False},
+             "comm_hook": None, "broadcast_buffers": False, "reduced": ("0.weight", "0.bias", "2.weight", "2.bias"),
+             "ignored": ()},
         )
         self.assertFalse(inspected["accumulate"][0]["data_parallel"]["grad_sync"])
         self.assertTrue(inspected["batchnorm"][0]["data_parallel"]["broadcast_buffers"])
@@ -287,6 +309,12 @@ class TestDataParallel(_JobResults):
             refusals["buffers_in_no_sync"],
             r"^args\[0\]: DDP broadcasts this model's buffers before a forward only when the previous forward "
             r"synchronized gradients, which a step captured inside no_sync\(\) .*broadcast_buffers=False",
+        )
+        self.assertRegex(
+            refusals["frozen_after_wrapping"],
+            r"^args\[0\]: DDP averages the gradients of the parameters that required grad when it was constructed; "
+            r"module\.0\.bias frozen since \(eager DDP's reducer waits for their gradients\): set requires_grad before "
+            r"wrapping the model in DDP",
         )
         self.assertRegex(
             refusals["fsdp"], r"^args\[0\] is a FullyShardedDataParallel \(FSDP1\), which precompile does not support: .*fully_shard"
@@ -419,6 +447,11 @@ class TestFullyShard(_ShardedChecks, _JobResults):
                           r"at capture .*call model\.reshard\(\)"),
             ("no_gradient_sync", r"^args\[0\]\.0 is sharded by fully_shard, and its gradient sync is off "
                                  r"\(set_requires_gradient_sync\(False\).*call set_requires_gradient_sync\(True\)"),
+            ("custom_reduce_scatter", r"^args\[0\]\.0 is sharded by fully_shard, and its reduce_scatter_comm is a "
+                                      r"_SummingReduceScatter \(set_custom_all_gather / set_custom_reduce_scatter\), which "
+                                      r"the graph does not run"),
+            ("no_reshard_after_backward", r"^args\[0\]\.0 is sharded by fully_shard, and it does not reshard after backward "
+                                          r"\(set_reshard_after_backward\(False\)\): .*call set_reshard_after_backward\(True\)$"),
             ("requires_grad", r"^args\[0\]\.0\.weight \(parameter\): requires_grad was True at capture, got False"),
             ("replicated_grad", REPLICATED_GRAD_REFUSAL),
             ("plain_model", r"^args\[0\] is a torch\.nn\.modules\.container\.Sequential, but was a .*FSDPSequential"),
@@ -434,6 +467,10 @@ class TestFullyShard(_ShardedChecks, _JobResults):
             ("uneven", r"^args\[0\]\.0\.weight has 7 rows over 2 ranks: its shards differ in size from rank to rank"),
             ("grouped", r"^args\[0\]\.0 was sharded by one fully_shard call together with other modules"),
             ("sets_grad", SETS_GRAD_REFUSAL),
+            ("forward_in_grad_mode", r"^args\[0\]: fn runs its forward with grad enabled and no backward through it; "
+                                     r"eager fully_shard then leaves its unsharded parameters registered .*run that forward "
+                                     r"under torch\.no_grad\(\), or call backward on its output inside fn$"),
+            ("forward_without_reshard", r"^args\[0\]\.0: fn runs its forward with grad enabled and no backward through it"),
             ("hsdp", r"^args\[0\]\.0\.weight is placed \(Replicate\(\), Shard\(dim=0\)\) on a 2-D device mesh: precompile "
                      r"supports fully_shard with its default Shard\(0\) placement on a 1-D mesh, or on the first dim of a named "
                      r"2-D mesh whose second dim tensor parallel shards"),

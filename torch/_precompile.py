@@ -577,14 +577,16 @@ says who guarantees it and, where it is enforced, which tests (in
    - A DistributedDataParallel argument (invariant 16): its gradient
      averaging and buffer broadcast are part of the graph; its world size,
      default process group, ``no_sync()`` state, find_unused_parameters,
-     static_graph, comm hook and buffer broadcast (the flag and
-     ``require_forward_param_sync``) CHECKED at every call
+     static_graph, comm hook, buffer broadcast (the flag and
+     ``require_forward_param_sync``), the parameters its reducer averages and
+     its ``parameters_to_ignore`` CHECKED at every call
      (test_precompile_distributed.py TestDataParallel
      test_other_world_size_is_refused, test_no_sync_must_match_capture,
      test_buffers_are_broadcast_where_ddp_would,
      test_plain_module_for_ddp_is_refused); FSDP1, other comm
      hooks, mixed_precision, a non-default process group, broadcast buffers
-     with a step captured inside no_sync(), and parameters without a
+     with a step captured inside no_sync(), parameters frozen or unfrozen
+     after wrapping, and parameters without a
      gradient unless find_unused_parameters=True REFUSED at capture
      (test_capture_refuses_what_it_cannot_reproduce).  Caller's
      responsibility: a built-in C++ comm hook registered with
@@ -596,8 +598,9 @@ says who guarantees it and, where it is enforced, which tests (in
      placed ``Shard(0)`` on a 1-D mesh over the captured process group and
      world size (its local shard's layout by the tensor check), and its
      ``requires_grad``; fully_shard's settings (each module's mixed precision
-     policy, the offload policy, gradient sync, divide factor, unused-parameter
-     reduction, all-reduce hook) are CHECKED and watched by the module cache; fully_shard's
+     policy, the offload policy, gradient sync, resharding after backward,
+     divide factor, unused-parameter reduction, all-reduce hook, custom
+     all-gather / reduce-scatter) are CHECKED and watched by the module cache; fully_shard's
      own forward hooks are expected, any other hook is refused as above
      (test_precompile_distributed.py TestFullyShard
      test_calls_refuse_other_shardings_before_changing_anything).
@@ -1036,10 +1039,13 @@ says who guarantees it and, where it is enforced, which tests (in
    (TestDataParallel, run ``no_grad_targets``).
    find_unused_parameters=True: parameters backward does
    not reach keep their ``.grad`` and are not reduced, like eager DDP.
-   Caller's responsibility: the parameters reduced are those requiring grad
-   at capture, where DDP reduces those that did when it was constructed (a
-   parameter unfrozen after wrapping is averaged, where eager DDP leaves it
-   local); and every rank's call must pass the checks -- one rank refused
+   The parameters reduced are those requiring grad at capture, less DDP's
+   ``parameters_to_ignore``; DDP fixes its own set when it is constructed, so
+   a parameter frozen or unfrozen after wrapping is REFUSED at capture, and
+   the set DDP's reducer averages (none of a ``ddp.module`` replaced after
+   wrapping) and its ``parameters_to_ignore`` are CHECKED at every call
+   (test_the_parameters_ddp_averages_must_match_capture).
+   Caller's responsibility: every rank's call must pass the checks -- one rank refused
    (another shape, a module attribute that differs by rank) leaves the
    others waiting in the graph's first all-reduce until the process
    group's timeout.
@@ -1089,7 +1095,13 @@ says who guarantees it and, where it is enforced, which tests (in
    retargeted afterwards).  Refused at capture, with a fix that keeps the
    model's meaning: FSDP1, CPU offload policies, gradient sync turned off, a
    custom gradient divide factor, unused-parameter
-   reduction or all-reduce hook, modules sharded together by one fully_shard
+   reduction, all-reduce hook or all-gather / reduce-scatter
+   (``set_custom_reduce_scatter``: the graph runs torch's collectives), no
+   resharding after backward (``set_reshard_after_backward(False)``: eager
+   leaves the unsharded parameters registered, the artifact the shards), a
+   forward in grad mode that no backward in fn goes through, of a module
+   whose parameters eager fully_shard then leaves unsharded (the root's own,
+   ``reshard_after_forward=False``'s), modules sharded together by one fully_shard
    call, a dim 0 that does not divide evenly over the ranks (shard sizes
    would differ per rank), and meshes other than 1-D (HSDP) except fully_shard
    over tensor parallel, below.  Tested on 2 gloo ranks against eager FSDP2, per rank, on both

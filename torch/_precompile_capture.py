@@ -1231,7 +1231,7 @@ def _flat_function(fn: Callable, args: _Arguments, recorded: dict, kept: "_KeptM
             if grad_reads is not None:
                 stack.enter_context(grad_reads)
             stack.enter_context(ddp.traced_data_parallel(args.data_parallel, state))
-            stack.enter_context(fsdp.hooks_as_casts(args.modules))
+            stack.enter_context(fsdp.hooks_as_casts(args.modules, args.module_positions))
             if distributed:
                 stack.enter_context(tp.rank_unread(lambda: _user_line(traceback.extract_stack())))
             sharded = {  # what fn's modules hold for each sharded parameter

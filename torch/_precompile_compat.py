@@ -855,6 +855,17 @@ def is_fully_shard_pre_hook(hook: Any) -> bool:
     return state is not None and getattr(hook, "__func__", None) is state.FSDPState._pre_forward
 
 
+def fully_shard_keeps_unsharded(state: Any, groups: list, root: bool) -> bool:
+    """Whether fully_shard leaves the parameters of a module (its state's parameter
+    ``groups``) unsharded, registered as plain Parameters, after a forward in grad mode,
+    for its backward: the root's, unless its reshard_after_forward was set
+    (FSDPState._auto_reshard_after_forward), and those of reshard_after_forward=False
+    (FSDPParamGroup.post_forward_mesh_info None).  Private in 2.11-2.14."""
+    if root and getattr(state, "_auto_reshard_after_forward", False):
+        return bool(groups)
+    return any(group.post_forward_mesh_info is None for group in groups)
+
+
 def fully_shard_divide_factors(group: Any, reduce_dtype: torch.dtype, device_type: str) -> tuple:
     """``(predivide, postdivide, reduce_scatter_op)`` of fully_shard's gradient reduce-scatter
     over ``group`` in ``reduce_dtype``: FSDP2's private ``_get_gradient_divide_factors``

@@ -100,6 +100,30 @@ def data_parallel_argument(module_index: int, where: str, ddp: Any, lifted: list
             "construct DDP with broadcast_buffers=False (from torch 2.13 forward_sync_buffers=False) for "
             "gradient accumulation with buffers"
         )
+    ignored = {f"module.{name}" for name in ddp.parameters_to_ignore}
+    owned = [(index, entry) for index, entry in enumerate(lifted) if entry.names[0][0] == module_index]
+    parameters = [
+        (entry.names[0][1], index)
+        for index, entry in owned
+        if entry.kind == "parameter" and entry.tensor.requires_grad and entry.names[0][1] not in ignored
+    ]
+    reduced = runtime.data_parallel_reduced(ddp)
+    averaged, requiring = {f"module.{name}" for name in reduced}, {fqn for fqn, _ in parameters}
+    changed = [
+        f"{', '.join(names[:5])} {why}"
+        for names, why in (
+            ([f"module.{name}" for name in reduced if f"module.{name}" not in requiring],
+             "frozen since (eager DDP's reducer waits for their gradients)"),
+            ([fqn for fqn, _ in parameters if fqn not in averaged], "unfrozen since (eager DDP leaves their gradients local)"),
+        )
+        if names
+    ]
+    if changed:
+        raise PrecompileError(
+            f"{where}: DDP averages the gradients of the parameters that required grad when it was constructed; "
+            f"{'; '.join(changed)}: set requires_grad before wrapping the model in DDP, and keep ddp.module "
+            "(construct DDP again)"
+        )
     spec = DataParallelSpec(
         world_size=ddp.process_group.size(),
         group_name=ddp.process_group.group_name,
@@ -110,15 +134,10 @@ def data_parallel_argument(module_index: int, where: str, ddp: Any, lifted: list
         bucket_cap_bytes=int(ddp.bucket_bytes_cap),
         comm_hook=hook,
         broadcast_buffers=broadcast_buffers,
+        reduced=reduced,
+        ignored=tuple(sorted(ddp.parameters_to_ignore)),
     )
     runtime.check_data_parallel(where, ddp, spec, has_buffers)  # what a call would refuse
-    ignored = {f"module.{name}" for name in ddp.parameters_to_ignore}
-    owned = [(index, entry) for index, entry in enumerate(lifted) if entry.names[0][0] == module_index]
-    parameters = [
-        (entry.names[0][1], index)
-        for index, entry in owned
-        if entry.kind == "parameter" and entry.tensor.requires_grad and entry.names[0][1] not in ignored
-    ]
     buffers = [
         index for index, entry in owned if broadcast_buffers and entry.kind == "buffer" and entry.names[0][1] not in ignored
     ]

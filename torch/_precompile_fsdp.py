@@ -26,7 +26,8 @@ Capture runs no collective: the trace calls stand-in ops that compute nothing
 (``_stand_in_ops``) and ``use_collectives`` turns them into the functional
 collectives afterwards, so one rank precompiles alone.  Refused at capture:
 FSDP1, offload policies, settings that change the gradient reduction
-(``runtime.fully_shard_unsupported``), modules sharded together in one call,
+(``runtime.fully_shard_unsupported``), a forward in grad mode without backward
+of a module fully_shard leaves unsharded after it (``hooks_as_casts``), modules sharded together in one call,
 parameters whose dim 0 does not divide evenly over the ranks, and meshes other
 than 1-D, or 2-D with tensor parallel on the second dim.
 """
@@ -183,14 +184,19 @@ class _GatherShards(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def hooks_as_casts(modules: list):
+def hooks_as_casts(modules: list, positions: list):
     """While fn is traced, each of fully_shard's forward hooks only casts as its mixed
     precision policy says (the graph gathers the parameters itself), or is out of its
-    module's hook dict where it casts nothing; put back, in order, on exit."""
-    saved = []
+    module's hook dict where it casts nothing; put back, in order, on exit.
+
+    Refuses, after fn, a forward in grad mode that no backward in fn went through, of a
+    module whose parameters fully_shard then leaves unsharded (the root's; those of
+    reshard_after_forward=False): eager's module holds them after the call, the
+    artifact's its shards."""
+    saved, pending = [], {}  # the paths of modules with a forward in grad mode no backward went through yet
     try:
-        for module in modules:
-            for sub in module.modules():
+        for module, position in zip(modules, positions):
+            for path, sub in module.named_modules():
                 if is_fully_shard_module(sub):
                     for attribute in runtime.MODULE_HOOK_DICTS:
                         hooks = getattr(sub, attribute)
@@ -201,11 +207,32 @@ def hooks_as_casts(modules: list):
                                 del hooks[key]
                             else:
                                 hooks[key] = cast  # in the fully_shard hook's place
+                    state = runtime.fully_shard_state(sub)
+                    if compat.fully_shard_keeps_unsharded(state, runtime.fully_shard_param_groups(state), root=not path):
+                        where = f"args[{position}]{'.' + path if path else ''}"
+                        # Into the saved dict directly (no handle: not a hook of fn's), removed on exit.
+                        sub._forward_hooks[-1] = functools.partial(_note_forward, pending, where)
         yield
     finally:
         for hooks, entries in saved:
             hooks.clear()
             hooks.update(entries)
+    if pending:
+        where = next(iter(pending))
+        raise PrecompileError(
+            f"{where}: fn runs its forward with grad enabled and no backward through it; eager fully_shard then "
+            "leaves its unsharded parameters registered on the module (the root's, or reshard_after_forward=False), "
+            "the artifact its shards: run that forward under torch.no_grad(), or call backward on its output inside fn"
+        )
+
+
+def _note_forward(pending: dict, where: str, module: torch.nn.Module, args: Any, output: Any) -> None:
+    """Forward post-hook: a forward in grad mode is pending until a backward goes through its output."""
+    outputs = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not (torch.is_grad_enabled() and outputs):
+        return
+    pending[where] = True  # as eager, a backward through any of its forwards reshards it
+    torch.autograd.graph.register_multi_grad_hook(outputs, lambda grads: pending.pop(where, None), mode="any")
 
 
 def _policy_cast(hook: Any) -> Any:

@@ -282,6 +282,12 @@ def _ddp_comm_hook_name(ddp: Any) -> str | None:
     return ddp._get_ddp_logging_data().get("comm_hook")
 
 
+def _ddp_reduced_parameters(ddp: Any) -> set:
+    """ids of the parameters DDP's reducer averages, fixed when DDP was constructed (its
+    buckets' parameters; the reader allocates zeros of the buckets' size)."""
+    return {id(p) for bucket in ddp.reducer._get_zeros_like_grad_buckets() for p in bucket.parameters()}
+
+
 def _resolve_process_group(group_name: str) -> Any:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -350,6 +356,9 @@ def fully_shard_param_groups(state: Any) -> list:
 # graph assumes (set_gradient_divide_factor, set_reduce_scatter_unused_params,
 # set_all_reduce_hook); an attribute a release lacks reads as its default.
 _FULLY_SHARD_DEFAULTS = (("gradient_divide_factor", None), ("reduce_scatter_unused_params", False), ("_all_reduce_hook", None))
+# Its collectives' objects (set_custom_all_gather, set_custom_reduce_scatter): torch's own
+# compute what the graph's collectives do, a caller's may compute anything.
+_FULLY_SHARD_COMMS = ("_all_gather_comm", "_reduce_scatter_comm")
 
 
 # A DTensor's local shard, a slot of this name; no public API returns that tensor
@@ -2909,6 +2918,12 @@ def data_parallel_buffer_sync(ddp: Any) -> tuple[str, bool]:
     return name, bool(values[name])
 
 
+def data_parallel_reduced(ddp: Any) -> tuple:
+    """Names in the wrapped module of the parameters DDP's reducer averages, in module order."""
+    ids = _ddp_reduced_parameters(ddp)
+    return tuple(name for name, param in ddp.module.named_parameters() if id(param) in ids)
+
+
 _DATA_PARALLEL_FLAGS = ("find_unused_parameters", "static_graph")
 
 
@@ -2970,7 +2985,23 @@ def check_data_parallel(where: str, ddp: Any, spec: DataParallelSpec, has_buffer
             "e.g. inside no_sync(), so DDP would not broadcast the buffers now), but the graph broadcasts "
             f"them: call it after a synchronizing step, or construct DDP with {buffer_sync}=False"
         )
-    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", *_DATA_PARALLEL_FLAGS)
+    ignored = tuple(sorted(values["parameters_to_ignore"]))
+    if spec.ignored is not None and ignored != spec.ignored:
+        raise PrecompileError(
+            f"{where}.parameters_to_ignore is {list(ignored)}, but was {list(spec.ignored)} at capture (the graph "
+            "averages the gradients and broadcasts the buffers of the others): construct DDP with the same "
+            "ignored parameters and buffers as at capture, or precompile again"
+        )
+    reduced = data_parallel_reduced(ddp)
+    if spec.reduced is not None and reduced != spec.reduced:
+        raise PrecompileError(
+            f"{where}: DDP averages the gradients of {list(reduced)}, but of {list(spec.reduced)} at capture "
+            "(those of the module it wrapped that required grad when it was constructed, less parameters_to_ignore): "
+            "wrap the model in DDP as at capture (requires_grad set before, ddp.module not replaced since), or "
+            "precompile again"
+        )
+    watched = ("require_backward_grad_sync", "require_forward_param_sync", "process_group", "parameters_to_ignore",
+               *_DATA_PARALLEL_FLAGS)
     return [(values, name) for name in (*watched, buffer_sync)]
 
 
@@ -3036,6 +3067,12 @@ def fully_shard_unsupported(group: Any) -> str | None:
             f"it offloads parameters to the CPU ({type(group.offload_policy).__name__}), which precompile does "
             "not support: fully_shard it without offload_policy"
         )
+    if not getattr(group, "reshard_after_backward", True):
+        return (
+            "it does not reshard after backward (set_reshard_after_backward(False)): eager fully_shard leaves "
+            "the module holding its unsharded parameters after backward, the artifact leaves its shards; call "
+            "set_reshard_after_backward(True)"
+        )
     if not group.reduce_grads:
         return (
             "its gradient sync is off (set_requires_gradient_sync(False), accumulation without communication), "
@@ -3047,6 +3084,14 @@ def fully_shard_unsupported(group: Any) -> str | None:
             return (
                 f"its {name.lstrip('_')} is {getattr(group, name)!r}, not {default!r} as the graph's gradient "
                 "reduction assumes: use fully_shard's default"
+            )
+    for name in _FULLY_SHARD_COMMS:
+        comm = getattr(group, name, None)
+        if comm is not None and not type(comm).__module__.startswith("torch.distributed"):
+            return (
+                f"its {name.strip('_')} is a {type(comm).__qualname__} (set_custom_all_gather / "
+                "set_custom_reduce_scatter), which the graph does not run (it communicates with torch's "
+                "collectives): shard the module without a custom collective, or run it eagerly"
             )
     return None
 
@@ -3073,8 +3118,9 @@ def check_fully_shard(named_modules: list, policies: Any) -> list:
             if problem is not None:
                 raise PrecompileError(f"{path} is sharded by fully_shard, and {problem}")
             values = vars(group)
-            watched += [(values, name) for name in ("reduce_grads", "offload_policy")]
+            watched += [(values, name) for name in ("reduce_grads", "reshard_after_backward", "offload_policy")]
             watched += [(values, name) for name, _ in _FULLY_SHARD_DEFAULTS]
+            watched += [(values, name) for name in _FULLY_SHARD_COMMS]
     return watched
 
 

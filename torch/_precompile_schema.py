@@ -253,8 +253,9 @@ class DataParallelSpec(Record):
     ``group_name`` of ``world_size`` ranks (no rank is baked: one artifact
     serves every rank).  Checked at every call: the group, its size, whether
     gradients are synchronized (``ddp.no_sync()``), find_unused_parameters,
-    static_graph, the comm hook and whether DDP would broadcast the buffers
-    before this forward.  Recorded only (values do not depend on them):
+    static_graph, the comm hook, whether DDP would broadcast the buffers
+    before this forward, the parameters its reducer averages and its
+    ``parameters_to_ignore``.  Recorded only (values do not depend on them):
     gradient_as_bucket_view and the bucket cap.
     """
 
@@ -270,6 +271,11 @@ class DataParallelSpec(Record):
     # does while broadcast_buffers (forward_sync_buffers) is on and the previous
     # forward synchronized gradients (require_forward_param_sync).
     broadcast_buffers: bool = False
+    # Names in the wrapped module of the parameters DDP's reducer averages (those requiring
+    # grad when DDP was constructed, less parameters_to_ignore), and of the parameters and
+    # buffers it ignores (not averaged, not broadcast).  None: not recorded, not checked.
+    reduced: tuple[str, ...] | None = None
+    ignored: tuple[str, ...] | None = None
 
 
 class ModuleSpec(Record):
