@@ -966,6 +966,19 @@ class TestGenerate(TestCase):
             ):
                 model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
 
+    def test_recording_leaves_the_callers_cache_as_passed(self):
+        # precompile_generate records by running generate(), which fills the past_key_values it is given:
+        # the caller's cache, reused for the first request, would hold the recorded prompt.
+        model, (ids, mask) = _llama(), _prompt()
+        for cache in (transformers.DynamicCache(config=model.config), _fresh_static_cache(model)):
+            with self.subTest(cache=type(cache).__name__):
+                before = copy.deepcopy(cache)
+                recorded = generation.record_forward_calls(
+                    model, ids, attention_mask=mask, max_new_tokens=2, do_sample=False, past_key_values=cache
+                )
+                _assert_same_cache(self, cache, before)
+                _assert_same_cache(self, recorded["prefill"]["past_key_values"], before)
+
     def test_precompile_generate_needs_free_dims(self):
         model, (ids, mask) = _llama(), _prompt()
         with self.assertRaisesRegex(PrecompileError, r"precompile_generate\(backend='eager'\): the decode step's cache length"):

@@ -96,12 +96,15 @@ def record_forward_calls(model: torch.nn.Module, *args: Any, **generate_kwargs: 
     """The keyword arguments of generate()'s prefill and first decode call of ``model``.
 
     Runs ``model.generate(*args, **generate_kwargs)`` until its second forward
-    call, with the global RNG restored afterwards (sampling draws from it).
+    call, with the global RNG restored afterwards (sampling draws from it), on
+    a copy of a ``past_key_values`` passed, which the caller gets back unfilled.
     Where generate() dropped an all-ones 2-D mask, the calls have it back, as
     ``serving()`` passes it (module docstring).
     """
     calls: list = []
     forward = model.forward
+    if generate_kwargs.get("past_key_values") is not None:  # generate() fills it: the caller's stays as passed
+        generate_kwargs = {**generate_kwargs, "past_key_values": copy.deepcopy(generate_kwargs["past_key_values"])}
 
     def record(**kwargs: Any) -> Any:
         calls.append(copy.deepcopy(kwargs))  # before the call: the cache is updated in place
