@@ -221,7 +221,18 @@ class TestCacheObjects(TestCase):
         runnable = load(ARTIFACTS("static_decode", _decode, model, token, positions, copy.deepcopy(cache), backend="eager"))
         other = copy.deepcopy(cache)
         other.layers[1].max_cache_len = 32  # context, not a tensor: part of the checked structure
-        with self.assertRaisesRegex(PrecompileError, r"args\[3\]: input structure differs from the captured one"):
+        # Named where it differs: the spec of a cache runs through every attribute of every layer.
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[3\]: input structure differs from the captured one: args\[3\] \(StaticCache\) has 32 in its context "
+            r"at \['s'\]\['layers'\]\[1\]\['s'\]\['max_cache_len'\], but 16 at capture; expected TreeSpec",
+        ):
+            runnable(model, token, positions, other)
+        other = copy.deepcopy(cache)
+        other._is_user_defined = True  # as generate() marks a cache it is given
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[3\] \(StaticCache\) has True in its context at \['s'\]\['_is_user_defined'\], but nothing at"
+        ):
             runnable(model, token, positions, other)
 
     def test_unregistered_objects_are_refused_saying_how_to_register(self):
