@@ -940,6 +940,21 @@ class TestGenerate(TestCase):
             PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(2, \*\), got \(3, 6\)"
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+        # Reused after reset(), as eager serves requests, a StaticCache keeps its tensors where the prefill was
+        # recorded with a new one: refused naming that, before the artifact's structure check, nothing changed.
+        ids, mask = _prompt()
+        cache = _fresh_static_cache(model)
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=cache)
+        cache.reset()
+        before = copy.deepcopy(cache)
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError,
+            r"^generation\.serving: generate\(\) passed the prefill call a StaticCache used before \(reset\(\) keeps its "
+            r"tensors\), but the prefill artifact was recorded with one new \(its tensors not yet allocated\): pass generate\(\) "
+            r"a StaticCache as the recorded one",
+        ):
+            model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=cache)
+        _assert_same_cache(self, cache, before)
         # An unpadded prompt's prefill gets no mask, where the recorded one had generate()'s 4-D mask.
         ids, mask = _prompt(2, 6, padded=False)
         with generation.serving(model, runnables), self.assertRaisesRegex(

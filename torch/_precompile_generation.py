@@ -13,7 +13,9 @@ programming model], invariants 3 and 5):
   to be one longer than the cache: a size fact the artifact checks.
 
 A ``StaticCache`` (passed as ``past_key_values``) is allocated for one batch
-size and cache length, which stay the example's.
+size and cache length, which stay the example's; its prefill allocates a new
+cache's tensors, so one reused after ``reset()``, which keeps them, is refused
+naming that (pass a new one per request).
 
 ``generate()`` drops an all-ones 2-D ``attention_mask`` (no padding) before
 calling forward, treating it as no mask, so whether a call has that key
@@ -270,13 +272,16 @@ class _RecordedCall:
     """What a served artifact was recorded with: ``_call_forward``'s keyword arguments (args[1])
     and cache class (args[2]), and the longest sequence its free dims allow."""
 
-    def __init__(self, keys: list, mask_dtype: torch.dtype | None, cache_type: Any, max_length: int | None):
+    def __init__(
+        self, keys: list, mask_dtype: torch.dtype | None, cache_type: Any, cache_initialized: bool | None, max_length: int | None
+    ):
         self.keys = keys
         self.names = frozenset(keys)
         # Of a 2-D attention_mask, put back where generate() dropped an all-ones one (module docstring).
         self.mask_dtype = mask_dtype
         self.before_mask = frozenset(keys[: keys.index(_MASK)]) if mask_dtype is not None else frozenset()
         self.cache_type = cache_type
+        self.cache_initialized = cache_initialized  # a StaticCache reset() keeps its tensors, a new one has none
         self.max_length = max_length  # the 2-D mask's bound: the cache and the new tokens
 
     @classmethod
@@ -293,8 +298,12 @@ class _RecordedCall:
             if leaf.tensor is not None and len(leaf.tensor.shape) == 2:
                 mask_dtype = getattr(torch, leaf.tensor.dtype)
                 max_length = next((high for dim, _, _, high in leaf.tensor.free_dims if dim == 1), None)
-        cache_type = None if cache_spec is None or cache_spec.is_leaf() else cache_spec.type
-        return cls(keys, mask_dtype, cache_type, max_length)
+        cache_type, initialized = None, None
+        if cache_spec is not None and not cache_spec.is_leaf():
+            cache_type = cache_spec.type
+            template = pytree.tree_unflatten([torch.empty(())] * cache_spec.num_leaves, cache_spec)
+            initialized = getattr(template, "is_initialized", None)
+        return cls(keys, mask_dtype, cache_type, initialized, max_length)
 
     def check(self, kwargs: dict, cache: Any, cache_length: int, phase: str) -> None:
         """Refuse a call with another kind of cache, or longer than the artifacts' max_length, naming
@@ -305,6 +314,14 @@ class _RecordedCall:
                 f"but the {phase} artifact was recorded with {_cache_kind(self.cache_type)}: call generate() with the "
                 "cache options the artifacts were recorded with (use_cache, cache_implementation, or a past_key_values "
                 "of that class), or precompile_generate again with these"
+            )
+        if self.cache_initialized is not None and getattr(cache, "is_initialized", None) is not self.cache_initialized:
+            states = ("new (its tensors not yet allocated)", "used before (reset() keeps its tensors)")
+            raise PrecompileError(
+                f"generation.serving: generate() passed the {phase} call a {type(cache).__name__} "
+                f"{states[not self.cache_initialized]}, but the {phase} artifact was recorded with one "
+                f"{states[self.cache_initialized]}: pass generate() a {type(cache).__name__} as the recorded one (a new "
+                "one per request where it was recorded new), or precompile_generate again with such a cache"
             )
         tokens = kwargs.get("input_ids")
         if tokens is None:
