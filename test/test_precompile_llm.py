@@ -965,6 +965,24 @@ class TestGenerate(TestCase):
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
 
+    @needs_mark_bounds
+    def test_a_cache_the_caller_passes_is_served(self):
+        # generate() marks a cache it is given (_is_user_defined), which the recorded one it made lacked and
+        # only generate() reads: served as recorded, the caller's cache keeps its mark and holds eager's tensors.
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt()
+
+        def generate():
+            cache = transformers.DynamicCache(config=model.config)
+            return model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, past_key_values=cache), cache
+
+        expected, theirs = generate()
+        with generation.serving(model, runnables):
+            tokens, ours = generate()
+        self.assertEqual(tokens.tolist(), expected.tolist())
+        self.assertIs(ours._is_user_defined, True)
+        _assert_same_cache(self, ours, theirs)
+
     def test_another_kind_of_cache_is_refused_naming_generates_options(self):
         # Refused by serving() before the artifact's structure check, which would name a tree spec.
         model, runnables = _served("dynamic")

@@ -15,7 +15,10 @@ programming model], invariants 3 and 5):
 A ``StaticCache`` (passed as ``past_key_values``) is allocated for one batch
 size and cache length, which stay the example's; its prefill allocates a new
 cache's tensors, so one reused after ``reset()``, which keeps them, is refused
-naming that (pass a new one per request).
+naming that (pass a new one per request).  generate() marks a cache the
+caller passes (``_is_user_defined``, which only generate() reads but which is
+part of the cache's structure): ``serving()`` gives each artifact the mark it
+was recorded with and puts the caller's back, so either is served.
 
 ``generate()`` drops an all-ones 2-D ``attention_mask`` (no padding) before
 calling forward, treating it as no mask, so whether a call has that key
@@ -71,6 +74,7 @@ DEFAULT_MAX_BATCH = 64
 
 
 _MASK = "attention_mask"
+_USER_DEFINED = "_is_user_defined"  # generate()'s mark on a cache the caller passed
 # The model inputs prepare_inputs_for_generation() sets before the mask; the keyword
 # arguments it forwards (use_cache, logits_to_keep, ...) follow it.
 _BEFORE_MASK = frozenset({"input_ids", "inputs_embeds", "past_key_values", "position_ids", "token_type_ids"})
@@ -249,11 +253,13 @@ def serving(model: torch.nn.Module, runnables: dict):
         cache_length = _cache_length(cache)
         phase = "prefill" if cache_length == 0 else "decode"
         call = recorded[phase]
-        if call is not None:
-            call.check(kwargs, cache, cache_length, phase)
-            if kwargs.keys() != call.names:
-                kwargs = call.conform(kwargs, cache, phase)
-        return runnables[phase](model, kwargs, cache)
+        if call is None:
+            return runnables[phase](model, kwargs, cache)
+        call.check(kwargs, cache, cache_length, phase)
+        if kwargs.keys() != call.names:
+            kwargs = call.conform(kwargs, cache, phase)
+        with _marked_as(cache, call.user_defined):
+            return runnables[phase](model, kwargs, cache)
 
     config = getattr(model, "generation_config", None)
     disabled = getattr(config, "disable_compile", None)
@@ -273,7 +279,13 @@ class _RecordedCall:
     and cache class (args[2]), and the longest sequence its free dims allow."""
 
     def __init__(
-        self, keys: list, mask_dtype: torch.dtype | None, cache_type: Any, cache_initialized: bool | None, max_length: int | None
+        self,
+        keys: list,
+        mask_dtype: torch.dtype | None,
+        cache_type: Any,
+        cache_initialized: bool | None,
+        user_defined: bool | None,
+        max_length: int | None,
     ):
         self.keys = keys
         self.names = frozenset(keys)
@@ -282,6 +294,7 @@ class _RecordedCall:
         self.before_mask = frozenset(keys[: keys.index(_MASK)]) if mask_dtype is not None else frozenset()
         self.cache_type = cache_type
         self.cache_initialized = cache_initialized  # a StaticCache reset() keeps its tensors, a new one has none
+        self.user_defined = user_defined  # generate()'s mark on the recorded cache (_marked_as)
         self.max_length = max_length  # the 2-D mask's bound: the cache and the new tokens
 
     @classmethod
@@ -298,12 +311,13 @@ class _RecordedCall:
             if leaf.tensor is not None and len(leaf.tensor.shape) == 2:
                 mask_dtype = getattr(torch, leaf.tensor.dtype)
                 max_length = next((high for dim, _, _, high in leaf.tensor.free_dims if dim == 1), None)
-        cache_type, initialized = None, None
+        cache_type, initialized, user_defined = None, None, None
         if cache_spec is not None and not cache_spec.is_leaf():
             cache_type = cache_spec.type
             template = pytree.tree_unflatten([torch.empty(())] * cache_spec.num_leaves, cache_spec)
             initialized = getattr(template, "is_initialized", None)
-        return cls(keys, mask_dtype, cache_type, initialized, max_length)
+            user_defined = vars(template).get(_USER_DEFINED) if hasattr(template, "__dict__") else None
+        return cls(keys, mask_dtype, cache_type, initialized, user_defined, max_length)
 
     def check(self, kwargs: dict, cache: Any, cache_length: int, phase: str) -> None:
         """Refuse a call with another kind of cache, or longer than the artifacts' max_length, naming
@@ -363,6 +377,30 @@ class _RecordedCall:
             f"generation.serving: generate() passed the {phase} call the keyword arguments {passed}, but the "
             f"{phase} artifact was recorded with {self.keys}: {why}"
         )
+
+
+@contextlib.contextmanager
+def _marked_as(cache: Any, recorded: bool | None):
+    """``cache`` with generate()'s mark on a cache the caller passed (``_is_user_defined``) as the
+    artifact's was recorded, which is part of its structure, and the caller's mark back after the
+    call: only generate() reads it (a DynamicCache the caller passes was otherwise refused)."""
+    state = vars(cache) if type(getattr(cache, "__dict__", None)) is dict else None
+    mark = state.get(_USER_DEFINED) if state is not None else recorded
+    if mark == recorded:
+        yield
+        return
+    _set_mark(state, recorded)
+    try:
+        yield
+    finally:
+        _set_mark(state, mark)
+
+
+def _set_mark(state: dict, mark: bool | None) -> None:
+    if mark is None:
+        state.pop(_USER_DEFINED, None)
+    else:
+        state[_USER_DEFINED] = mark
 
 
 def _cache_kind(cache_type: type) -> str:
