@@ -983,6 +983,26 @@ class TestGenerate(TestCase):
         self.assertIs(ours._is_user_defined, True)
         _assert_same_cache(self, ours, theirs)
 
+    @needs_mark_bounds
+    def test_a_refused_call_leaves_the_callers_cache_as_passed(self):
+        # serving() makes the cache's tensors contiguous in place for the artifact: put back when it refuses.
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt()
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        cache.crop(-1)  # a rolled-back token: each layer's keys and values are slices
+        tensors = [(layer.keys, layer.values) for layer in cache.layers]
+        self.assertFalse(tensors[0][0].is_contiguous())
+        more = torch.cat([ids[:, :5], ids[:, :3]], 1)  # three new tokens for the decode artifact, made for one
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(\*, 1\), got \(2, 3\)"
+        ):
+            model.generate(more, attention_mask=torch.ones_like(more), max_new_tokens=2, do_sample=False, past_key_values=cache)
+        for layer, (keys, values) in zip(cache.layers, tensors, strict=True):
+            self.assertIs(layer.keys, keys)
+            self.assertIs(layer.values, values)
+
     def test_another_kind_of_cache_is_refused_naming_generates_options(self):
         # Refused by serving() before the artifact's structure check, which would name a tree spec.
         model, runnables = _served("dynamic")

@@ -248,8 +248,15 @@ def serving(model: torch.nn.Module, runnables: dict):
     recorded = {phase: _RecordedCall.of(runnable) for phase, runnable in runnables.items()}
 
     def forward(**kwargs: Any) -> Any:
-        kwargs = _contiguous(kwargs)
         cache = kwargs.pop("past_key_values", None)
+        put_back = _contiguous_cache(cache)
+        try:
+            return serve(_contiguous(kwargs), cache)
+        except PrecompileError:  # raised before the call changed anything: the caller's cache as passed
+            put_back()
+            raise
+
+    def serve(kwargs: dict, cache: Any) -> Any:
         cache_length = _cache_length(cache)
         phase = "prefill" if cache_length == 0 else "decode"
         call = recorded[phase]
@@ -443,21 +450,36 @@ def _contiguous(kwargs: dict) -> dict:
     """Tensor arguments contiguous: generate() slices them (``input_ids[:, -1:]``), a DynamicCache
     keeps prefill's transposed keys, and backend='inductor' specializes on layout.  The forward
     only reads the arguments and rebinds the cache's tensors, so contiguous copies compute the same;
-    the cache's are rebound in place (it is the caller's object, which the call updates)."""
-    cache = kwargs.get("past_key_values")
+    the cache's are rebound in place (``_contiguous_cache``)."""
+    _contiguous_cache(kwargs.get("past_key_values"))
+    return {name: value.contiguous() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+
+
+def _contiguous_cache(cache: Any) -> Callable[[], None]:
+    """Rebind ``cache``'s tensors that are not contiguous to contiguous copies, in place (it is the
+    caller's object, which the call updates); returns what puts them back, for a call refused."""
     layers = getattr(cache, "layers", None)
     if type(layers) is list:  # transformers' caches: each layer's keys and values, without a flatten per token
+        replaced = []
         for layer in layers:
             for name in ("keys", "values"):
                 tensor = getattr(layer, name, None)
                 if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+                    replaced.append((layer, name, tensor))
                     setattr(layer, name, tensor.contiguous())
-    elif cache is not None:
+
+        def put_back() -> None:
+            for layer, name, tensor in replaced:
+                setattr(layer, name, tensor)
+
+        return put_back
+    if cache is not None:
         leaves, spec = pytree.tree_flatten(cache)
         if not all(leaf.is_contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)):
-            leaves = [leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-            write_back(cache, pytree.tree_unflatten(leaves, spec))
-    return {name: value.contiguous() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+            copies = [leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            write_back(cache, pytree.tree_unflatten(copies, spec))
+            return lambda: write_back(cache, pytree.tree_unflatten(leaves, spec))
+    return lambda: None
 
 
 def _cache_tensors(cache: Any) -> list:
