@@ -940,6 +940,15 @@ class TestGenerate(TestCase):
             PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(2, \*\), got \(3, 6\)"
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+        # A generation longer than the cache: eager raises IndexError at the write past its end, where Inductor's
+        # kernel would abort the process: refused before that call.
+        ids, mask = _prompt()
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError,
+            r"^generation\.serving: the decode call has a sequence of 33 tokens \(32 in the cache and 1 new\), more than its "
+            r"StaticCache holds \(32, its max_cache_len\): give generate\(\) a larger cache, or fewer new tokens",
+        ):
+            model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, past_key_values=_fresh_static_cache(model))
         # Reused after reset(), as eager serves requests, a StaticCache keeps its tensors where the prefill was
         # recorded with a new one: refused naming that, before the artifact's structure check, nothing changed.
         ids, mask = _prompt()

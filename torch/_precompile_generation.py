@@ -15,7 +15,9 @@ programming model], invariants 3 and 5):
 A ``StaticCache`` (passed as ``past_key_values``) is allocated for one batch
 size and cache length, which stay the example's; its prefill allocates a new
 cache's tensors, so one reused after ``reset()``, which keeps them, is refused
-naming that (pass a new one per request).  generate() marks a cache the
+naming that (pass a new one per request), and a generation longer than its
+``max_cache_len`` before the call that would write past its end (eager raises
+IndexError there, Inductor's kernel aborts the process).  generate() marks a cache the
 caller passes (``_is_user_defined``, which only generate() reads but which is
 part of the cache's structure): ``serving()`` gives each artifact the mark it
 was recorded with and puts the caller's back, so either is served.
@@ -355,6 +357,13 @@ class _RecordedCall:
                 "precompile_generate(..., max_length=N) bounds the prompt and the cache (by default, by the model's "
                 "max_position_embeddings); precompile_generate again with a larger max_length, or give generate() a "
                 "shorter prompt or fewer new tokens"
+            )
+        # Eager's write past a StaticCache's end raises IndexError; Inductor's kernel aborts the process there.
+        if getattr(cache, "is_compileable", False) and length > cache.get_max_length():
+            raise PrecompileError(
+                f"generation.serving: the {phase} call has a sequence of {int(length)} tokens ({int(cache_length)} in the "
+                f"cache and {int(length - cache_length)} new), more than its {type(cache).__name__} holds "
+                f"({cache.get_max_length()}, its max_cache_len): give generate() a larger cache, or fewer new tokens"
             )
 
     def conform(self, kwargs: dict, cache: Any, phase: str) -> dict:
