@@ -791,7 +791,8 @@ says who guarantees it and, where it is enforced, which tests (in
    one): the entry's tensor is checked, ties and hooks are re-checked on
    the API's edits; and, on
    backend='inductor', indices out of range (``nn.Embedding``, a
-   ``cross_entropy`` target), which Inductor's CPU kernels check with an
+   ``cross_entropy`` target, a ``StaticCache`` written past its end, which
+   ``generation.serving`` refuses), which Inductor's CPU kernels check with an
    abort of the process instead of an IndexError (the check throws inside
    an OpenMP region, as torch.compile's parallel kernels do): validate
    indices outside fn or use backend='eager'; an in-place op whose other
