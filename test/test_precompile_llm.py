@@ -221,7 +221,18 @@ class TestCacheObjects(TestCase):
         runnable = load(ARTIFACTS("static_decode", _decode, model, token, positions, copy.deepcopy(cache), backend="eager"))
         other = copy.deepcopy(cache)
         other.layers[1].max_cache_len = 32  # context, not a tensor: part of the checked structure
-        with self.assertRaisesRegex(PrecompileError, r"args\[3\]: input structure differs from the captured one"):
+        # Named where it differs: the spec of a cache runs through every attribute of every layer.
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^args\[3\]: input structure differs from the captured one: args\[3\] \(StaticCache\) has 32 in its context "
+            r"at \['s'\]\['layers'\]\[1\]\['s'\]\['max_cache_len'\], but 16 at capture; expected TreeSpec",
+        ):
+            runnable(model, token, positions, other)
+        other = copy.deepcopy(cache)
+        other._is_user_defined = True  # as generate() marks a cache it is given
+        with self.assertRaisesRegex(
+            PrecompileError, r"args\[3\] \(StaticCache\) has True in its context at \['s'\]\['_is_user_defined'\], but nothing at"
+        ):
             runnable(model, token, positions, other)
 
     def test_unregistered_objects_are_refused_saying_how_to_register(self):
@@ -929,6 +940,30 @@ class TestGenerate(TestCase):
             PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(2, \*\), got \(3, 6\)"
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+        # A generation longer than the cache: eager raises IndexError at the write past its end, where Inductor's
+        # kernel would abort the process: refused before that call.
+        ids, mask = _prompt()
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError,
+            r"^generation\.serving: the decode call has a sequence of 33 tokens \(32 in the cache and 1 new\), more than its "
+            r"StaticCache holds \(32, its max_cache_len\): give generate\(\) a larger cache, or fewer new tokens",
+        ):
+            model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, past_key_values=_fresh_static_cache(model))
+        # Reused after reset(), as eager serves requests, a StaticCache keeps its tensors where the prefill was
+        # recorded with a new one: refused naming that, before the artifact's structure check, nothing changed.
+        ids, mask = _prompt()
+        cache = _fresh_static_cache(model)
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=cache)
+        cache.reset()
+        before = copy.deepcopy(cache)
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError,
+            r"^generation\.serving: generate\(\) passed the prefill call a StaticCache used before \(reset\(\) keeps its "
+            r"tensors\), but the prefill artifact was recorded with one new \(its tensors not yet allocated\): pass generate\(\) "
+            r"a StaticCache as the recorded one",
+        ):
+            model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=cache)
+        _assert_same_cache(self, cache, before)
         # An unpadded prompt's prefill gets no mask, where the recorded one had generate()'s 4-D mask.
         ids, mask = _prompt(2, 6, padded=False)
         with generation.serving(model, runnables), self.assertRaisesRegex(
@@ -938,6 +973,44 @@ class TestGenerate(TestCase):
             r"'position_ids', 'attention_mask', .*\]: .* with a StaticCache generate\(\) passes the 4-D mask it builds",
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
+
+    @needs_mark_bounds
+    def test_a_cache_the_caller_passes_is_served(self):
+        # generate() marks a cache it is given (_is_user_defined), which the recorded one it made lacked and
+        # only generate() reads: served as recorded, the caller's cache keeps its mark and holds eager's tensors.
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt()
+
+        def generate():
+            cache = transformers.DynamicCache(config=model.config)
+            return model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, past_key_values=cache), cache
+
+        expected, theirs = generate()
+        with generation.serving(model, runnables):
+            tokens, ours = generate()
+        self.assertEqual(tokens.tolist(), expected.tolist())
+        self.assertIs(ours._is_user_defined, True)
+        _assert_same_cache(self, ours, theirs)
+
+    @needs_mark_bounds
+    def test_a_refused_call_leaves_the_callers_cache_as_passed(self):
+        # serving() makes the cache's tensors contiguous in place for the artifact: put back when it refuses.
+        model, runnables = _served("dynamic")
+        ids, mask = _prompt()
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        cache.crop(-1)  # a rolled-back token: each layer's keys and values are slices
+        tensors = [(layer.keys, layer.values) for layer in cache.layers]
+        self.assertFalse(tensors[0][0].is_contiguous())
+        more = torch.cat([ids[:, :5], ids[:, :3]], 1)  # three new tokens for the decode artifact, made for one
+        with generation.serving(model, runnables), self.assertRaisesRegex(
+            PrecompileError, r"args\[1\]\['input_ids'\]: expected shape \(\*, 1\), got \(2, 3\)"
+        ):
+            model.generate(more, attention_mask=torch.ones_like(more), max_new_tokens=2, do_sample=False, past_key_values=cache)
+        for layer, (keys, values) in zip(cache.layers, tensors, strict=True):
+            self.assertIs(layer.keys, keys)
+            self.assertIs(layer.values, values)
 
     def test_another_kind_of_cache_is_refused_naming_generates_options(self):
         # Refused by serving() before the artifact's structure check, which would name a tree spec.
@@ -965,6 +1038,19 @@ class TestGenerate(TestCase):
                 rf"{new} new\), more than the 64 the artifacts were made for: precompile_generate\(\.\.\., max_length=N\)",
             ):
                 model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+
+    def test_recording_leaves_the_callers_cache_as_passed(self):
+        # precompile_generate records by running generate(), which fills the past_key_values it is given:
+        # the caller's cache, reused for the first request, would hold the recorded prompt.
+        model, (ids, mask) = _llama(), _prompt()
+        for cache in (transformers.DynamicCache(config=model.config), _fresh_static_cache(model)):
+            with self.subTest(cache=type(cache).__name__):
+                before = copy.deepcopy(cache)
+                recorded = generation.record_forward_calls(
+                    model, ids, attention_mask=mask, max_new_tokens=2, do_sample=False, past_key_values=cache
+                )
+                _assert_same_cache(self, cache, before)
+                _assert_same_cache(self, recorded["prefill"]["past_key_values"], before)
 
     def test_precompile_generate_needs_free_dims(self):
         model, (ids, mask) = _llama(), _prompt()

@@ -618,7 +618,9 @@ says who guarantees it and, where it is enforced, which tests (in
      transformers cache, registered by transformers'
      ``register_cache_pytrees_for_model``): its tensors LIFTED, the rest of
      its state its context, CHECKED (a cache's lengths, layer kinds, sliding
-     windows); leaf paths are read from the tree itself (a flatten may turn
+     windows; a refusal leads with the first place the caller's differs, a
+     context's key path included: test_cache_state_is_checked_at_every_call);
+     leaf paths are read from the tree itself (a flatten may turn
      None children into context), and a node whose flattens with and
      without keys disagree is REFUSED naming its type.  An unregistered
      object is REFUSED saying how to register it
@@ -796,7 +798,8 @@ says who guarantees it and, where it is enforced, which tests (in
    one): the entry's tensor is checked, ties and hooks are re-checked on
    the API's edits; and, on
    backend='inductor', indices out of range (``nn.Embedding``, a
-   ``cross_entropy`` target), which Inductor's CPU kernels check with an
+   ``cross_entropy`` target, a ``StaticCache`` written past its end, which
+   ``generation.serving`` refuses), which Inductor's CPU kernels check with an
    abort of the process instead of an IndexError (the check throws inside
    an OpenMP region, as torch.compile's parallel kernels do): validate
    indices outside fn or use backend='eager'; an in-place op whose other

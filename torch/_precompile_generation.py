@@ -13,7 +13,14 @@ programming model], invariants 3 and 5):
   to be one longer than the cache: a size fact the artifact checks.
 
 A ``StaticCache`` (passed as ``past_key_values``) is allocated for one batch
-size and cache length, which stay the example's.
+size and cache length, which stay the example's; its prefill allocates a new
+cache's tensors, so one reused after ``reset()``, which keeps them, is refused
+naming that (pass a new one per request), and a generation longer than its
+``max_cache_len`` before the call that would write past its end (eager raises
+IndexError there, Inductor's kernel aborts the process).  generate() marks a cache the
+caller passes (``_is_user_defined``, which only generate() reads but which is
+part of the cache's structure): ``serving()`` gives each artifact the mark it
+was recorded with and puts the caller's back, so either is served.
 
 ``generate()`` drops an all-ones 2-D ``attention_mask`` (no padding) before
 calling forward, treating it as no mask, so whether a call has that key
@@ -69,6 +76,7 @@ DEFAULT_MAX_BATCH = 64
 
 
 _MASK = "attention_mask"
+_USER_DEFINED = "_is_user_defined"  # generate()'s mark on a cache the caller passed
 # The model inputs prepare_inputs_for_generation() sets before the mask; the keyword
 # arguments it forwards (use_cache, logits_to_keep, ...) follow it.
 _BEFORE_MASK = frozenset({"input_ids", "inputs_embeds", "past_key_values", "position_ids", "token_type_ids"})
@@ -96,12 +104,15 @@ def record_forward_calls(model: torch.nn.Module, *args: Any, **generate_kwargs: 
     """The keyword arguments of generate()'s prefill and first decode call of ``model``.
 
     Runs ``model.generate(*args, **generate_kwargs)`` until its second forward
-    call, with the global RNG restored afterwards (sampling draws from it).
+    call, with the global RNG restored afterwards (sampling draws from it), on
+    a copy of a ``past_key_values`` passed, which the caller gets back unfilled.
     Where generate() dropped an all-ones 2-D mask, the calls have it back, as
     ``serving()`` passes it (module docstring).
     """
     calls: list = []
     forward = model.forward
+    if generate_kwargs.get("past_key_values") is not None:  # generate() fills it: the caller's stays as passed
+        generate_kwargs = {**generate_kwargs, "past_key_values": copy.deepcopy(generate_kwargs["past_key_values"])}
 
     def record(**kwargs: Any) -> Any:
         calls.append(copy.deepcopy(kwargs))  # before the call: the cache is updated in place
@@ -239,16 +250,25 @@ def serving(model: torch.nn.Module, runnables: dict):
     recorded = {phase: _RecordedCall.of(runnable) for phase, runnable in runnables.items()}
 
     def forward(**kwargs: Any) -> Any:
-        kwargs = _contiguous(kwargs)
         cache = kwargs.pop("past_key_values", None)
+        put_back = _contiguous_cache(cache)
+        try:
+            return serve(_contiguous(kwargs), cache)
+        except PrecompileError:  # raised before the call changed anything: the caller's cache as passed
+            put_back()
+            raise
+
+    def serve(kwargs: dict, cache: Any) -> Any:
         cache_length = _cache_length(cache)
         phase = "prefill" if cache_length == 0 else "decode"
         call = recorded[phase]
-        if call is not None:
-            call.check(kwargs, cache, cache_length, phase)
-            if kwargs.keys() != call.names:
-                kwargs = call.conform(kwargs, cache, phase)
-        return runnables[phase](model, kwargs, cache)
+        if call is None:
+            return runnables[phase](model, kwargs, cache)
+        call.check(kwargs, cache, cache_length, phase)
+        if kwargs.keys() != call.names:
+            kwargs = call.conform(kwargs, cache, phase)
+        with _marked_as(cache, call.user_defined):
+            return runnables[phase](model, kwargs, cache)
 
     config = getattr(model, "generation_config", None)
     disabled = getattr(config, "disable_compile", None)
@@ -267,13 +287,23 @@ class _RecordedCall:
     """What a served artifact was recorded with: ``_call_forward``'s keyword arguments (args[1])
     and cache class (args[2]), and the longest sequence its free dims allow."""
 
-    def __init__(self, keys: list, mask_dtype: torch.dtype | None, cache_type: Any, max_length: int | None):
+    def __init__(
+        self,
+        keys: list,
+        mask_dtype: torch.dtype | None,
+        cache_type: Any,
+        cache_initialized: bool | None,
+        user_defined: bool | None,
+        max_length: int | None,
+    ):
         self.keys = keys
         self.names = frozenset(keys)
         # Of a 2-D attention_mask, put back where generate() dropped an all-ones one (module docstring).
         self.mask_dtype = mask_dtype
         self.before_mask = frozenset(keys[: keys.index(_MASK)]) if mask_dtype is not None else frozenset()
         self.cache_type = cache_type
+        self.cache_initialized = cache_initialized  # a StaticCache reset() keeps its tensors, a new one has none
+        self.user_defined = user_defined  # generate()'s mark on the recorded cache (_marked_as)
         self.max_length = max_length  # the 2-D mask's bound: the cache and the new tokens
 
     @classmethod
@@ -290,8 +320,13 @@ class _RecordedCall:
             if leaf.tensor is not None and len(leaf.tensor.shape) == 2:
                 mask_dtype = getattr(torch, leaf.tensor.dtype)
                 max_length = next((high for dim, _, _, high in leaf.tensor.free_dims if dim == 1), None)
-        cache_type = None if cache_spec is None or cache_spec.is_leaf() else cache_spec.type
-        return cls(keys, mask_dtype, cache_type, max_length)
+        cache_type, initialized, user_defined = None, None, None
+        if cache_spec is not None and not cache_spec.is_leaf():
+            cache_type = cache_spec.type
+            template = pytree.tree_unflatten([torch.empty(())] * cache_spec.num_leaves, cache_spec)
+            initialized = getattr(template, "is_initialized", None)
+            user_defined = vars(template).get(_USER_DEFINED) if hasattr(template, "__dict__") else None
+        return cls(keys, mask_dtype, cache_type, initialized, user_defined, max_length)
 
     def check(self, kwargs: dict, cache: Any, cache_length: int, phase: str) -> None:
         """Refuse a call with another kind of cache, or longer than the artifacts' max_length, naming
@@ -302,6 +337,14 @@ class _RecordedCall:
                 f"but the {phase} artifact was recorded with {_cache_kind(self.cache_type)}: call generate() with the "
                 "cache options the artifacts were recorded with (use_cache, cache_implementation, or a past_key_values "
                 "of that class), or precompile_generate again with these"
+            )
+        if self.cache_initialized is not None and getattr(cache, "is_initialized", None) is not self.cache_initialized:
+            states = ("new (its tensors not yet allocated)", "used before (reset() keeps its tensors)")
+            raise PrecompileError(
+                f"generation.serving: generate() passed the {phase} call a {type(cache).__name__} "
+                f"{states[not self.cache_initialized]}, but the {phase} artifact was recorded with one "
+                f"{states[self.cache_initialized]}: pass generate() a {type(cache).__name__} as the recorded one (a new "
+                "one per request where it was recorded new), or precompile_generate again with such a cache"
             )
         tokens = kwargs.get("input_ids")
         if tokens is None:
@@ -314,6 +357,13 @@ class _RecordedCall:
                 "precompile_generate(..., max_length=N) bounds the prompt and the cache (by default, by the model's "
                 "max_position_embeddings); precompile_generate again with a larger max_length, or give generate() a "
                 "shorter prompt or fewer new tokens"
+            )
+        # Eager's write past a StaticCache's end raises IndexError; Inductor's kernel aborts the process there.
+        if getattr(cache, "is_compileable", False) and length > cache.get_max_length():
+            raise PrecompileError(
+                f"generation.serving: the {phase} call has a sequence of {int(length)} tokens ({int(cache_length)} in the "
+                f"cache and {int(length - cache_length)} new), more than its {type(cache).__name__} holds "
+                f"({cache.get_max_length()}, its max_cache_len): give generate() a larger cache, or fewer new tokens"
             )
 
     def conform(self, kwargs: dict, cache: Any, phase: str) -> dict:
@@ -343,6 +393,30 @@ class _RecordedCall:
             f"generation.serving: generate() passed the {phase} call the keyword arguments {passed}, but the "
             f"{phase} artifact was recorded with {self.keys}: {why}"
         )
+
+
+@contextlib.contextmanager
+def _marked_as(cache: Any, recorded: bool | None):
+    """``cache`` with generate()'s mark on a cache the caller passed (``_is_user_defined``) as the
+    artifact's was recorded, which is part of its structure, and the caller's mark back after the
+    call: only generate() reads it (a DynamicCache the caller passes was otherwise refused)."""
+    state = vars(cache) if type(getattr(cache, "__dict__", None)) is dict else None
+    mark = state.get(_USER_DEFINED) if state is not None else recorded
+    if mark == recorded:
+        yield
+        return
+    _set_mark(state, recorded)
+    try:
+        yield
+    finally:
+        _set_mark(state, mark)
+
+
+def _set_mark(state: dict, mark: bool | None) -> None:
+    if mark is None:
+        state.pop(_USER_DEFINED, None)
+    else:
+        state[_USER_DEFINED] = mark
 
 
 def _cache_kind(cache_type: type) -> str:
@@ -385,21 +459,36 @@ def _contiguous(kwargs: dict) -> dict:
     """Tensor arguments contiguous: generate() slices them (``input_ids[:, -1:]``), a DynamicCache
     keeps prefill's transposed keys, and backend='inductor' specializes on layout.  The forward
     only reads the arguments and rebinds the cache's tensors, so contiguous copies compute the same;
-    the cache's are rebound in place (it is the caller's object, which the call updates)."""
-    cache = kwargs.get("past_key_values")
+    the cache's are rebound in place (``_contiguous_cache``)."""
+    _contiguous_cache(kwargs.get("past_key_values"))
+    return {name: value.contiguous() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+
+
+def _contiguous_cache(cache: Any) -> Callable[[], None]:
+    """Rebind ``cache``'s tensors that are not contiguous to contiguous copies, in place (it is the
+    caller's object, which the call updates); returns what puts them back, for a call refused."""
     layers = getattr(cache, "layers", None)
     if type(layers) is list:  # transformers' caches: each layer's keys and values, without a flatten per token
+        replaced = []
         for layer in layers:
             for name in ("keys", "values"):
                 tensor = getattr(layer, name, None)
                 if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+                    replaced.append((layer, name, tensor))
                     setattr(layer, name, tensor.contiguous())
-    elif cache is not None:
+
+        def put_back() -> None:
+            for layer, name, tensor in replaced:
+                setattr(layer, name, tensor)
+
+        return put_back
+    if cache is not None:
         leaves, spec = pytree.tree_flatten(cache)
         if not all(leaf.is_contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)):
-            leaves = [leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-            write_back(cache, pytree.tree_unflatten(leaves, spec))
-    return {name: value.contiguous() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+            copies = [leaf.contiguous() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            write_back(cache, pytree.tree_unflatten(copies, spec))
+            return lambda: write_back(cache, pytree.tree_unflatten(leaves, spec))
+    return lambda: None
 
 
 def _cache_tensors(cache: Any) -> list:

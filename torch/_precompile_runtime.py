@@ -514,6 +514,57 @@ def check_contexts(where: str, spec: pytree.TreeSpec, typed: list) -> None:
             )
 
 
+def structure_difference(want: pytree.TreeSpec, got: pytree.TreeSpec, path: str) -> str:
+    """Where the caller's structure first differs from the captured one, for the refusal to
+    lead with: a cache's spec prints every attribute of every layer."""
+    if want.type is not got.type or (want.type is collections.namedtuple and want.context is not got.context):
+        return f"{path} is a {_node_class(got)}, but was a {_node_class(want)} at capture"
+    if want.context != got.context:
+        where, captured, now = _context_difference(want.context, got.context, "")
+        at = f" at {where}" if where else ""
+        return f"{path} ({want.type.__name__}) has {now} in its context{at}, but {captured} at capture"
+    wanted, passed = want.children(), got.children()
+    if len(wanted) != len(passed):
+        return f"{path} ({want.type.__name__}) has {len(passed)} children, but {len(wanted)} at capture"
+    for index, (a, b) in enumerate(zip(wanted, passed)):
+        if a != b:
+            key = want.context[index] if want.type is dict else index
+            return structure_difference(a, b, f"{path}[{key!r}]")
+    return f"{path} differs"
+
+
+def _node_class(spec: pytree.TreeSpec) -> str:
+    if spec.is_leaf():
+        return "leaf"
+    return class_name(spec.context if spec.type is collections.namedtuple else spec.type)  # a namedtuple's class is its context
+
+
+def _context_difference(captured: Any, now: Any, where: str) -> tuple:
+    """(key path, captured value, value now) of the first difference between two contexts,
+    descending through the dicts and lists a context is made of (transformers' caches)."""
+    if type(captured) is type(now) is dict:
+        for key in [*captured, *(k for k in now if k not in captured)]:
+            if key not in now or key not in captured:
+                return f"{where}[{key!r}]", _short(captured, key), _short(now, key)
+            if captured[key] != now[key]:
+                return _context_difference(captured[key], now[key], f"{where}[{key!r}]")
+    if type(captured) is type(now) is list and len(captured) == len(now):
+        for index, (a, b) in enumerate(zip(captured, now)):
+            if a != b:
+                return _context_difference(a, b, f"{where}[{index}]")
+    return where, _short(captured), _short(now)
+
+
+def _short(value: Any, key: Any = None) -> str:
+    """``value`` (its ``key``, where given) as a refusal shows it."""
+    if key is not None:
+        if key not in value:
+            return "nothing"
+        value = value[key]
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def conform_dict_order(value: Any, spec: pytree.TreeSpec, path: str, ordered: frozenset) -> Any:
     """``value`` with each plain dict's keys put in ``spec``'s (the captured) order.
 
@@ -2026,7 +2077,7 @@ class UserInputs:
             if want != got:
                 raise PrecompileError(
                     f"args[{position}]: input structure differs from the captured one: "
-                    f"expected {want}, got {got}"
+                    f"{structure_difference(want, got, f'args[{position}]')}; expected {want}, got {got}"
                 )
         raise PrecompileError("input structure differs from the captured one")
 
