@@ -855,6 +855,13 @@ def is_fully_shard_pre_hook(hook: Any) -> bool:
     return state is not None and getattr(hook, "__func__", None) is state.FSDPState._pre_forward
 
 
+def put_forward_hook(module: torch.nn.Module, hook: Callable) -> None:
+    """``hook`` last among ``module``'s forward hooks, straight into its private hook dict
+    (2.11-2.14): register_forward_hook's handle would move the hook counter every
+    artifact's driver watches.  The caller restores the dict."""
+    module._forward_hooks[-1] = hook
+
+
 def fully_shard_keeps_unsharded(state: Any, groups: list, root: bool) -> bool:
     """Whether fully_shard leaves the parameters of a module (its state's parameter
     ``groups``) unsharded, registered as plain Parameters, after a forward in grad mode,

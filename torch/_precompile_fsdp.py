@@ -210,8 +210,8 @@ def hooks_as_casts(modules: list, positions: list):
                     state = runtime.fully_shard_state(sub)
                     if compat.fully_shard_keeps_unsharded(state, runtime.fully_shard_param_groups(state), root=not path):
                         where = f"args[{position}]{'.' + path if path else ''}"
-                        # Into the saved dict directly (no handle: not a hook of fn's), removed on exit.
-                        sub._forward_hooks[-1] = functools.partial(_note_forward, pending, where)
+                        # Into the saved dict (no handle: not a hook of fn's), removed on exit.
+                        compat.put_forward_hook(sub, functools.partial(_note_forward, pending, where))
         yield
     finally:
         for hooks, entries in saved:
