@@ -132,6 +132,23 @@ class TestCapture(_FilesTestCase):
         self.assertEqual(sorted(os.listdir(self.dir)), ["step.cache", "step.py"])
         files.load(self.code_path, self.cache_path)  # a complete pair
 
+    def test_a_write_that_fails_names_the_path_and_save_can_retry(self):
+        model, x = small_mlp(), torch.randn(3, 8)
+        with self.assertRaisesRegex(
+            PrecompileError, r"cannot write artifact_path .*step\.py.*\(Is a directory\).*call save\(\) again"
+        ):
+            with self.capture(lambda m, x: m(x)) as cap:
+                cap(model, x)
+                os.mkdir(self.code_path)  # made after capture() checked the path
+        os.rmdir(self.code_path)
+        cap.save()
+        files.load(self.code_path, self.cache_path)  # a complete pair
+        os.remove(self.cache_path)
+        os.remove(self.code_path)
+        os.rmdir(self.dir)
+        with self.assertRaisesRegex(PrecompileError, r"cannot write cache_path .*step\.cache.*\(No such file or directory\)"):
+            cap.save()
+
     def test_raising_block_writes_nothing(self):
         model, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
         with self.assertRaisesRegex(ValueError, "user error"):

@@ -163,7 +163,9 @@ class Capture:
         """Write the captured pair now, cache first, each atomically (a temp file, then ``os.replace``).
 
         The files are readable by their owner only (mode 0600, as ``tempfile``
-        creates them): the artifact is code that ``load`` executes.
+        creates them): the artifact is code that ``load`` executes.  A write
+        that fails raises ``PrecompileError`` naming the path; ``save()`` may
+        then be called again.
         """
         if self._pair is None:
             raise PrecompileError(
@@ -171,8 +173,17 @@ class Capture:
                 + ("its call raised" if self._called else "call cap(*args) first")
             )
         python_code, cache = self._pair
-        for path, blob in ((self.cache_path, cache), (self.artifact_path, python_code.encode("utf-8"))):
-            write_atomically(os.path.dirname(path), path, blob)
+        for argument, path, blob in (
+            ("cache_path", self.cache_path, cache),
+            ("artifact_path", self.artifact_path, python_code.encode("utf-8")),
+        ):
+            try:
+                write_atomically(os.path.dirname(path), path, blob)
+            except OSError as error:  # its own message names write_atomically's temp file
+                raise PrecompileError(
+                    f"{self!r}: cannot write {argument} {path!r} ({error.strerror}): its directory must exist "
+                    "and be writable and the path must not be a directory; fix that and call save() again"
+                ) from error
         self._saved = True
 
     def summary(self) -> "PrecompileSummary":
