@@ -277,6 +277,19 @@ class TestLoad(_FilesTestCase):
         self.assertEqual(out["loss"], _train_step(reference, x, y))
         self.assertEqual(out["grads"], [p.grad for p in reference.parameters()])
 
+    def test_files_are_read_as_python_reads_source(self):
+        # CRLF line endings and a UTF-8 byte-order mark (an editor's, a text-mode copy's) are undone.
+        model, x = small_mlp(), torch.randn(3, 8)
+        with self.capture(lambda m, x: m(x)) as cap:
+            cap(model, x)
+        with open(self.code_path, encoding="utf-8") as f:
+            code = f.read()
+        with open(self.code_path, "w", encoding="utf-8-sig", newline="\r\n") as f:
+            f.write(code)
+        with files.load(self.code_path, self.cache_path) as runnable:
+            self.assertEqual(runnable(model, x), model(x))
+        self.assertEqual(files.PrecompileSummary.from_files(self.code_path, self.cache_path).backend, "eager")
+
     def test_unload_and_context_manager(self):
         model, x = small_mlp(), torch.randn(3, 8)
         with self.capture(lambda m, x: m(x)) as cap:

@@ -16,7 +16,9 @@ switches by changing one import::
 
 The pair written is exactly ``precompile(fn, *args, backend=...)``'s
 ``(python_code, cache)``: ``python_code`` as UTF-8 text to ``artifact_path``,
-``cache`` to ``cache_path``; ``load`` reads them and calls ``precompile.load``.
+``cache`` to ``cache_path``; ``load`` reads them (the artifact as Python reads
+source: CRLF line endings and a UTF-8 byte-order mark undone) and calls
+``precompile.load``.
 Everything else (the contract, the per-call checks, trust) is
 Note [precompile programming model] in ``_precompile.py``.
 
@@ -224,7 +226,7 @@ def capture(
 
 def _read(argument: str, path: Any, text: bool) -> Any:
     try:
-        with open(path, "r" if text else "rb", **({"encoding": "utf-8"} if text else {})) as f:
+        with open(path, "r" if text else "rb", **({"encoding": "utf-8-sig"} if text else {})) as f:
             return f.read()
     except (OSError, TypeError) as error:
         raise PrecompileError(f"load: cannot read {argument} {path!r} ({error})") from error

@@ -477,6 +477,7 @@ def _read_constants(python_code: str) -> dict[str, Any]:
     # The constants precede the graph: parsing only that header keeps load()
     # fast for large graphs; the rest is compiled when executed.
     header_end = python_code.find(_marker("graph"))
+    _refuse_transcoded(python_code, header_end)
     try:
         module = _parse(python_code if header_end < 0 else python_code[:header_end])
     except (SyntaxError, ValueError) as error:
@@ -512,6 +513,22 @@ def _read_constants(python_code: str) -> dict[str, Any]:
     if others:
         _refuse_header_statement(others[0])
     return constants
+
+
+def _refuse_transcoded(python_code: str, header_end: int) -> None:
+    # precompile writes neither, and each would be reported as a damaged header
+    # (a CRLF python_code has no graph marker, so the whole text is parsed as one).
+    how = "read the file with open(path, encoding='utf-8-sig') as torch_precompile.files.load does"
+    if python_code.startswith("\ufeff"):
+        raise PrecompileError(
+            "python_code starts with a byte-order mark (U+FEFF), which precompile never writes (an editor or "
+            f"a re-encoding added it): remove it, or {how}"
+        )
+    if header_end < 0 and "\r\n" in python_code:  # its CRLF graph marker was not found
+        raise PrecompileError(
+            "python_code has CRLF line endings, which precompile never writes (a text-mode copy or git's "
+            f"core.autocrlf converted them): restore LF line endings, or {how}"
+        )
 
 
 def _refuse_header_statement(node: ast.stmt) -> None:
