@@ -997,6 +997,8 @@ class TestLoad(TestCase):
             precompile.load(b"x", self.cache)
         with self.assertRaisesRegex(PrecompileError, "cache: expected bytes, got str"):
             precompile.load(self.code, "x")
+        with self.assertRaisesRegex(PrecompileError, "cache: expected bytes, got NoneType; to load without a cache pass b''"):
+            precompile.load(self.code, None)
 
 
 class TestConventionSchema(TestCase):

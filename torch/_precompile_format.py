@@ -593,7 +593,10 @@ def _kernel_hashes(constants: dict[str, Any]) -> dict[str, str] | None:
 def _read_envelope(cache: bytes) -> dict:
     """The envelope ``_pack_envelope`` wrote, its blob references resolved; _CacheUnusable if damaged."""
     if not isinstance(cache, (bytes, bytearray, memoryview)):
-        raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
+        raise PrecompileError(
+            f"cache: expected bytes, got {type(cache).__name__}; to load without a cache pass b'' "
+            "(python_code is then compiled)"
+        )
     data = bytes(cache)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data), **_ZIP_READ_OPTIONS)
