@@ -235,6 +235,16 @@ class TestCapture(_FilesTestCase):
         self.assertIn("torch.ops.aten.clamp_min.default(", code)
         self.assertNotIn("torch.ops.aten.relu.default(", code)
 
+    def test_bytes_paths(self):
+        # They reached tempfile with a str prefix: TypeError after the real call.
+        model, x = small_mlp(), torch.randn(3, 8)
+        code_path, cache_path = os.fsencode(self.code_path), os.fsencode(self.cache_path)
+        with files.capture(lambda m, x: m(x), artifact_path=code_path, cache_path=cache_path, backend="eager") as cap:
+            cap(model, x)
+        self.assertEqual((cap.artifact_path, cap.cache_path), (self.code_path, self.cache_path))
+        with files.load(code_path, cache_path) as runnable:
+            self.assertEqual(runnable(model, x), model(x))
+
     def test_arguments_are_checked_before_any_call(self):
         fn = lambda m, x: m(x)  # noqa: E731
         cases = [
@@ -243,7 +253,8 @@ class TestCapture(_FilesTestCase):
             (dict(cache_path=self.code_path), "are the same file"),
             (dict(artifact_path=os.path.join(self.dir, "missing", "a.py")), r"artifact_path .*missing.*does not exist"),
             (dict(cache_path=self.dir), r"cache_path '.*' is a directory; give the path of a file to write"),
-            (dict(cache_path=None), "cache_path must be a str or os.PathLike file path, got NoneType"),
+            (dict(cache_path=None), "cache_path must be a str, bytes or os.PathLike file path, got NoneType"),
+            (dict(cache_path=os.fsencode(self.code_path)), "are the same file"),
         ]
         for overrides, message in cases:
             arguments = dict(artifact_path=self.code_path, cache_path=self.cache_path, backend="eager")

@@ -82,10 +82,10 @@ def _tracer(tracer: Any) -> MakeFxTracer:
 
 def _path(argument: str, path: Any) -> str:
     try:
-        path = os.path.abspath(os.fspath(path))
+        path = os.path.abspath(os.fsdecode(path))  # a bytes path too: tempfile refuses mixing it with str
     except TypeError:
         raise PrecompileError(
-            f"{argument} must be a str or os.PathLike file path, got {type(path).__name__}"
+            f"{argument} must be a str, bytes or os.PathLike file path, got {type(path).__name__}"
         ) from None
     if os.path.isdir(path):
         raise PrecompileError(f"{argument} {path!r} is a directory; give the path of a file to write")
