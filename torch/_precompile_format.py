@@ -511,8 +511,20 @@ def _read_constants(python_code: str) -> dict[str, Any]:
             "it is not a precompile artifact"
         )
     if others:
+        _refuse_misplaced_sections(python_code if header_end < 0 else python_code[:header_end], header_end)
         _refuse_header_statement(others[0])
     return constants
+
+
+def _refuse_misplaced_sections(header: str, header_end: int) -> None:
+    # Another section above the graph's is read as header statements: name the edit instead.
+    for name in _SECTIONS[1:]:
+        if _marker(name) in header:
+            where = "precedes the graph section" if header_end >= 0 else "has no graph section before it"
+            raise PrecompileError(
+                f"python_code's {name} section {where} (the sections are {', '.join(_SECTIONS)}, in that order): "
+                "it was edited; load the python_code precompile() returned, or precompile again"
+            )
 
 
 def _refuse_transcoded(python_code: str, header_end: int) -> None:
