@@ -946,6 +946,22 @@ class TestLoad(TestCase):
                 ):
                     precompile.load(edited, b"")
 
+    def test_sections_moved_above_the_graph_are_named(self):
+        # They were reported as a header statement (the driver's docstring).
+        graph, driver, forward = (f"\n# {'=' * 20} {name} {'=' * 20}\n" for name in ("graph", "driver", "forward"))
+        header, rest = self.code.split(graph)
+        graph_text, rest = rest.split(driver)
+        driver_text, forward_text = rest.split(forward)
+        tail = driver + driver_text + forward + forward_text
+        for edited, message in (
+            (header + driver + driver_text + graph + graph_text + forward + forward_text, "precedes the graph section"),
+            (header + tail, "has no graph section before it"),
+        ):
+            with self.subTest(message), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the empty cache is ignored with a warning
+                with self.assertRaisesRegex(PrecompileError, f"python_code's driver section {message} .*: it was edited"):
+                    precompile.load(edited, b"")
+
     def test_newer_and_older_format_refused(self):
         low, high = format_module.MIN_CONVENTION_VERSION, format_module.CONVENTION_VERSION
         supported = rf"supports \({low}\.\.{high}\)"
@@ -997,6 +1013,8 @@ class TestLoad(TestCase):
             precompile.load(b"x", self.cache)
         with self.assertRaisesRegex(PrecompileError, "cache: expected bytes, got str"):
             precompile.load(self.code, "x")
+        with self.assertRaisesRegex(PrecompileError, "cache: expected bytes, got NoneType; to load without a cache pass b''"):
+            precompile.load(self.code, None)
 
 
 class TestConventionSchema(TestCase):

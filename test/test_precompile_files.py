@@ -132,6 +132,23 @@ class TestCapture(_FilesTestCase):
         self.assertEqual(sorted(os.listdir(self.dir)), ["step.cache", "step.py"])
         files.load(self.code_path, self.cache_path)  # a complete pair
 
+    def test_a_write_that_fails_names_the_path_and_save_can_retry(self):
+        model, x = small_mlp(), torch.randn(3, 8)
+        with self.assertRaisesRegex(
+            PrecompileError, r"cannot write artifact_path .*step\.py.*\(Is a directory\).*call save\(\) again"
+        ):
+            with self.capture(lambda m, x: m(x)) as cap:
+                cap(model, x)
+                os.mkdir(self.code_path)  # made after capture() checked the path
+        os.rmdir(self.code_path)
+        cap.save()
+        files.load(self.code_path, self.cache_path)  # a complete pair
+        os.remove(self.cache_path)
+        os.remove(self.code_path)
+        os.rmdir(self.dir)
+        with self.assertRaisesRegex(PrecompileError, r"cannot write cache_path .*step\.cache.*\(No such file or directory\)"):
+            cap.save()
+
     def test_raising_block_writes_nothing(self):
         model, x, y = small_mlp(), torch.randn(3, 8), torch.randn(3, 4)
         with self.assertRaisesRegex(ValueError, "user error"):
@@ -218,6 +235,16 @@ class TestCapture(_FilesTestCase):
         self.assertIn("torch.ops.aten.clamp_min.default(", code)
         self.assertNotIn("torch.ops.aten.relu.default(", code)
 
+    def test_bytes_paths(self):
+        # They reached tempfile with a str prefix: TypeError after the real call.
+        model, x = small_mlp(), torch.randn(3, 8)
+        code_path, cache_path = os.fsencode(self.code_path), os.fsencode(self.cache_path)
+        with files.capture(lambda m, x: m(x), artifact_path=code_path, cache_path=cache_path, backend="eager") as cap:
+            cap(model, x)
+        self.assertEqual((cap.artifact_path, cap.cache_path), (self.code_path, self.cache_path))
+        with files.load(code_path, cache_path) as runnable:
+            self.assertEqual(runnable(model, x), model(x))
+
     def test_arguments_are_checked_before_any_call(self):
         fn = lambda m, x: m(x)  # noqa: E731
         cases = [
@@ -226,7 +253,8 @@ class TestCapture(_FilesTestCase):
             (dict(cache_path=self.code_path), "are the same file"),
             (dict(artifact_path=os.path.join(self.dir, "missing", "a.py")), r"artifact_path .*missing.*does not exist"),
             (dict(cache_path=self.dir), r"cache_path '.*' is a directory; give the path of a file to write"),
-            (dict(cache_path=None), "cache_path must be a str or os.PathLike file path, got NoneType"),
+            (dict(cache_path=None), "cache_path must be a str, bytes or os.PathLike file path, got NoneType"),
+            (dict(cache_path=os.fsencode(self.code_path)), "are the same file"),
         ]
         for overrides, message in cases:
             arguments = dict(artifact_path=self.code_path, cache_path=self.cache_path, backend="eager")
@@ -259,6 +287,19 @@ class TestLoad(_FilesTestCase):
         reference = small_mlp(seed=3)
         self.assertEqual(out["loss"], _train_step(reference, x, y))
         self.assertEqual(out["grads"], [p.grad for p in reference.parameters()])
+
+    def test_files_are_read_as_python_reads_source(self):
+        # CRLF line endings and a UTF-8 byte-order mark (an editor's, a text-mode copy's) are undone.
+        model, x = small_mlp(), torch.randn(3, 8)
+        with self.capture(lambda m, x: m(x)) as cap:
+            cap(model, x)
+        with open(self.code_path, encoding="utf-8") as f:
+            code = f.read()
+        with open(self.code_path, "w", encoding="utf-8-sig", newline="\r\n") as f:
+            f.write(code)
+        with files.load(self.code_path, self.cache_path) as runnable:
+            self.assertEqual(runnable(model, x), model(x))
+        self.assertEqual(files.PrecompileSummary.from_files(self.code_path, self.cache_path).backend, "eager")
 
     def test_unload_and_context_manager(self):
         model, x = small_mlp(), torch.randn(3, 8)

@@ -363,6 +363,13 @@ class TestInspectMismatch(InspectTestCase):
         self.assertIn("code_hash mismatch", pair["problem"])
 
 
+    def test_files_are_read_as_python_reads_source(self):
+        # A UTF-8 byte-order mark and CRLF line endings are undone, as files.load undoes them.
+        code_file, cache_file = _files("eager")
+        transcoded = _write("transcoded.py", b"\xef\xbb\xbf" + _read(code_file).replace(b"\n", b"\r\n"))
+        pair = self.inspect_json(transcoded, cache_file)["pair"]
+        self.assertTrue(pair["belongs_together"], pair)
+
 class TestReader(InspectTestCase):
     """read_artifact: what load() reads, the inspector reports and the benchmarks use."""
 

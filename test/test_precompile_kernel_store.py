@@ -535,6 +535,19 @@ class TestPythonCodeHeader(TestCase):
     def test_null_byte_is_a_precompile_error(self):
         self.assert_refused("FORMAT_VERSION = 1\0\n", "not valid Python")
 
+    def test_crlf_line_endings_and_a_byte_order_mark_are_named(self):
+        # Each was reported as a header statement or invalid Python.
+        code, cache = torch_precompile.precompile(lambda m, x: m(x), nn.Linear(2, 2), torch.randn(1, 2), backend="eager")
+        fix = re.escape("or read the file with open(path, encoding='utf-8-sig') as torch_precompile.files.load does")
+        for edited, message in (
+            (code.replace("\n", "\r\n"), "python_code has CRLF line endings, which precompile never writes"),
+            ("\ufeff" + code, r"python_code starts with a byte-order mark \(U\+FEFF\), which precompile never writes"),
+        ):
+            with self.subTest(message):
+                self.assert_refused(edited, f"{message}.*{fix}")
+                with self.assertRaisesRegex(PrecompileError, message):
+                    torch_precompile.load(edited, cache)
+
     def test_non_int_format_version_is_malformed(self):
         code, _ = _artifact()
         for value in ("'1'", "True", "1.0", "None"):

@@ -186,7 +186,11 @@ says who guarantees it and, where it is enforced, which tests (in
    and the sections' compiled Python (marshalled for the Python that built
    them) by the sha256 python_code records for it.  A damaged, foreign or
    other-version cache is ignored with a warning; one bound to other code
-   raises.  Kernels run only from verified files in a private store, checked
+   raises.  python_code with CRLF line endings or a byte-order mark, which
+   precompile never writes, is refused naming them; ``files.load`` and the
+   inspector read a file as Python reads source, undoing both
+   (test_precompile_kernel_store.py
+   test_crlf_line_endings_and_a_byte_order_mark_are_named).  Kernels run only from verified files in a private store, checked
    at every load (nothing on the way to it another user's, symlinks included).
    Enforced (TestArtifact, TestLoad, test_precompile_fuzz.py TestFuzzLoad,
    test_precompile_kernel_store.py).  Layout: a header of literal constants

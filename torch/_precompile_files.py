@@ -16,7 +16,9 @@ switches by changing one import::
 
 The pair written is exactly ``precompile(fn, *args, backend=...)``'s
 ``(python_code, cache)``: ``python_code`` as UTF-8 text to ``artifact_path``,
-``cache`` to ``cache_path``; ``load`` reads them and calls ``precompile.load``.
+``cache`` to ``cache_path``; ``load`` reads them (the artifact as Python reads
+source: CRLF line endings and a UTF-8 byte-order mark undone) and calls
+``precompile.load``.
 Everything else (the contract, the per-call checks, trust) is
 Note [precompile programming model] in ``_precompile.py``.
 
@@ -80,10 +82,10 @@ def _tracer(tracer: Any) -> MakeFxTracer:
 
 def _path(argument: str, path: Any) -> str:
     try:
-        path = os.path.abspath(os.fspath(path))
+        path = os.path.abspath(os.fsdecode(path))  # a bytes path too: tempfile refuses mixing it with str
     except TypeError:
         raise PrecompileError(
-            f"{argument} must be a str or os.PathLike file path, got {type(path).__name__}"
+            f"{argument} must be a str, bytes or os.PathLike file path, got {type(path).__name__}"
         ) from None
     if os.path.isdir(path):
         raise PrecompileError(f"{argument} {path!r} is a directory; give the path of a file to write")
@@ -163,7 +165,9 @@ class Capture:
         """Write the captured pair now, cache first, each atomically (a temp file, then ``os.replace``).
 
         The files are readable by their owner only (mode 0600, as ``tempfile``
-        creates them): the artifact is code that ``load`` executes.
+        creates them): the artifact is code that ``load`` executes.  A write
+        that fails raises ``PrecompileError`` naming the path; ``save()`` may
+        then be called again.
         """
         if self._pair is None:
             raise PrecompileError(
@@ -171,8 +175,17 @@ class Capture:
                 + ("its call raised" if self._called else "call cap(*args) first")
             )
         python_code, cache = self._pair
-        for path, blob in ((self.cache_path, cache), (self.artifact_path, python_code.encode("utf-8"))):
-            write_atomically(os.path.dirname(path), path, blob)
+        for argument, path, blob in (
+            ("cache_path", self.cache_path, cache),
+            ("artifact_path", self.artifact_path, python_code.encode("utf-8")),
+        ):
+            try:
+                write_atomically(os.path.dirname(path), path, blob)
+            except OSError as error:  # its own message names write_atomically's temp file
+                raise PrecompileError(
+                    f"{self!r}: cannot write {argument} {path!r} ({error.strerror}): its directory must exist "
+                    "and be writable and the path must not be a directory; fix that and call save() again"
+                ) from error
         self._saved = True
 
     def summary(self) -> "PrecompileSummary":
@@ -213,7 +226,7 @@ def capture(
 
 def _read(argument: str, path: Any, text: bool) -> Any:
     try:
-        with open(path, "r" if text else "rb", **({"encoding": "utf-8"} if text else {})) as f:
+        with open(path, "r" if text else "rb", **({"encoding": "utf-8-sig"} if text else {})) as f:
             return f.read()
     except (OSError, TypeError) as error:
         raise PrecompileError(f"load: cannot read {argument} {path!r} ({error})") from error

@@ -477,6 +477,7 @@ def _read_constants(python_code: str) -> dict[str, Any]:
     # The constants precede the graph: parsing only that header keeps load()
     # fast for large graphs; the rest is compiled when executed.
     header_end = python_code.find(_marker("graph"))
+    _refuse_transcoded(python_code, header_end)
     try:
         module = _parse(python_code if header_end < 0 else python_code[:header_end])
     except (SyntaxError, ValueError) as error:
@@ -510,8 +511,36 @@ def _read_constants(python_code: str) -> dict[str, Any]:
             "it is not a precompile artifact"
         )
     if others:
+        _refuse_misplaced_sections(python_code if header_end < 0 else python_code[:header_end], header_end)
         _refuse_header_statement(others[0])
     return constants
+
+
+def _refuse_misplaced_sections(header: str, header_end: int) -> None:
+    # Another section above the graph's is read as header statements: name the edit instead.
+    for name in _SECTIONS[1:]:
+        if _marker(name) in header:
+            where = "precedes the graph section" if header_end >= 0 else "has no graph section before it"
+            raise PrecompileError(
+                f"python_code's {name} section {where} (the sections are {', '.join(_SECTIONS)}, in that order): "
+                "it was edited; load the python_code precompile() returned, or precompile again"
+            )
+
+
+def _refuse_transcoded(python_code: str, header_end: int) -> None:
+    # precompile writes neither, and each would be reported as a damaged header
+    # (a CRLF python_code has no graph marker, so the whole text is parsed as one).
+    how = "read the file with open(path, encoding='utf-8-sig') as torch_precompile.files.load does"
+    if python_code.startswith("\ufeff"):
+        raise PrecompileError(
+            "python_code starts with a byte-order mark (U+FEFF), which precompile never writes (an editor or "
+            f"a re-encoding added it): remove it, or {how}"
+        )
+    if header_end < 0 and "\r\n" in python_code:  # its CRLF graph marker was not found
+        raise PrecompileError(
+            "python_code has CRLF line endings, which precompile never writes (a text-mode copy or git's "
+            f"core.autocrlf converted them): restore LF line endings, or {how}"
+        )
 
 
 def _refuse_header_statement(node: ast.stmt) -> None:
@@ -576,7 +605,10 @@ def _kernel_hashes(constants: dict[str, Any]) -> dict[str, str] | None:
 def _read_envelope(cache: bytes) -> dict:
     """The envelope ``_pack_envelope`` wrote, its blob references resolved; _CacheUnusable if damaged."""
     if not isinstance(cache, (bytes, bytearray, memoryview)):
-        raise PrecompileError(f"cache: expected bytes, got {type(cache).__name__}")
+        raise PrecompileError(
+            f"cache: expected bytes, got {type(cache).__name__}; to load without a cache pass b'' "
+            "(python_code is then compiled)"
+        )
     data = bytes(cache)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data), **_ZIP_READ_OPTIONS)

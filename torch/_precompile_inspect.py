@@ -440,7 +440,7 @@ class _BadFile(Exception):
 def _read(path: str, text: bool) -> Any:
     try:
         if text:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:
                 return f.read()
         with open(path, "rb") as f:
             return f.read()
