@@ -865,7 +865,10 @@ says who guarantees it and, where it is enforced, which tests (in
    ``backward(gradient=g)``'s ``g``, a returned tensor, ``p.sum()``'s expanded
    or a transposed gradient become .grad as in eager:
    test_new_grad_is_accumulate_grads; else add in place, with grad mode off
-   like the autograd engine: the common step passes no extra input; onto a
+   like the autograd engine: the common step passes no extra input; onto one
+   with elements at one memory location (``p.grad = g.expand(...)``), whose
+   in-place add eager refuses after its forward ran, REFUSED before the graph
+   runs (test_an_expanded_grad_backward_adds_to_is_refused_before_anything_changes); onto a
    sparse ``.grad``, ``new + old``, a dense tensor, as eager's AccumulateGrad
    does: test_precompile_soundness.py test_sparse_grad_accumulates_like_eager); when
    fn clears ``.grad`` before backward (``model.zero_grad()``) or reads it

@@ -2654,6 +2654,8 @@ class Gradients:
         self._grads_apart: tuple[list, frozenset] | None = None
         self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
         self._grads_assigned = frozenset(convention.grads_assigned)
+        # The .grad backward adds to in place (not assigned): checked for elements sharing memory.
+        self._grads_added = tuple(index for index in convention.grad_state if index not in self._grads_assigned)
         # fully_shard's new .grad is its reduce-scatter's result, as is (no AccumulateGrad).
         self._sharded = sharded
         self._grads_owned = frozenset(convention.grads_owned)
@@ -2671,7 +2673,8 @@ class Gradients:
 
     def check_kept(self, params: list) -> None:
         """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at
-        capture, and each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``)."""
+        capture, each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``), and each
+        ``.grad`` backward adds to in place can take the add."""
         for index in self._grad_state:
             param = params[index]
             grad_dtype = other_grad_dtype(param)
@@ -2682,6 +2685,10 @@ class Gradients:
                     "(precompile refuses a grad_dtype at capture): set p.grad_dtype = p.dtype (or None), or call "
                     "fn eagerly"
                 )
+        for index in self._grads_added:
+            grad = params[index].grad
+            if grad is not None and not grad.is_sparse and not grad.is_contiguous():
+                self._refuse_self_overlapping(index, grad)
         for index in self._grads_none:
             if params[index].grad is not None:
                 raise PrecompileError(
@@ -2697,6 +2704,19 @@ class Gradients:
                     "where backward has not added to it (eager's optimizer would skip it, p.grad.mul_() would "
                     "raise; the graph computes with zeros): give it a .grad, or precompile with .grad None"
                 )
+
+    def _refuse_self_overlapping(self, index: int, grad: torch.Tensor) -> None:
+        """A PrecompileError where ``grad`` has elements at one memory location (a stride 0 over a dim of
+        size > 1, as ``expand`` makes: what eager's in-place add refuses, after its forward and part of
+        its backward ran)."""
+        if any(stride == 0 and size > 1 for size, stride in zip(grad.shape, grad.stride())):
+            raise PrecompileError(
+                f"{self._parameter(index)}.grad has strides {grad.stride()} for shape {tuple(grad.shape)}: "
+                "several of its elements are one memory location (an expanded tensor), which eager's backward "
+                "refuses to add the gradient to in place (RuntimeError, after its forward and part of its "
+                "backward changed state): give it a .grad of its own (p.grad = p.grad.clone()), or set it "
+                "to None (opt.zero_grad())"
+            )
 
     def incoming(self, grad_owners: list, tensors: list) -> list:
         """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g), with the
@@ -2808,6 +2828,9 @@ class Gradients:
             checks.append(Check("grad", grads, f"None, or of the parameter's shape, dtype and strides{apart}"))
             if self._inference_refused:
                 checks.append(Check("grad", grads, "no inference tensor where fn runs backward or the graph writes it"))
+        if self._grads_added:
+            grads = f".grad of {len(self._grads_added)} parameters backward adds to"
+            checks.append(Check("grad", grads, "None, or no two of its elements at one memory location"))
         for index in c.grads_none:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
         for index in c.grads_present:
