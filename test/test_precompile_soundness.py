@@ -1072,31 +1072,49 @@ class TestSoundness(TestCase):
         torch.testing.assert_close(model[0].weight.grad, ref[0].weight.grad)
 
     @parametrize("backend", BACKENDS)
-    def test_an_expanded_grad_backward_adds_to_is_refused_before_anything_changes(self, backend):
-        """A .grad with elements at one memory location (``p.grad = g.expand(...)``): eager's
-        AccumulateGrad adds in place and raises after its forward updated BatchNorm's statistics;
-        the runnable refuses it before the graph runs, and adds onto a transposed one as eager."""
+    def test_a_grad_backward_cannot_add_to_is_refused_before_anything_changes(self, backend):
+        """A .grad backward adds to in place that eager's AccumulateGrad refuses to (RuntimeError
+        after its forward updated BatchNorm's statistics): one with elements at one memory location
+        (``p.grad = g.expand(...)``), an inference tensor.  The runnable refuses it before the graph
+        runs, and adds onto a transposed one as eager."""
+
+        def inference(t):
+            with torch.inference_mode():
+                return t.clone()
+
+        cases = (  # (name, the .grad, the refusal, eager's error)
+            (
+                "expanded",
+                lambda: torch.ones(1, 4).expand(4, 4),
+                r"^args\[0\]\.0\.weight\.grad has strides \(0, 1\) for shape \(4, 4\): several of its elements "
+                r"are one memory location \(an expanded tensor\), which eager's backward refuses to add the "
+                r"gradient to in place .* give it a \.grad of its own \(p\.grad = p\.grad\.clone\(\)\)",
+                "more than one element of the written-to tensor",
+            ),
+            (
+                "inference",
+                lambda: inference(torch.ones(4, 4)),
+                "^" + re.escape("args[0].0.weight.grad" + _INFERENCE_IN_BACKWARD) + "$",
+                "Inplace update to inference tensor outside InferenceMode",
+            ),
+        )
         x, y = torch.randn(3, 4), torch.randn(3, 4)
         f = _runnable("bn step", _bn_step, _bn_linear(), x, y, backend=backend)
-        model = _bn_linear()
-        expanded = model[0].weight.grad = torch.ones(1, 4).expand(4, 4)
-        before = {name: t.clone() for name, t in model.state_dict().items()}
-        with self.assertRaisesRegex(
-            PrecompileError,
-            r"^args\[0\]\.0\.weight\.grad has strides \(0, 1\) for shape \(4, 4\): several of its elements "
-            r"are one memory location \(an expanded tensor\), which eager's backward refuses to add the gradient "
-            r"to in place .* give it a \.grad of its own \(p\.grad = p\.grad\.clone\(\)\)",
-        ):
-            f(model, x, y)
-        for name, t in model.state_dict().items():
-            self.assertTrue(t.equal(before[name]), f"a refused call changed {name}")
-        self.assertIs(model[0].weight.grad, expanded)
-        self.assertTrue(all(p.grad is None for name, p in model.named_parameters() if name != "0.weight"))
-        with self.assertRaisesRegex(RuntimeError, "more than one element of the written-to tensor"):
-            _bn_step(model, x, y)  # eager's error
-        ref = _bn_linear()
+        for name, make_grad, refusal, eager_error in cases:
+            with self.subTest(name):
+                model = _bn_linear()
+                grad = model[0].weight.grad = make_grad()
+                before = {name: t.clone() for name, t in model.state_dict().items()}
+                with self.assertRaisesRegex(PrecompileError, refusal):
+                    f(model, x, y)
+                for key, t in model.state_dict().items():
+                    self.assertTrue(t.equal(before[key]), f"a refused call changed {key}")
+                self.assertIs(model[0].weight.grad, grad)
+                self.assertTrue(all(p.grad is None for key, p in model.named_parameters() if key != "0.weight"))
+                with self.assertRaisesRegex(RuntimeError, eager_error):
+                    _bn_step(model, x, y)
+        model, ref = _bn_linear(), _bn_linear()
         for m in (model, ref):
-            m.zero_grad()
             m[0].weight.grad = torch.ones(4, 4).t()
         torch.testing.assert_close(f(model, x, y), _bn_step(ref, x, y))
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):

@@ -445,14 +445,15 @@ says who guarantees it and, where it is enforced, which tests (in
      in an optimizer's state, which the step updates
      (test_an_optimizer_step_refuses_inference_state_outside_inference_mode).
      An artifact that runs backward REFUSES every inference tensor it takes
-     (parameters, buffers, inputs, optimizer state, incoming ``.grad``) and a
+     (parameters, buffers, inputs, optimizer state, incoming ``.grad``, a
+     ``.grad`` backward adds to: test_a_grad_backward_cannot_add_to_is_refused_before_anything_changes) and a
      call under ``inference_mode()``: eager's autograd refuses to save one for
      backward or update one in place there, and records nothing under it
      (test_inference_tensors_a_training_step_takes_are_refused,
      test_a_training_step_under_inference_mode_is_refused).  This also
      refuses the rare fn eager would run (an inference tensor only added):
-     refuse or honour.  Checked on the slow path only (incoming ``.grad``
-     at every call): the guards compare dispatch keys with the thread's
+     refuse or honour.  Checked on the slow path only (``.grad`` at every
+     call): the guards compare dispatch keys with the thread's
      local ones applied, which differ for an inference tensor and under
      ``inference_mode()``, so such a call misses them; an inference
      artifact keeps the written-tensors rule
@@ -868,7 +869,7 @@ says who guarantees it and, where it is enforced, which tests (in
    like the autograd engine: the common step passes no extra input; onto one
    with elements at one memory location (``p.grad = g.expand(...)``), whose
    in-place add eager refuses after its forward ran, REFUSED before the graph
-   runs (test_an_expanded_grad_backward_adds_to_is_refused_before_anything_changes); onto a
+   runs (test_a_grad_backward_cannot_add_to_is_refused_before_anything_changes); onto a
    sparse ``.grad``, ``new + old``, a dense tensor, as eager's AccumulateGrad
    does: test_precompile_soundness.py test_sparse_grad_accumulates_like_eager); when
    fn clears ``.grad`` before backward (``model.zero_grad()``) or reads it

@@ -2674,7 +2674,7 @@ class Gradients:
     def check_kept(self, params: list) -> None:
         """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at
         capture, each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``), and each
-        ``.grad`` backward adds to in place can take the add."""
+        ``.grad`` backward adds to in place can take the add (no inference tensor, no expanded one)."""
         for index in self._grad_state:
             param = params[index]
             grad_dtype = other_grad_dtype(param)
@@ -2687,7 +2687,11 @@ class Gradients:
                 )
         for index in self._grads_added:
             grad = params[index].grad
-            if grad is not None and not grad.is_sparse and not grad.is_contiguous():
+            if grad is None:
+                continue
+            if grad.is_inference():  # eager's in-place add refuses it, after its forward ran
+                raise inference_tensor_error(f"{self._parameter(index)}.grad", "backward")
+            if not grad.is_sparse and not grad.is_contiguous():
                 self._refuse_self_overlapping(index, grad)
         for index in self._grads_none:
             if params[index].grad is not None:
@@ -2830,7 +2834,7 @@ class Gradients:
                 checks.append(Check("grad", grads, "no inference tensor where fn runs backward or the graph writes it"))
         if self._grads_added:
             grads = f".grad of {len(self._grads_added)} parameters backward adds to"
-            checks.append(Check("grad", grads, "None, or no two of its elements at one memory location"))
+            checks.append(Check("grad", grads, "None, or no inference tensor and no two of its elements at one memory location"))
         for index in c.grads_none:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
         for index in c.grads_present:
