@@ -353,6 +353,27 @@ class TestSoundness(TestCase):
         self.assertIsNone(row.grad_fn)
         self.assertEqual(row.requires_grad, rows(expected, x)[0].requires_grad)
 
+    @parametrize("backend", BACKENDS)
+    def test_a_returned_view_fn_detached_from_a_parameter_has_no_history(self, backend):
+        """``m.weight.detach()`` / ``.data`` returned: rebuilt from the parameter with history, it
+        required grad, a backward through it reached .grad and an in-place write through it raised,
+        where eager's has no history and writes the parameter."""
+        def views(m, x):
+            return m.weight.detach(), m.weight.data[0], x * 2
+
+        x = torch.randn(2, 3)
+        f = precompile.load(*precompile(views, nn.Linear(3, 3), x, backend=backend))
+        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
+        got.load_state_dict(expected.state_dict())
+        for model, run in ((expected, views), (got, f)):
+            detached, row, _ = run(model, x)
+            self.assertEqual((detached.requires_grad, detached.grad_fn, row.requires_grad), (False, None, False))
+            self.assertEqual((detached.data_ptr(), row.data_ptr()), (model.weight.data_ptr(),) * 2)
+            detached.mul_(2)
+            row.add_(1)
+        self.assertEqual(got.weight, expected.weight, atol=0, rtol=0)
+        self.assertIsNone(got.weight.grad)
+
     def test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused(self):
         """backend='eager' returns its graph's own view of a parameter where as_strided cannot
         rebuild it (a lazy conjugate, another dtype): eager's where autograd does not follow it

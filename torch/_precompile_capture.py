@@ -2483,10 +2483,11 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     view's layout, which must be static.  A view the driver cannot rebuild (of
     a .grad or optimizer state, lazily conjugated, another dtype) is refused.
     The eager graph returns the views themselves, made with grad mode off: there
-    the driver rebuilds only views of a tensor that requires grad, in the
-    caller's grad mode, so that a backward through one reaches its base as in
-    eager (invariant 4), refusing those as_strided cannot rebuild (``.conj()``,
-    ``.real``); the rest it returns as the graph made them (``.view(dtype)``).
+    the driver rebuilds only views that require grad, in the caller's grad mode,
+    so that a backward through one reaches its base as in eager (invariant 4),
+    refusing those as_strided cannot rebuild (``.conj()``, ``.real``); the rest
+    it returns as the graph made them (``.view(dtype)``, ``p.detach()``).  A
+    view fn detached from an input that requires grad is rebuilt detached.
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -2513,16 +2514,16 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
             if inductor:  # the eager graph returns the input itself
                 views.append(OutputView(graph_output=k, base=index))
             continue
-        if not inductor and not _caller_tensor(args, index).requires_grad:
-            continue  # the eager graph's own view, with no history to lose
         base, out = example[index], outputs[k]
+        # fn runs under enable_grad(): a view without grad of an input with it, fn detached
+        detached = _caller_tensor(args, index).requires_grad and not out.requires_grad
+        if not inductor and not out.requires_grad:
+            continue  # the eager graph's own view, with no history to lose (made with grad mode off)
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
             continue  # an out= op, which the graph's aliasing over-approximates
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
         lazy_bits = (out.is_conj(), out.is_neg()) != (base.is_conj(), base.is_neg())  # x.conj(), x.mH
         if out.dtype != base.dtype or lazy_bits or not all(type(size) is int for size in layout):
-            if not inductor and not out.requires_grad:
-                continue  # no history to lose (.view(dtype)): the eager graph's view, as it made it
             differs = (
                 "another dtype"
                 if out.dtype != base.dtype
@@ -2542,7 +2543,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
                 "through it would not reach the input as in eager. Return a .clone() (or the "
                 "input itself), or use backend='eager'"
             )
-        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), out.storage_offset() - base.storage_offset()))
+        offset = out.storage_offset() - base.storage_offset()
+        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), offset, detached))
     return tuple(views)
 
 

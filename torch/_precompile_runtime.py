@@ -1213,6 +1213,8 @@ class ResultWriter:
         outputs = list(outputs)
         for view in self._output_views:
             base = tensors[view.base]
+            if view.detached:
+                base = base.detach()
             outputs[view.graph_output] = (
                 base
                 if view.shape is None

@@ -337,6 +337,9 @@ class OutputView(Record):
     shape: tuple[Count, ...] | None = None
     stride: tuple[int, ...] = ()
     offset: int = 0
+    # fn detached it from an input that requires grad (.detach(), .data, its own no_grad()):
+    # rebuilt without autograd history, as eager's has none.
+    detached: bool = False
 
 
 _SIZE_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
