@@ -455,7 +455,7 @@ says who guarantees it and, where it is enforced, which tests (in
      test_a_training_step_under_inference_mode_is_refused).  This also
      refuses the rare fn eager would run (an inference tensor only added):
      refuse or honour.  Checked on the slow path only (``.grad`` at every
-     call): the guards compare dispatch keys with the thread's
+     call; one backward only adds to, once per tensor object): the guards compare dispatch keys with the thread's
      local ones applied, which differ for an inference tensor and under
      ``inference_mode()``, so such a call misses them; an inference
      artifact keeps the written-tensors rule

@@ -2656,8 +2656,10 @@ class Gradients:
         self._grads_apart: tuple[list, frozenset] | None = None
         self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
         self._grads_assigned = frozenset(convention.grads_assigned)
-        # The .grad backward adds to in place (not assigned): checked for elements sharing memory.
+        # The .grad backward adds to in place (not assigned), checked addable (no inference tensor, no
+        # elements sharing memory) once per object: a weak reference to each .grad last found so.
         self._grads_added = tuple(index for index in convention.grad_state if index not in self._grads_assigned)
+        self._grads_found_addable: list = [None] * len(self._grads_added)
         # fully_shard's new .grad is its reduce-scatter's result, as is (no AccumulateGrad).
         self._sharded = sharded
         self._grads_owned = frozenset(convention.grads_owned)
@@ -2687,14 +2689,16 @@ class Gradients:
                     "(precompile refuses a grad_dtype at capture): set p.grad_dtype = p.dtype (or None), or call "
                     "fn eagerly"
                 )
-        for index in self._grads_added:
+        found_addable = self._grads_found_addable
+        for k, index in enumerate(self._grads_added):
             grad = params[index].grad
-            if grad is None:
+            if grad is None or (found_addable[k] is not None and found_addable[k]() is grad):
                 continue
             if grad.is_inference():  # eager's in-place add refuses it, after its forward ran
                 raise inference_tensor_error(f"{self._parameter(index)}.grad", "backward")
             if not grad.is_sparse and not grad.is_contiguous():
                 self._refuse_self_overlapping(index, grad)
+            found_addable[k] = weakref.ref(grad)
         for index in self._grads_none:
             if params[index].grad is not None:
                 raise PrecompileError(
