@@ -373,6 +373,10 @@ class TestSoundness(TestCase):
             row.add_(1)
         self.assertEqual(got.weight, expected.weight, atol=0, rtol=0)
         self.assertIsNone(got.weight.grad)
+        # Captured frozen (a forward checks no requires_grad), called trainable: still detached.
+        f = precompile.load(*precompile(views, nn.Linear(3, 3).requires_grad_(False), x, backend=backend))
+        detached, row, _ = f(got, x)
+        self.assertEqual((detached.requires_grad, row.requires_grad), (False, False))
 
     def test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused(self):
         """backend='eager' returns its graph's own view of a parameter where as_strided cannot

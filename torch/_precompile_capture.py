@@ -2515,8 +2515,9 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
                 views.append(OutputView(graph_output=k, base=index))
             continue
         base, out = example[index], outputs[k]
-        # fn runs under enable_grad(): a view without grad of an input with it, fn detached
-        detached = _caller_tensor(args, index).requires_grad and not out.requires_grad
+        # fn runs under enable_grad(): a view without grad of an input with it, fn detached (a
+        # detach in the graph also where the input required no grad at capture, as it may at a call)
+        detached = (_caller_tensor(args, index).requires_grad and not out.requires_grad) or _detached_in_graph(node)
         if not inductor and not out.requires_grad:
             continue  # the eager graph's own view, with no history to lose (made with grad mode off)
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
@@ -2553,6 +2554,16 @@ def _caller_tensor(args: _Arguments, index: int) -> torch.Tensor:
     if index < len(args.lifted):
         return args.lifted[index].tensor
     return args.input_leaves[args.tensor_indices[index - len(args.lifted)]]
+
+
+def _detached_in_graph(node: torch.fx.Node) -> bool:
+    """Whether the view ``node`` of a graph input went through a ``detach`` (``.detach()``, ``.data``):
+    each view, in-place or split op takes the tensor it aliases first."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if node.target is torch.ops.aten.detach.default:
+            return True
+        node = node.args[0] if node.args else None
+    return False
 
 
 def _through_in_place_ops(node: torch.fx.Node) -> torch.fx.Node:

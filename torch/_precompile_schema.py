@@ -337,7 +337,7 @@ class OutputView(Record):
     shape: tuple[Count, ...] | None = None
     stride: tuple[int, ...] = ()
     offset: int = 0
-    # fn detached it from an input that requires grad (.detach(), .data, its own no_grad()):
+    # fn detached it (.detach(), .data; its own no_grad() from an input that requires grad):
     # rebuilt without autograd history, as eager's has none.
     detached: bool = False
 
