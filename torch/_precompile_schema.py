@@ -337,8 +337,7 @@ class OutputView(Record):
     shape: tuple[Count, ...] | None = None
     stride: tuple[int, ...] = ()
     offset: int = 0
-    # fn detached it (.detach(), .data; its own no_grad() from an input that requires grad):
-    # rebuilt without autograd history, as eager's has none.
+    # fn detached it (.detach(), .data): rebuilt without autograd history, as eager's has none.
     detached: bool = False
 
 
