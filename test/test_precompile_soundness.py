@@ -378,6 +378,29 @@ class TestSoundness(TestCase):
         detached, row, _ = f(got, x)
         self.assertEqual((detached.requires_grad, row.requires_grad), (False, False))
 
+    @parametrize("backend", BACKENDS)
+    def test_a_returned_view_made_under_fns_no_grad_has_no_history(self, backend):
+        """A view of a parameter fn makes under no_grad() requires grad in eager but has no grad_fn,
+        so a backward through it stops there; rebuilt with history, it reached the parameter's .grad."""
+        def step(m, x):
+            with torch.no_grad():
+                row = m.weight[0]
+            m(x).sum().backward()
+            return row, m.weight.t()
+
+        x = torch.randn(2, 3)
+        f = precompile.load(*precompile(step, nn.Linear(3, 3), x, backend=backend))
+        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
+        got.load_state_dict(expected.state_dict())
+        for model, run in ((expected, step), (got, f)):
+            row, transposed = run(model, x)
+            self.assertEqual((row.requires_grad, row.grad_fn), (True, None))
+            self.assertIsNotNone(transposed.grad_fn)
+            model.zero_grad()
+            (row * 2).sum().backward()  # stops at the view
+            (transposed * 3).sum().backward()
+        self.assertEqual(got.weight.grad, expected.weight.grad)
+
     def test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused(self):
         """backend='eager' returns its graph's own view of a parameter where as_strided cannot
         rebuild it (a lazy conjugate, another dtype): eager's where autograd does not follow it

@@ -139,8 +139,11 @@ says who guarantees it and, where it is enforced, which tests (in
    that argument after the graph, in the caller's grad mode, so a backward
    through it reaches the parameter as through eager's view (its node is
    ``AsStridedBackward0``; test_a_backward_through_a_returned_view_of_a_parameter_reaches_it),
-   and one fn detached (``m.weight.detach()``, ``.data``) without history, as
-   eager's (test_a_returned_view_fn_detached_from_a_parameter_has_no_history);
+   one fn detached (``m.weight.detach()``, ``.data``) without history, as
+   eager's (test_a_returned_view_fn_detached_from_a_parameter_has_no_history),
+   and one fn made under its own ``no_grad()`` under no_grad, requiring grad
+   without history as eager's
+   (test_a_returned_view_made_under_fns_no_grad_has_no_history);
    one as_strided cannot make again that autograd follows back to it (a lazy
    ``.conj()``, ``.real``, ``view_as_real``) is refused at capture
    (test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused).

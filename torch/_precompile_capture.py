@@ -2487,7 +2487,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     so that a backward through one reaches its base as in eager (invariant 4),
     refusing those as_strided cannot rebuild (``.conj()``, ``.real``); the rest
     it returns as the graph made them (``.view(dtype)``, ``p.detach()``).  A
-    view fn detached from an input that requires grad is rebuilt detached.
+    view fn detached is rebuilt detached, one it made under no_grad() under
+    no_grad() (requiring grad without history, as eager's).
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -2520,6 +2521,7 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
         detached = (_caller_tensor(args, index).requires_grad and not out.requires_grad) or _detached_in_graph(node)
         if not inductor and not out.requires_grad:
             continue  # the eager graph's own view, with no history to lose (made with grad mode off)
+        no_grad = out.requires_grad and out.grad_fn is None  # a view made under fn's no_grad()
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
             continue  # an out= op, which the graph's aliasing over-approximates
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
@@ -2545,7 +2547,7 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
                 "input itself), or use backend='eager'"
             )
         offset = out.storage_offset() - base.storage_offset()
-        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), offset, detached))
+        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), offset, detached, no_grad))
     return tuple(views)
 
 

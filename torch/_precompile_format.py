@@ -61,7 +61,7 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # (an older artifact's own driver checks no module identity), eager artifacts'
 # TensorSpec.stride (None before: not checked), grads_owned (none before: every
 # new .grad is copied into the parameter's layout), autocast_dtypes, tensor_attributes and
-# OutputView.detached (an older artifact's own driver rebuilds a detached view with history).
+# OutputView.detached / no_grad (an older artifact's own driver rebuilds such a view with history).
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save

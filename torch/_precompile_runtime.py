@@ -1215,11 +1215,15 @@ class ResultWriter:
             base = tensors[view.base]
             if view.detached:
                 base = base.detach()
-            outputs[view.graph_output] = (
-                base
-                if view.shape is None
-                else base.as_strided(view.shape, view.stride, base.storage_offset() + view.offset)
-            )
+            if view.shape is None:
+                outputs[view.graph_output] = base
+                continue
+            offset = base.storage_offset() + view.offset
+            if view.no_grad:  # made under fn's no_grad(): requires grad as its base, without history
+                with torch.no_grad():
+                    outputs[view.graph_output] = base.as_strided(view.shape, view.stride, offset)
+            else:
+                outputs[view.graph_output] = base.as_strided(view.shape, view.stride, offset)
         return outputs
 
     def _plan_rebound_writes(self) -> dict:
