@@ -353,6 +353,54 @@ class TestSoundness(TestCase):
         self.assertIsNone(row.grad_fn)
         self.assertEqual(row.requires_grad, rows(expected, x)[0].requires_grad)
 
+    @parametrize("backend", BACKENDS)
+    def test_a_returned_view_fn_detached_from_a_parameter_has_no_history(self, backend):
+        """``m.weight.detach()`` / ``.data`` returned: rebuilt from the parameter with history, it
+        required grad, a backward through it reached .grad and an in-place write through it raised,
+        where eager's has no history and writes the parameter."""
+        def views(m, x):
+            return m.weight.detach(), m.weight.data[0], x * 2
+
+        x = torch.randn(2, 3)
+        f = precompile.load(*precompile(views, nn.Linear(3, 3), x, backend=backend))
+        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
+        got.load_state_dict(expected.state_dict())
+        for model, run in ((expected, views), (got, f)):
+            detached, row, _ = run(model, x)
+            self.assertEqual((detached.requires_grad, detached.grad_fn, row.requires_grad), (False, None, False))
+            self.assertEqual((detached.data_ptr(), row.data_ptr()), (model.weight.data_ptr(),) * 2)
+            detached.mul_(2)
+            row.add_(1)
+        self.assertEqual(got.weight, expected.weight, atol=0, rtol=0)
+        self.assertIsNone(got.weight.grad)
+        # Captured frozen (a forward checks no requires_grad), called trainable: still detached.
+        f = precompile.load(*precompile(views, nn.Linear(3, 3).requires_grad_(False), x, backend=backend))
+        detached, row, _ = f(got, x)
+        self.assertEqual((detached.requires_grad, row.requires_grad), (False, False))
+
+    @parametrize("backend", BACKENDS)
+    def test_a_returned_view_made_under_fns_no_grad_has_no_history(self, backend):
+        """A view of a parameter fn makes under no_grad() requires grad in eager but has no grad_fn,
+        so a backward through it stops there; rebuilt with history, it reached the parameter's .grad."""
+        def step(m, x):
+            with torch.no_grad():
+                row = m.weight[0]
+            m(x).sum().backward()
+            return row, m.weight.t()
+
+        x = torch.randn(2, 3)
+        f = precompile.load(*precompile(step, nn.Linear(3, 3), x, backend=backend))
+        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
+        got.load_state_dict(expected.state_dict())
+        for model, run in ((expected, step), (got, f)):
+            row, transposed = run(model, x)
+            self.assertEqual((row.requires_grad, row.grad_fn), (True, None))
+            self.assertIsNotNone(transposed.grad_fn)
+            model.zero_grad()
+            (row * 2).sum().backward()  # stops at the view
+            (transposed * 3).sum().backward()
+        self.assertEqual(got.weight.grad, expected.weight.grad)
+
     def test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused(self):
         """backend='eager' returns its graph's own view of a parameter where as_strided cannot
         rebuild it (a lazy conjugate, another dtype): eager's where autograd does not follow it
@@ -1070,6 +1118,56 @@ class TestSoundness(TestCase):
             torch.testing.assert_close(b, c, msg=name)
         torch.testing.assert_close(f(model, x, y), _bn_step(ref, x, y))  # and onto the dense .grad it left
         torch.testing.assert_close(model[0].weight.grad, ref[0].weight.grad)
+
+    @parametrize("backend", BACKENDS)
+    def test_a_grad_backward_cannot_add_to_is_refused_before_anything_changes(self, backend):
+        """A .grad backward adds to in place that eager's AccumulateGrad refuses to (RuntimeError
+        after its forward updated BatchNorm's statistics): one with elements at one memory location
+        (``p.grad = g.expand(...)``), an inference tensor.  The runnable refuses it before the graph
+        runs, and adds onto a transposed one as eager."""
+
+        def inference(t):
+            with torch.inference_mode():
+                return t.clone()
+
+        cases = (  # (name, the .grad, the refusal, eager's error)
+            (
+                "expanded",
+                lambda: torch.ones(1, 4).expand(4, 4),
+                r"^args\[0\]\.0\.weight\.grad has strides \(0, 1\) for shape \(4, 4\): several of its elements "
+                r"are one memory location \(an expanded tensor\), which eager's backward refuses to add the "
+                r"gradient to in place .* give it a \.grad of its own \(p\.grad = p\.grad\.clone\(\)\)",
+                "more than one element of the written-to tensor",
+            ),
+            (
+                "inference",
+                lambda: inference(torch.ones(4, 4)),
+                "^" + re.escape("args[0].0.weight.grad" + _INFERENCE_IN_BACKWARD) + "$",
+                "Inplace update to inference tensor outside InferenceMode",
+            ),
+        )
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        f = _runnable("bn step", _bn_step, _bn_linear(), x, y, backend=backend)
+        for name, make_grad, refusal, eager_error in cases:
+            with self.subTest(name):
+                model = _bn_linear()
+                grad = model[0].weight.grad = make_grad()
+                before = {name: t.clone() for name, t in model.state_dict().items()}
+                with self.assertRaisesRegex(PrecompileError, refusal):
+                    f(model, x, y)
+                for key, t in model.state_dict().items():
+                    self.assertTrue(t.equal(before[key]), f"a refused call changed {key}")
+                self.assertIs(model[0].weight.grad, grad)
+                self.assertTrue(all(p.grad is None for key, p in model.named_parameters() if key != "0.weight"))
+                with self.assertRaisesRegex(RuntimeError, eager_error):
+                    _bn_step(model, x, y)
+        model, ref = _bn_linear(), _bn_linear()
+        for m in (model, ref):
+            m[0].weight.grad = torch.ones(4, 4).t()
+        torch.testing.assert_close(f(model, x, y), _bn_step(ref, x, y))
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        self.assertEqual(model[0].weight.grad.stride(), (1, 4))
 
     def test_sparse_grad_read_inside_the_graph_is_refused(self):
         """A .grad the graph takes as an input (fn reads it: clip_grad_norm_) must be dense:

@@ -138,7 +138,12 @@ says who guarantees it and, where it is enforced, which tests (in
    of a tensor argument requiring grad (``m.weight.t()``) is made again from
    that argument after the graph, in the caller's grad mode, so a backward
    through it reaches the parameter as through eager's view (its node is
-   ``AsStridedBackward0``; test_a_backward_through_a_returned_view_of_a_parameter_reaches_it);
+   ``AsStridedBackward0``; test_a_backward_through_a_returned_view_of_a_parameter_reaches_it),
+   one fn detached (``m.weight.detach()``, ``.data``) without history, as
+   eager's (test_a_returned_view_fn_detached_from_a_parameter_has_no_history),
+   and one fn made under its own ``no_grad()`` under no_grad, requiring grad
+   without history as eager's
+   (test_a_returned_view_made_under_fns_no_grad_has_no_history);
    one as_strided cannot make again that autograd follows back to it (a lazy
    ``.conj()``, ``.real``, ``view_as_real``) is refused at capture
    (test_a_returned_view_as_strided_cannot_rebuild_is_eagers_or_refused).
@@ -449,14 +454,15 @@ says who guarantees it and, where it is enforced, which tests (in
      in an optimizer's state, which the step updates
      (test_an_optimizer_step_refuses_inference_state_outside_inference_mode).
      An artifact that runs backward REFUSES every inference tensor it takes
-     (parameters, buffers, inputs, optimizer state, incoming ``.grad``) and a
+     (parameters, buffers, inputs, optimizer state, incoming ``.grad``, a
+     ``.grad`` backward adds to: test_a_grad_backward_cannot_add_to_is_refused_before_anything_changes) and a
      call under ``inference_mode()``: eager's autograd refuses to save one for
      backward or update one in place there, and records nothing under it
      (test_inference_tensors_a_training_step_takes_are_refused,
      test_a_training_step_under_inference_mode_is_refused).  This also
      refuses the rare fn eager would run (an inference tensor only added):
-     refuse or honour.  Checked on the slow path only (incoming ``.grad``
-     at every call): the guards compare dispatch keys with the thread's
+     refuse or honour.  Checked on the slow path only (``.grad`` at every
+     call; one backward only adds to, once per tensor object): the guards compare dispatch keys with the thread's
      local ones applied, which differ for an inference tensor and under
      ``inference_mode()``, so such a call misses them; an inference
      artifact keeps the written-tensors rule
@@ -875,7 +881,10 @@ says who guarantees it and, where it is enforced, which tests (in
    ``backward(gradient=g)``'s ``g``, a returned tensor, ``p.sum()``'s expanded
    or a transposed gradient become .grad as in eager:
    test_new_grad_is_accumulate_grads; else add in place, with grad mode off
-   like the autograd engine: the common step passes no extra input; onto a
+   like the autograd engine: the common step passes no extra input; onto one
+   with elements at one memory location (``p.grad = g.expand(...)``), whose
+   in-place add eager refuses after its forward ran, REFUSED before the graph
+   runs (test_a_grad_backward_cannot_add_to_is_refused_before_anything_changes); onto a
    sparse ``.grad``, ``new + old``, a dense tensor, as eager's AccumulateGrad
    does: test_precompile_soundness.py test_sparse_grad_accumulates_like_eager); when
    fn clears ``.grad`` before backward (``model.zero_grad()``) or reads it

@@ -2494,10 +2494,12 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
     view's layout, which must be static.  A view the driver cannot rebuild (of
     a .grad or optimizer state, lazily conjugated, another dtype) is refused.
     The eager graph returns the views themselves, made with grad mode off: there
-    the driver rebuilds only views of a tensor that requires grad, in the
-    caller's grad mode, so that a backward through one reaches its base as in
-    eager (invariant 4), refusing those as_strided cannot rebuild (``.conj()``,
-    ``.real``); the rest it returns as the graph made them (``.view(dtype)``).
+    the driver rebuilds only views that require grad, in the caller's grad mode,
+    so that a backward through one reaches its base as in eager (invariant 4),
+    refusing those as_strided cannot rebuild (``.conj()``, ``.real``); the rest
+    it returns as the graph made them (``.view(dtype)``, ``p.detach()``).  A
+    view fn detached is rebuilt detached, one it made under no_grad() under
+    no_grad() (requiring grad without history, as eager's).
     """
     num_inputs = len(args.lifted) + len(args.tensor_indices)
     all_placeholders = list(graph.graph.find_nodes(op="placeholder"))
@@ -2524,16 +2526,18 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
             if inductor:  # the eager graph returns the input itself
                 views.append(OutputView(graph_output=k, base=index))
             continue
-        if not inductor and not _caller_tensor(args, index).requires_grad:
-            continue  # the eager graph's own view, with no history to lose
         base, out = example[index], outputs[k]
+        # fn runs under enable_grad(): a view without grad of an input with it, fn detached (a
+        # detach in the graph also where the input required no grad at capture, as it may at a call)
+        detached = (_caller_tensor(args, index).requires_grad and not out.requires_grad) or _detached_in_graph(node)
+        if not inductor and not out.requires_grad:
+            continue  # the eager graph's own view, with no history to lose (made with grad mode off)
+        no_grad = out.requires_grad and out.grad_fn is None  # a view made under fn's no_grad()
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
             continue  # an out= op, which the graph's aliasing over-approximates
         layout = (*out.shape, *out.stride(), out.storage_offset(), base.storage_offset())
         lazy_bits = (out.is_conj(), out.is_neg()) != (base.is_conj(), base.is_neg())  # x.conj(), x.mH
         if out.dtype != base.dtype or lazy_bits or not all(type(size) is int for size in layout):
-            if not inductor and not out.requires_grad:
-                continue  # no history to lose (.view(dtype)): the eager graph's view, as it made it
             differs = (
                 "another dtype"
                 if out.dtype != base.dtype
@@ -2553,7 +2557,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
                 "through it would not reach the input as in eager. Return a .clone() (or the "
                 "input itself), or use backend='eager'"
             )
-        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), out.storage_offset() - base.storage_offset()))
+        offset = out.storage_offset() - base.storage_offset()
+        views.append(OutputView(k, index, tuple(out.shape), tuple(out.stride()), offset, detached, no_grad))
     return tuple(views)
 
 
@@ -2562,6 +2567,16 @@ def _caller_tensor(args: _Arguments, index: int) -> torch.Tensor:
     if index < len(args.lifted):
         return args.lifted[index].tensor
     return args.input_leaves[args.tensor_indices[index - len(args.lifted)]]
+
+
+def _detached_in_graph(node: torch.fx.Node) -> bool:
+    """Whether the view ``node`` of a graph input went through a ``detach`` (``.detach()``, ``.data``):
+    each view, in-place or split op takes the tensor it aliases first."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if node.target is torch.ops.aten.detach.default:
+            return True
+        node = node.args[0] if node.args else None
+    return False
 
 
 def _through_in_place_ops(node: torch.fx.Node) -> torch.fx.Node:

@@ -60,8 +60,9 @@ CACHE_FORMAT = "torch.compiler.precompile"
 # fully_shard_policies, grads_none / grads_present, requires_grad_read, same_modules
 # (an older artifact's own driver checks no module identity), eager artifacts'
 # TensorSpec.stride (None before: not checked), grads_owned (none before: every
-# new .grad is copied into the parameter's layout), autocast_dtypes, tensor_attributes and
-# DataParallelSpec's reduced / ignored.
+# new .grad is copied into the parameter's layout), autocast_dtypes, tensor_attributes,
+# DataParallelSpec's reduced / ignored, OutputView.detached / no_grad (an older artifact's
+# own driver rebuilds such a view with history).
 MIN_CONVENTION_VERSION = 7
 CONVENTION_VERSION = 11
 # The cache.  6: a zip of a JSON envelope and raw entries, not a torch.save

@@ -1273,11 +1273,17 @@ class ResultWriter:
         outputs = list(outputs)
         for view in self._output_views:
             base = tensors[view.base]
-            outputs[view.graph_output] = (
-                base
-                if view.shape is None
-                else base.as_strided(view.shape, view.stride, base.storage_offset() + view.offset)
-            )
+            if view.detached:
+                base = base.detach()
+            if view.shape is None:
+                outputs[view.graph_output] = base
+                continue
+            offset = base.storage_offset() + view.offset
+            if view.no_grad:  # made under fn's no_grad(): requires grad as its base, without history
+                with torch.no_grad():
+                    outputs[view.graph_output] = base.as_strided(view.shape, view.stride, offset)
+            else:
+                outputs[view.graph_output] = base.as_strided(view.shape, view.stride, offset)
         return outputs
 
     def _plan_rebound_writes(self) -> dict:
@@ -2714,6 +2720,10 @@ class Gradients:
         self._grads_apart: tuple[list, frozenset] | None = None
         self._num_outputs = len(convention.output_tensors)  # the graph's gradients follow them
         self._grads_assigned = frozenset(convention.grads_assigned)
+        # The .grad backward adds to in place (not assigned), checked addable (no inference tensor, no
+        # elements sharing memory) once per object: a weak reference to each .grad last found so.
+        self._grads_added = tuple(index for index in convention.grad_state if index not in self._grads_assigned)
+        self._grads_found_addable: list = [None] * len(self._grads_added)
         # fully_shard's new .grad is its reduce-scatter's result, as is (no AccumulateGrad).
         self._sharded = sharded
         self._grads_owned = frozenset(convention.grads_owned)
@@ -2731,7 +2741,8 @@ class Gradients:
 
     def check_kept(self, params: list) -> None:
         """Invariant 13: the parameters whose None ``.grad`` fn tells from a tensor have the one they had at
-        capture, and each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``)."""
+        capture, each parameter the graph gives a gradient takes it in its dtype (its ``grad_dtype``), and each
+        ``.grad`` backward adds to in place can take the add (no inference tensor, no expanded one)."""
         for index in self._grad_state:
             param = params[index]
             grad_dtype = other_grad_dtype(param)
@@ -2742,6 +2753,16 @@ class Gradients:
                     "(precompile refuses a grad_dtype at capture): set p.grad_dtype = p.dtype (or None), or call "
                     "fn eagerly"
                 )
+        found_addable = self._grads_found_addable
+        for k, index in enumerate(self._grads_added):
+            grad = params[index].grad
+            if grad is None or (found_addable[k] is not None and found_addable[k]() is grad):
+                continue
+            if grad.is_inference():  # eager's in-place add refuses it, after its forward ran
+                raise inference_tensor_error(f"{self._parameter(index)}.grad", "backward")
+            if not grad.is_sparse and not grad.is_contiguous():
+                self._refuse_self_overlapping(index, grad)
+            found_addable[k] = weakref.ref(grad)
         for index in self._grads_none:
             if params[index].grad is not None:
                 raise PrecompileError(
@@ -2757,6 +2778,19 @@ class Gradients:
                     "where backward has not added to it (eager's optimizer would skip it, p.grad.mul_() would "
                     "raise; the graph computes with zeros): give it a .grad, or precompile with .grad None"
                 )
+
+    def _refuse_self_overlapping(self, index: int, grad: torch.Tensor) -> None:
+        """A PrecompileError where ``grad`` has elements at one memory location (a stride 0 over a dim of
+        size > 1, as ``expand`` makes: what eager's in-place add refuses, after its forward and part of
+        its backward ran)."""
+        if any(stride == 0 and size > 1 for size, stride in zip(grad.shape, grad.stride())):
+            raise PrecompileError(
+                f"{self._parameter(index)}.grad has strides {grad.stride()} for shape {tuple(grad.shape)}: "
+                "several of its elements are one memory location (an expanded tensor), which eager's backward "
+                "refuses to add the gradient to in place (RuntimeError, after its forward and part of its "
+                "backward changed state): give it a .grad of its own (p.grad = p.grad.clone()), or set it "
+                "to None (opt.zero_grad())"
+            )
 
     def incoming(self, grad_owners: list, tensors: list) -> list:
         """Incoming .grad of each grad-input parameter (zeros when None: 0 + g is g), with the
@@ -2868,6 +2902,9 @@ class Gradients:
             checks.append(Check("grad", grads, f"None, or of the parameter's shape, dtype and strides{apart}"))
             if self._inference_refused:
                 checks.append(Check("grad", grads, "no inference tensor where fn runs backward or the graph writes it"))
+        if self._grads_added:
+            grads = f".grad of {len(self._grads_added)} parameters backward adds to"
+            checks.append(Check("grad", grads, "None, or no inference tensor and no two of its elements at one memory location"))
         for index in c.grads_none:
             checks.append(Check("grad", f"{self._parameter(index)}.grad", "None, as at capture"))
         for index in c.grads_present:

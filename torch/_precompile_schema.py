@@ -343,6 +343,11 @@ class OutputView(Record):
     shape: tuple[Count, ...] | None = None
     stride: tuple[int, ...] = ()
     offset: int = 0
+    # fn detached it (.detach(), .data): rebuilt without autograd history, as eager's has none.
+    detached: bool = False
+    # fn made it under no_grad() from an input that requires grad: rebuilt under no_grad(), so
+    # that it requires grad without history, as eager's.
+    no_grad: bool = False
 
 
 _SIZE_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
