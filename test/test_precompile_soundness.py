@@ -109,6 +109,15 @@ def _bn_net():
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
 
 
+def _eager_and_artifact_linears(fn, backend: str) -> tuple:
+    """fn precompiled on a Linear(3, 3), an input, and two equal Linear(3, 3): eager's and the artifact's."""
+    x = torch.randn(2, 3)
+    f = precompile.load(*precompile(fn, nn.Linear(3, 3), x, backend=backend))
+    expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
+    got.load_state_dict(expected.state_dict())
+    return f, x, expected, got
+
+
 def _linear():
     torch.manual_seed(0)
     return nn.Linear(4, 2)
@@ -338,10 +347,7 @@ class TestSoundness(TestCase):
         def rows(m, x):
             return m.weight[0], m.weight.t(), x * 2
 
-        x = torch.randn(2, 3)
-        f = precompile.load(*precompile(rows, nn.Linear(3, 3), x, backend=backend))
-        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
-        got.load_state_dict(expected.state_dict())
+        f, x, expected, got = _eager_and_artifact_linears(rows, backend)
         for model, run in ((expected, rows), (got, f)):
             row, transposed, _ = run(model, x)
             self.assertIs(row._base, model.weight)
@@ -361,10 +367,7 @@ class TestSoundness(TestCase):
         def views(m, x):
             return m.weight.detach(), m.weight.data[0], x * 2
 
-        x = torch.randn(2, 3)
-        f = precompile.load(*precompile(views, nn.Linear(3, 3), x, backend=backend))
-        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
-        got.load_state_dict(expected.state_dict())
+        f, x, expected, got = _eager_and_artifact_linears(views, backend)
         for model, run in ((expected, views), (got, f)):
             detached, row, _ = run(model, x)
             self.assertEqual((detached.requires_grad, detached.grad_fn, row.requires_grad), (False, None, False))
@@ -388,10 +391,7 @@ class TestSoundness(TestCase):
             m(x).sum().backward()
             return row, m.weight.t()
 
-        x = torch.randn(2, 3)
-        f = precompile.load(*precompile(step, nn.Linear(3, 3), x, backend=backend))
-        expected, got = nn.Linear(3, 3), nn.Linear(3, 3)
-        got.load_state_dict(expected.state_dict())
+        f, x, expected, got = _eager_and_artifact_linears(step, backend)
         for model, run in ((expected, step), (got, f)):
             row, transposed = run(model, x)
             self.assertEqual((row.requires_grad, row.grad_fn), (True, None))
