@@ -1052,6 +1052,37 @@ class TestGenerate(TestCase):
                 _assert_same_cache(self, cache, before)
                 _assert_same_cache(self, recorded["prefill"]["past_key_values"], before)
 
+    def test_recording_calls_none_of_the_callers_token_watchers(self):
+        # A streamer's queue would hold the recorded prompt and token, a processor's or criterion's state
+        # one step: objects the caller passes again to the served generate().
+        model, (ids, mask) = _llama(), _prompt()
+        seen = []
+
+        class Watch(transformers.generation.streamers.BaseStreamer):
+            def put(self, value):
+                seen.append("streamer")
+
+            def end(self):
+                seen.append("streamer end")
+
+        class Count(transformers.LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                seen.append("logits processor")
+                return scores
+
+        class Never(transformers.StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                seen.append("stopping criteria")
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+        recorded = generation.record_forward_calls(
+            model, ids[:1], attention_mask=mask[:1], max_new_tokens=2, do_sample=False, streamer=Watch(),
+            logits_processor=transformers.LogitsProcessorList([Count()]),
+            stopping_criteria=transformers.StoppingCriteriaList([Never()]),
+        )
+        self.assertEqual(seen, [])
+        self.assertEqual(set(recorded), {"prefill", "decode"})
+
     def test_precompile_generate_needs_free_dims(self):
         model, (ids, mask) = _llama(), _prompt()
         with self.assertRaisesRegex(PrecompileError, r"precompile_generate\(backend='eager'\): the decode step's cache length"):

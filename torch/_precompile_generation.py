@@ -77,6 +77,7 @@ DEFAULT_MAX_BATCH = 64
 
 _MASK = "attention_mask"
 _USER_DEFINED = "_is_user_defined"  # generate()'s mark on a cache the caller passed
+_TOKEN_WATCHERS = ("streamer", "logits_processor", "stopping_criteria")  # generate()'s arguments that see tokens only
 # The model inputs prepare_inputs_for_generation() sets before the mask; the keyword
 # arguments it forwards (use_cache, logits_to_keep, ...) follow it.
 _BEFORE_MASK = frozenset({"input_ids", "inputs_embeds", "past_key_values", "position_ids", "token_type_ids"})
@@ -105,14 +106,19 @@ def record_forward_calls(model: torch.nn.Module, *args: Any, **generate_kwargs: 
 
     Runs ``model.generate(*args, **generate_kwargs)`` until its second forward
     call, with the global RNG restored afterwards (sampling draws from it), on
-    a copy of a ``past_key_values`` passed, which the caller gets back unfilled.
+    a copy of a ``past_key_values`` passed, which the caller gets back unfilled,
+    and without a streamer, logits processor or stopping criteria passed.
     Where generate() dropped an all-ones 2-D mask, the calls have it back, as
     ``serving()`` passes it (module docstring).
     """
     calls: list = []
     forward = model.forward
-    if generate_kwargs.get("past_key_values") is not None:  # generate() fills it: the caller's stays as passed
-        generate_kwargs = {**generate_kwargs, "past_key_values": copy.deepcopy(generate_kwargs["past_key_values"])}
+    # The caller's objects generate() would change stay as passed (Note invariant 8): the cache it
+    # fills is copied, and what only watches or steers the tokens (a streamer's queue, a logits
+    # processor's or stopping criterion's state), not the forward calls' arguments, is left out.
+    generate_kwargs = {name: value for name, value in generate_kwargs.items() if name not in _TOKEN_WATCHERS}
+    if generate_kwargs.get("past_key_values") is not None:
+        generate_kwargs["past_key_values"] = copy.deepcopy(generate_kwargs["past_key_values"])
 
     def record(**kwargs: Any) -> Any:
         calls.append(copy.deepcopy(kwargs))  # before the call: the cache is updated in place
