@@ -795,7 +795,10 @@ says who guarantees it and, where it is enforced, which tests (in
    class's ``__init_subclass__``), and on ``type(d) is dict`` for a dict
    input (a probe dict subclass, invariant 3); a grad-mode query bound
    before capture (``from torch import is_grad_enabled``, which the trace's
-   wrapper on ``torch`` does not reach); ``param.data = ...`` after a call (a ``_parameters`` / ``_buffers`` entry is
+   wrapper on ``torch`` does not reach); a view of a parameter fn makes under
+   its own ``torch.enable_grad()`` and returns, called under ``no_grad()``
+   (rebuilt in the caller's grad mode, it has no history where eager's has:
+   the trace does not see which grad mode fn set around an op); ``param.data = ...`` after a call (a ``_parameters`` / ``_buffers`` entry is
    looked up by name at every call, and rebinding either dict is seen:
    test_module_edits_bypassing_hooks_are_seen); ``obj.__class__ = ...``
    after a call on an object fn reads that cannot be referenced weakly
