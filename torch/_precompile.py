@@ -798,7 +798,11 @@ says who guarantees it and, where it is enforced, which tests (in
    wrapper on ``torch`` does not reach); a view of a parameter fn makes under
    its own ``torch.enable_grad()`` and returns, called under ``no_grad()``
    (rebuilt in the caller's grad mode, it has no history where eager's has:
-   the trace does not see which grad mode fn set around an op); ``param.data = ...`` after a call (a ``_parameters`` / ``_buffers`` entry is
+   the trace does not see which grad mode fn set around an op); on torch
+   2.14, whose trace records ``.detach()`` as the ``aten.alias`` that
+   ``x[...]`` also gives, a returned ``x[...]`` of an input that required no
+   grad at capture, called with one that does (rebuilt detached, as a
+   ``.detach()`` is); ``param.data = ...`` after a call (a ``_parameters`` / ``_buffers`` entry is
    looked up by name at every call, and rebinding either dict is seen:
    test_module_edits_bypassing_hooks_are_seen); ``obj.__class__ = ...``
    after a call on an object fn reads that cannot be referenced weakly

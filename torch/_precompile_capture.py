@@ -2527,10 +2527,10 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
                 views.append(OutputView(graph_output=k, base=index))
             continue
         base, out = example[index], outputs[k]
-        # fn runs under enable_grad(): a view without grad of an input with it, fn detached (a
-        # detach in the graph also where the input required no grad at capture, as it may at a call)
-        detached = (_caller_tensor(args, index).requires_grad and not out.requires_grad) or _detached_in_graph(node)
-        if not inductor and not out.requires_grad:
+        # fn runs under enable_grad(): a view without grad of an input with it, fn detached; where the
+        # input required no grad at capture (it may at a call), a detach in the graph says so
+        detached = not out.requires_grad if _caller_tensor(args, index).requires_grad else _detached_in_graph(node)
+        if not inductor and not out.requires_grad and not detached:
             continue  # the eager graph's own view, with no history to lose (made with grad mode off)
         no_grad = out.requires_grad and out.grad_fn is None  # a view made under fn's no_grad()
         if not compat.is_alias_of(out, base) and not compat.is_fake(out):
@@ -2544,6 +2544,8 @@ def _output_views(graph: torch.fx.GraphModule, example: list, outputs: list, arg
                 else "a lazy conjugate or negation (.conj(), .mH)" if lazy_bits else "sizes that depend on a marked dim"
             )
             name = _input_name(args, index)
+            if not inductor and not out.requires_grad:
+                continue  # no history to lose (.view(torch.int32), a detached one): the eager graph's view
             if not inductor:  # .conj(), .real, view_as_real: the graph's view has no history
                 raise PrecompileError(
                     f"fn returns a view of {name} with {differs} that autograd follows back to it: the eager "
@@ -2571,9 +2573,11 @@ def _caller_tensor(args: _Arguments, index: int) -> torch.Tensor:
 
 def _detached_in_graph(node: torch.fx.Node) -> bool:
     """Whether the view ``node`` of a graph input went through a ``detach`` (``.detach()``, ``.data``):
-    each view, in-place or split op takes the tensor it aliases first."""
+    each view, in-place or split op takes the tensor it aliases first.  Where make_fx records a detach
+    as aten.alias (compat.DETACH_TRACES_AS_ALIAS), an alias counts as one, x[...]'s too (Note)."""
+    detach = torch.ops.aten.alias.default if compat.DETACH_TRACES_AS_ALIAS else torch.ops.aten.detach.default
     while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        if node.target is torch.ops.aten.detach.default:
+        if node.target is detach:
             return True
         node = node.args[0] if node.args else None
     return False

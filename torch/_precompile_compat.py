@@ -528,6 +528,10 @@ INDUCTOR_KEEPS_ROUNDING_CASTS = TORCH_RELEASE >= (2, 13)
 # (2.12 is taken to do so too).
 INDUCTOR_KEEPS_DRAW_ORDER = TORCH_RELEASE >= (2, 13)
 
+# Whether make_fx records Tensor.detach() (and .data) as aten.alias, the op x[...] also
+# traces to: 2.14; 2.11-2.13 record aten.detach.
+DETACH_TRACES_AS_ALIAS = TORCH_RELEASE >= (2, 14)
+
 
 def inductor_decompositions() -> dict:
     """The decompositions Inductor applies to an ATen graph before lowering it (op -> Python
