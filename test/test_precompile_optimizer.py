@@ -337,10 +337,12 @@ class TestOptimizerSemantics(OptimizerTestCase):
         model[2].weight.grad = torch.ones_like(model[2].weight)
         self.assert_refused_unchanged(r"args\[0\]\.2\.weight\.grad is a tensor, which was None at capture", step, model, opt, x)
 
-    def test_adam_call_with_lr_zero_is_refused(self):
+    @parametrize("backend", BACKENDS)
+    def test_adam_step_at_lr_zero_is_eagers(self, backend):
         # The trace steps Adam/AdamW in torch's capturable formulation, which divides by lr: at
-        # lr 0 (a warmup from 0) an element whose gradient has been 0 (an embedding row no batch
-        # used) would become NaN, where eager's step leaves the parameter as it is.
+        # lr 0 (the first step of a warmup from 0) an element whose gradient has been 0 (an
+        # embedding row no batch used) would become 0/0 = NaN, where eager's step leaves the
+        # parameter as it is.  A NaN gradient makes eager's parameter NaN at lr 0 too.
         def step_fn(model, opt, x, y):
             opt.zero_grad()
             loss = F.mse_loss(model(x), y)
@@ -350,26 +352,36 @@ class TestOptimizerSemantics(OptimizerTestCase):
 
         torch.manual_seed(0)
         x, y = torch.tensor([[1, 2, 3]]), torch.randn(1, 3, 2)  # rows 0 and 4..9 get no gradient
-        for cls in (torch.optim.Adam, torch.optim.AdamW):
-            with self.subTest(cls.__name__):
+        configs = {
+            "Adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+            "AdamW_amsgrad": lambda params: torch.optim.AdamW(params, lr=1e-3, amsgrad=True, weight_decay=0.1),
+        }
+        for name, make in configs.items():
+            with self.subTest(name):
                 model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
                 eager_model = copy.deepcopy(model)
-                opt, eager_opt = cls(model.parameters(), lr=1e-3), cls(eager_model.parameters(), lr=1e-3)
-                step = precompile.load(*precompile(step_fn, model, opt, x, y, backend="eager"))
-                schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: s / 10) for o in (opt, eager_opt)]
-                self.assert_refused_unchanged(
-                    rf"^args\[1\] \(optimizer\) param_groups\[0\]\['lr'\] is 0: the captured "
-                    rf"{cls.__name__} step .*divides by lr.*run this step with fn itself",
-                    step, model, opt, x, y,
-                )
-                step_fn(model, opt, x, y)  # the step at lr 0, eagerly
-                step_fn(eager_model, eager_opt, x, y)
-                for _ in range(2):
-                    for scheduler in schedulers:
-                        scheduler.step()
+                opt, eager_opt = make(model.parameters()), make(eager_model.parameters())
+                step = precompile.load(*precompile(step_fn, model, opt, x, y, backend=backend))
+                warmups = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: s / 10) for o in (opt, eager_opt)]
+                before = [p.clone() for p in model.parameters()]
+                for call in range(3):
+                    self.assertEqual(opt.param_groups[0]["lr"], call * 1e-4)
                     torch.testing.assert_close(step(model, opt, x, y), step_fn(eager_model, eager_opt, x, y))
                     self.assert_same_training_state(model, opt, eager_model, eager_opt)
+                    if call == 0:  # at lr 0 the parameters stay, the moments and step advance
+                        for p, old in zip(model.parameters(), before):
+                            torch.testing.assert_close(p, old, atol=0, rtol=0)
+                        self.assertEqual(opt.state[model[1].weight]["step"], torch.tensor(1.0))
+                    for scheduler in warmups:
+                        scheduler.step()
                 self.assertFalse(any(p.isnan().any() for p in model.parameters()))
+                for o in (opt, eager_opt):
+                    o.param_groups[0]["lr"] = 0.0
+                nan_y = torch.full_like(y, float("nan"))
+                step(model, opt, x, nan_y)
+                step_fn(eager_model, eager_opt, x, nan_y)
+                self.assert_same_training_state(model, opt, eager_model, eager_opt)
+                self.assertTrue(model[1].weight.isnan().all())
 
 
 class TestOptimizerContract(OptimizerTestCase):

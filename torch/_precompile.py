@@ -987,7 +987,10 @@ says who guarantees it and, where it is enforced, which tests (in
    within float noise (single-tensor SGD on backend='eager': bit-exact for
    float32 parameters; bfloat16 and float16 ones differ by an ulp, as the
    graph multiplies by a float64 lr tensor where eager adds with
-   ``alpha=-lr``).
+   ``alpha=-lr``).  The capturable Adam/AdamW step divides by ``lr``, so at
+   ``lr`` 0 (a warmup's first step) an element whose gradient has been 0
+   would become 0/0; the graph puts back those elements' values from before
+   the step, as eager leaves them (test_adam_step_at_lr_zero_is_eagers).
    The step reads the incoming ``.grad`` (invariant 13), so it is a graph
    input unless fn's zero_grad drops it.  Refused at capture:
    other optimizer classes, fused / capturable / differentiable, SGD
@@ -1021,10 +1024,7 @@ says who guarantees it and, where it is enforced, which tests (in
    the last call; test_state_sharing_memory_with_a_parameter_or_grad_is_refused),
    that optimizer arguments are distinct objects sharing no state tensor
    (test_one_optimizer_at_two_positions_or_sharing_state_with_another_is_refused),
-   that Adam's / AdamW's ``lr`` is not 0 (the capturable formulation divides
-   by it: an element whose gradient has been 0 would become NaN where eager
-   leaves it; run that step with fn itself:
-   test_adam_call_with_lr_zero_is_refused), that no call goes where eager's
+   that no call goes where eager's
    step raises (a beta1 of 1; ``opt.state`` a plain dict lacking an entry;
    ``opt.defaults['differentiable']`` set after capture:
    test_calls_where_eagers_step_raises_are_refused), and

@@ -4063,7 +4063,8 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
     Adam/AdamW trace their ``capturable`` formulation (step, lr and bias
     corrections as tensor ops, not Python numbers baked into the graph), with
     ``torch.compiler.is_compiling()`` true during ``step()`` like under
-    torch.compile, so no tensor is read back as a number.
+    torch.compile, so no tensor is read back as a number; around it
+    _keep_parameters_at_lr_zero makes a step at lr 0 eager's.
     """
     inputs = iter(inputs)
     saved, handles, swapped = [], [], []
@@ -4073,8 +4074,10 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
             optimizer = lifted.optimizer
             caller = _CallerOptimizer(optimizer, f"args[{lifted.position}]")
             saved.append(caller)
+            traced_groups = []
             for g, (group, indices) in enumerate(zip(caller.groups, lifted.groups)):
                 traced = dict(group, params=[state[i] for i in indices], lr=next(inputs))
+                traced_groups.append(traced)
                 for key in lifted.lifted:
                     swapped.append(_set_lifted_hyperparameter(traced, key, next(inputs)))
                 if lifted.cls != "SGD":
@@ -4089,6 +4092,8 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
             optimizer.state = traced_state
             handles.append(optimizer.register_step_pre_hook(lambda *_: _set_compiling(True)))
             handles.append(optimizer.register_step_post_hook(lambda *_: _set_compiling(compiling)))
+            if lifted.cls != "SGD":
+                handles += _keep_parameters_at_lr_zero(optimizer, traced_groups)  # not the probes: no read
             optimizer.__class__ = _optimizer_probe(caller.cls, caller.where)
         yield
         for caller in saved:
@@ -4101,6 +4106,44 @@ def _redirect_optimizers(args: _Arguments, state: tuple, inputs: tuple):
             tensor.__class__ = torch.Tensor
         for caller in saved:
             caller.restore()
+
+
+def _keep_parameters_at_lr_zero(optimizer: torch.optim.Optimizer, groups: list) -> list:
+    """Hooks around each traced Adam/AdamW step that give a group at lr 0 eager's parameters.
+
+    The capturable step divides by lr: its ``denom`` is ``(sqrt(v) / bc2 + eps) / -lr'``
+    (``lr' = lr / bc1``), so at lr 0 -- the first step of a warmup from 0 -- denom is
+    -inf and the update ``exp_avg / denom`` a zero, as eager's ``-0 * exp_avg / denom``,
+    except where ``v`` (amsgrad: its running max) is 0: there the trace's 0/0 makes
+    the element NaN, where eager leaves it as it was unless ``exp_avg`` is not finite.
+    After the step, those elements get their value from before it back.  AdamW's
+    decoupled decay multiplies by ``1 - 0 * wd``, which changes nothing.  Returns the
+    hooks' handles.
+    """
+    stepped: list = []  # per group: (parameter, its value before the step) for those with a .grad
+
+    def keep(*_):
+        with torch.no_grad():
+            stepped[:] = [[(p, p.clone()) for p in group["params"] if p.grad is not None] for group in groups]
+
+    def put_back(*_):
+        with torch.no_grad():
+            for group, pairs in zip(groups, stepped):
+                at_lr_zero = group["lr"] == 0
+                for p, old in pairs:
+                    state = optimizer.state[p]
+                    moment, exp_avg = state.get("max_exp_avg_sq", state["exp_avg_sq"]), state["exp_avg"]
+                    # At lr 0, v + exp_avg * lr is 0 where v is 0 and exp_avg finite (NaN where it is not).
+                    nan_in_trace_only = at_lr_zero & (_real(moment).addcmul(_real(exp_avg), group["lr"]) == 0)
+                    _real(p).copy_(torch.where(nan_in_trace_only, _real(old), _real(p)))
+        stepped.clear()
+
+    return [optimizer.register_step_pre_hook(keep), optimizer.register_step_post_hook(put_back)]
+
+
+def _real(tensor: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as torch's Adam steps it: (real, imaginary) pairs."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
 class _CallerOptimizer:

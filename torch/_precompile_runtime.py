@@ -3552,13 +3552,6 @@ class OptimizerArgument:
                 "raise KeyError for: put it back"
             )
         number = isinstance(value, (float, int)) and not isinstance(value, bool)
-        if number and value == 0 and key == "lr" and self.spec.cls != "SGD":
-            raise PrecompileError(
-                f"{self.where} param_groups[{index}]['lr'] is 0: the captured {self.spec.cls} step is torch's "
-                "capturable formulation, which divides by lr, so an element whose gradient has been 0 so far "
-                "would become NaN where eager's step leaves it as it is; run this step with fn itself (the "
-                "artifact goes on from the state it leaves), or start the schedule above 0"
-            )
         if number and value == 1 and key == "betas[0]":
             raise PrecompileError(
                 f"{self.where} param_groups[{index}]['betas'][0] is 1, where eager's step raises ZeroDivisionError "
