@@ -282,10 +282,18 @@ def _ddp_comm_hook_name(ddp: Any) -> str | None:
     return ddp._get_ddp_logging_data().get("comm_hook")
 
 
-def _ddp_reduced_parameters(ddp: Any) -> set:
+def _ddp_reduced_parameters(ddp: Any) -> frozenset:
     """ids of the parameters DDP's reducer averages, fixed when DDP was constructed (its
-    buckets' parameters; the reader allocates zeros of the buckets' size)."""
-    return {id(p) for bucket in ddp.reducer._get_zeros_like_grad_buckets() for p in bucket.parameters()}
+    buckets' parameters).  The only reader allocates zeros the size of all the buckets, so
+    it runs once per reducer, whose buckets hold those parameters (their ids stay theirs)."""
+    reducer = ddp.reducer
+    if reducer not in _REDUCED_BY_REDUCER:
+        buckets = reducer._get_zeros_like_grad_buckets()
+        _REDUCED_BY_REDUCER[reducer] = frozenset(id(p) for bucket in buckets for p in bucket.parameters())
+    return _REDUCED_BY_REDUCER[reducer]
+
+
+_REDUCED_BY_REDUCER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _resolve_process_group(group_name: str) -> Any:
