@@ -1285,6 +1285,20 @@ class TestRuntimeChecks(TestCase):
         torch.testing.assert_close(g(m, odd), m(odd))
 
     @parametrize("backend", BACKENDS)
+    def test_a_concatenation_has_eagers_layout(self, backend):
+        # ATen's cat returns its memory format (contiguous here) even when one input is
+        # all that is not empty, as a DynamicCache's first update concatenates transposed
+        # keys to an empty cache; Inductor's decomposition cloned that input's layout.
+        def fn(empty, x, channels_last):
+            return torch.cat([empty, x.transpose(1, 2)], dim=2), torch.cat([x.transpose(1, 2)]), torch.cat([channels_last])
+
+        args = torch.empty(2, 3, 0, 5), torch.randn(2, 4, 3, 5), torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        f = load(_artifact("cat_layouts", fn, *args, backend=backend))
+        for got, want in zip(f(*args), fn(*args)):
+            torch.testing.assert_close(got, want)
+            self.assertEqual(got.stride(), want.stride())
+
+    @parametrize("backend", BACKENDS)
     def test_pytree_input_paths(self, backend):
         def fn(m, batch):
             return m(batch["x"][0]) + batch["bias"]

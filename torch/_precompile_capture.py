@@ -5101,7 +5101,7 @@ def _memory_order(value: Any) -> list | None:
     """The dims of a non-contiguous, non-overlapping tensor, outermost first; None for any other value."""
     if (
         not isinstance(value, torch.Tensor)
-        or not all(isinstance(v, int) for v in (*value.shape, *value.stride()))
+        or not compat.has_static_layout(value)
         or value.is_contiguous()
     ):
         return None

@@ -585,8 +585,41 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
 
     # Inductor's config is process-global: callers hold _PRECOMPILE_LOCK.
     with inductor_config.patch(config):
-        compile_fx(graph, example_inputs, inner_compile=keep_inner)
+        compile_fx(graph, example_inputs, inner_compile=keep_inner, decompositions=_inductor_decompositions())
     return compiled
+
+
+def _inductor_decompositions() -> dict:
+    """Inductor's decomposition table, with aten.cat returning ATen's memory layout.
+
+    torch 2.11-2.14: Inductor's cat decomposition returns ``clone()`` of the only
+    input that is not empty, in that input's layout, where ATen's cat returns its
+    own memory format (contiguous unless every input suggests the same other
+    one).  A transformers DynamicCache's first update, ``cat([empty, keys])`` of
+    transposed keys, came back transposed, and an artifact specialized to eager's
+    cache layout refused it.  Shapes with symbols keep Inductor's result (asking
+    their layout would add guards).
+    """
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = dict(select_decomp_table())
+    inductor_cat = table[torch.ops.aten.cat.default]
+
+    def cat(tensors: list, dim: int = 0) -> Any:
+        result = inductor_cat(tensors, dim)
+        if result is NotImplemented or not all(has_static_layout(t) for t in (*tensors, result)):
+            return result
+        formats = {torch._prims_common.suggest_memory_format(t) for t in tensors}
+        memory_format = formats.pop() if len(formats) == 1 else torch.contiguous_format
+        return result if result.is_contiguous(memory_format=memory_format) else result.clone(memory_format=memory_format)
+
+    table[torch.ops.aten.cat.default] = cat
+    return table
+
+
+def has_static_layout(tensor: torch.Tensor) -> bool:
+    """Whether a (fake) tensor's sizes and strides are all plain ints, none a symbol."""
+    return all(type(n) is int for n in (*tensor.shape, *tensor.stride()))
 
 
 def triton_launch_record(autotuner: Any) -> tuple[dict, bytes] | None:
