@@ -1299,6 +1299,46 @@ class TestRuntimeChecks(TestCase):
             self.assertEqual(got.stride(), want.stride())
 
     @parametrize("backend", BACKENDS)
+    def test_an_index_out_of_range_raises_and_the_process_goes_on(self, backend):
+        # Inductor's C++ kernels check indices with a throw, which in the OpenMP region of a
+        # kernel this large (2 x 512 elements a thread, or more) aborted the process, where
+        # eager raises IndexError.  A decode step's cache write at a position past its end:
+        # nothing is written there, and the next call goes on.
+        class Decoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(10, 512)
+                self.register_buffer("cache", torch.zeros(2, 8, 512))
+
+            def forward(self, ids, position):
+                self.cache.index_copy_(1, position, self.embed(ids))
+                return self.cache.sum(1)
+
+        def fn(m, ids, position):
+            return m(ids, position)
+
+        torch.manual_seed(0)
+        m, ids = Decoder(), torch.tensor([[1], [2]])
+        pair = _artifact("index_out_of_range", fn, m, ids, torch.tensor([3]), backend=backend)
+        if backend == "inductor" and torch.get_num_threads() > 1:
+            self.assertIn("#pragma omp parallel", pair[0])
+            self.assertIn("catch (...) { precompile_error.keep(); }", pair[0])
+        f, eager = load(pair), copy.deepcopy(m)
+        error = IndexError if backend == "eager" else RuntimeError  # as Inductor's smaller kernels raise
+        for bad_ids, position in [(ids, torch.tensor([8])), (torch.tensor([[1], [10]]), torch.tensor([3]))]:
+            with self.assertRaises(IndexError):
+                fn(eager, bad_ids, position)
+            with self.assertRaisesRegex(error, "out of (range|bounds)"):
+                f(m, bad_ids, position)
+            if position.item() == 8:  # every write is past the end: none happens
+                torch.testing.assert_close(m.cache, eager.cache, atol=0, rtol=0)
+        # Where some of the indices are in range, the graph may have written those
+        # (eager's op checks all of them first): the Note leaves that to the caller.
+        m.cache.copy_(eager.cache)
+        torch.testing.assert_close(f(m, ids, torch.tensor([7])), fn(eager, ids, torch.tensor([7])))
+        torch.testing.assert_close(m.cache, eager.cache)
+
+    @parametrize("backend", BACKENDS)
     def test_pytree_input_paths(self, backend):
         def fn(m, batch):
             return m(batch["x"][0]) + batch["bias"]

@@ -804,6 +804,46 @@ class TestCaptureInternals(TestCase):
         kept = "        extern_kernels.addmm(a, b, c, alpha=2, beta=1, out=buf0)\n        extern_kernels.mm(a, b, out=buf1)\n"
         self.assertEqual(compat.without_default_gemm_scalars(kept), kept)
 
+    def test_parallel_checks_raising_wraps_each_checked_parallel_loop(self):
+        # The shapes Inductor's CPU kernels take (the end-to-end behaviour is
+        # test_an_index_out_of_range_raises_and_the_process_goes_on).
+        def module(*kernels):
+            return "".join(f"k{i} = async_compile.cpp_pybinding(['long*'], r'''\n{k}''')\n" for i, k in enumerate(kernels))
+
+        def kernel(body):
+            return 'extern "C" void kernel(long* in_ptr0)\n{\n' + body + "}\n"
+
+        check = 'TORCH_CHECK((0 <= t) & (t < 10L), "index out of bounds: {0 <= t < 10L");\n'  # a brace in a string
+        loop = "for(long x=0; x<4L; x+=1)\n{\n"
+        collapsed = "#pragma omp parallel num_threads(2)\n{\n#pragma omp for collapse(2)\n" + loop + loop + check + "}\n}\n}\n"
+        self.assertEqual(
+            compat.with_parallel_checks_raising(module(kernel(collapsed))),
+            module(
+                compat._FIRST_ERROR + 'extern "C" void kernel(long* in_ptr0)\n'
+                "{\n"
+                "    PrecompileFirstError precompile_error;\n"
+                "#pragma omp parallel num_threads(2)\n"
+                "{\n"
+                "#pragma omp for collapse(2)\n"
+                "for(long x=0; x<4L; x+=1)\n"
+                "{\n"
+                "for(long x=0; x<4L; x+=1)\n"
+                "{ try {\n"
+                + check
+                + "} catch (...) { precompile_error.keep(); } }\n"
+                "}\n"
+                "}\n"
+                "    precompile_error.rethrow();\n"
+                "}\n"
+            ),
+        )
+        unchanged = [
+            kernel(loop + check + "}\n"),  # no parallel region: the throw leaves the kernel
+            kernel("#pragma omp parallel\n{\n" + check + "#pragma omp for\n" + loop + "}\n}\n"),  # a check outside the loop
+            kernel("#pragma omp parallel\n{\n#pragma omp for\n" + loop + "}\n}\n"),  # no check
+        ]
+        self.assertEqual(compat.with_parallel_checks_raising(module(*unchanged)), module(*unchanged))
+
     def test_without_input_asserts_knows_each_versions_format(self):
         head = "    def call(self, args):\n        arg0_1, arg1_1 = args\n        args.clear()\n"
         extern = "        assert_size_stride(buf0, (4, 4), (4, 1), 'torch.ops.aten.mm.default')\n"

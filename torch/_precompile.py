@@ -816,10 +816,14 @@ says who guarantees it and, where it is enforced, which tests (in
    the API's edits; and, on
    backend='inductor', indices out of range (``nn.Embedding``, a
    ``cross_entropy`` target, a ``StaticCache`` written past its end, which
-   ``generation.serving`` refuses), which Inductor's CPU kernels check with an
-   abort of the process instead of an IndexError (the check throws inside
-   an OpenMP region, as torch.compile's parallel kernels do): validate
-   indices outside fn or use backend='eager'; an in-place op whose other
+   ``generation.serving`` refuses): Inductor's CPU kernels raise
+   RuntimeError where eager raises IndexError, after the graph may have
+   written the tensors it updates where their indices were in range
+   (eager's op checks them all first; capture moves the check's throw out
+   of OpenMP regions, where it aborted the process, as torch.compile's
+   parallel kernels do:
+   test_an_index_out_of_range_raises_and_the_process_goes_on);
+   validate indices outside fn; an in-place op whose other
    operand partly overlaps the tensor it writes (``x.mul_(x[:, :1])``),
    where eager's kernel reads elements it already wrote and Inductor, as
    torch.compile, reads them all first; BatchNorm's running statistics,

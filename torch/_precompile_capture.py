@@ -5373,14 +5373,15 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         # Inductor generates no module for a graph without compute (fn returns an
         # input, detached or viewed): the captured graph itself is the program.
         return _lower_eager(capture)
-    source = compat.without_default_gemm_scalars(
-        compat.without_input_asserts(_strip_stand_in_imports(compiled[0][0].source_code))
-    )
+    source = _strip_stand_in_imports(compiled[0][0].source_code)
+    for rewrite in (compat.without_input_asserts, compat.without_default_gemm_scalars, compat.with_parallel_checks_raising):
+        source = rewrite(source)
     graph_code = (
         "# Inductor's generated module, verbatim but for its imports from torch._inductor\n"
         "# (a 2 s import): the driver binds stand-ins for them in the forward section below;\n"
         "# for its graph-input size/stride asserts, which the driver's guards perform; and\n"
-        "# for the default alpha=1, beta=1 its addmm calls spell out.\n"
+        "# for the default alpha=1, beta=1 its addmm calls spell out; and for the try around\n"
+        "# its parallel C++ loops that check indices, whose throw would abort the process.\n"
         f"EXTERN_KERNELS = {pprint.pformat(_extern_kernel_table(source))}\n\n\n"
         f"{_DEFERRED_KERNELS}\n\n{source}"
     )

@@ -820,6 +820,119 @@ def without_default_gemm_scalars(source: str) -> str:
     return re.sub(_INDUCTOR_DEFAULT_GEMM_SCALARS, r"\1\2", source, flags=re.MULTILINE)
 
 
+# A C++ kernel's source in Inductor's module: `name = async_compile.cpp_pybinding([...], r'''...''')`.
+_INDUCTOR_CPP_KERNEL = r"(cpp_pybinding\(\[[^\]]*\], r''')(.*?)(''')"
+_OMP_PARALLEL = r"^[ \t]*#pragma omp parallel\b(?! for)[^\n]*\n"
+_OMP_FOR = r"^[ \t]*#pragma omp for\b([^\n]*)\n"
+# Keeps the first exception a parallel region's loop iterations throw, for after the region.
+_FIRST_ERROR = """\
+#include <atomic>
+#include <exception>
+namespace {
+// precompile: a C++ exception may not leave an OpenMP region (the process aborts), so each
+// parallel loop iteration that throws keeps the first exception, rethrown after the region.
+struct PrecompileFirstError {
+    std::atomic<bool> thrown{false};
+    std::exception_ptr error;
+    void keep() noexcept { if (!thrown.exchange(true)) error = std::current_exception(); }
+    void rethrow() const { if (error) std::rethrow_exception(error); }
+};
+}  // namespace
+"""
+
+
+def with_parallel_checks_raising(source: str) -> str:
+    """Inductor's module with its C++ kernels' checks raising from parallel loops too.
+
+    Inductor's CPU kernels check indirect indices with ``TORCH_CHECK``, which throws;
+    inside an OpenMP parallel region, where a kernel large enough runs its loop, the
+    throw cannot leave the region and the process aborts (an ``nn.Embedding`` given a
+    token id past its vocabulary), where eager raises and a smaller kernel raises a
+    RuntimeError.  torch 2.11-2.14 generate that; here each parallel loop iteration
+    holding a check runs in a ``try`` that keeps the first exception, which is rethrown
+    once the region ends.  A kernel whose checks are not all in such loops stays as
+    Inductor wrote it.
+    """
+    return re.sub(
+        _INDUCTOR_CPP_KERNEL,
+        lambda match: match[1] + _catch_in_parallel_loops(match[2]) + match[3],
+        source,
+        flags=re.DOTALL,
+    )
+
+
+def _catch_in_parallel_loops(cpp: str) -> str:
+    if "TORCH_CHECK(" not in cpp or "#pragma omp parallel" not in cpp:
+        return cpp
+    kernel = re.search(r'^extern "C"[^(]*\(', cpp, re.MULTILINE)
+    close = None if kernel is None else _matching(cpp, kernel.end() - 1, "(", ")")
+    function = None if close is None else _braced_block(cpp, close + 1)
+    if function is None:
+        return cpp
+    # The exception is rethrown where the kernel ends, after Inductor's own cleanup.
+    edits = [(kernel.start(), _FIRST_ERROR), (function[0] + 1, "\n    PrecompileFirstError precompile_error;"),
+             (function[1], "    precompile_error.rethrow();\n")]  # (offset, text) insertions
+    wrapped = []  # spans of the loop bodies wrapped
+    for loop in re.finditer(_OMP_FOR, cpp, re.MULTILINE):
+        collapse = re.search(r"collapse\((\d+)\)", loop[1])
+        body = _innermost_loop_body(cpp, loop.end(), int(collapse[1]) if collapse else 1)
+        if body is None:
+            return cpp
+        if "TORCH_CHECK(" in cpp[body[0] : body[1]]:
+            edits += [(body[0] + 1, " try {"), (body[1], "} catch (...) { precompile_error.keep(); } ")]
+            wrapped.append(body)
+    for region in re.finditer(_OMP_PARALLEL, cpp, re.MULTILINE):
+        block = _braced_block(cpp, region.end())
+        if block is None:
+            return cpp
+        for check in re.compile(r"TORCH_CHECK\(").finditer(cpp, block[0], block[1]):
+            if not any(start < check.start() < end for start, end in wrapped):
+                return cpp  # a check outside the loops wrapped would still abort: leave it as it was
+    for offset, text in sorted(edits, key=lambda edit: edit[0], reverse=True):
+        cpp = cpp[:offset] + text + cpp[offset:]
+    return cpp
+
+
+def _innermost_loop_body(cpp: str, start: int, depth: int) -> tuple[int, int] | None:
+    """(offset of ``{``, offset of its ``}``) of the body of the ``depth``-th nested ``for``
+    from ``start`` (an ``omp for collapse(depth)`` nest); None where the text is not that."""
+    body = None
+    for _ in range(depth):
+        header = re.compile(r"\s*for\s*\(").match(cpp, start)
+        if header is None:
+            return None
+        close = _matching(cpp, header.end() - 1, "(", ")")
+        body = None if close is None else _braced_block(cpp, close + 1)
+        if body is None:
+            return None
+        start = body[0] + 1
+    return body
+
+
+def _braced_block(cpp: str, start: int) -> tuple[int, int] | None:
+    """(offset of ``{``, offset of its ``}``) of the block that begins after whitespace at ``start``."""
+    opening = re.compile(r"\s*\{").match(cpp, start)
+    if opening is None:
+        return None
+    close = _matching(cpp, opening.end() - 1, "{", "}")
+    return None if close is None else (opening.end() - 1, close)
+
+
+def _matching(cpp: str, start: int, opening: str, closing: str) -> int | None:
+    """Offset of the ``closing`` that matches the ``opening`` at ``start``, skipping
+    string and character literals and comments; None if there is none."""
+    depth = 0
+    tokens = re.compile(r'"(?:\\.|[^"\\])*"|' r"'(?:\\.|[^'\\])*'|//[^\n]*|/\*.*?\*/|[{}()]", re.DOTALL)
+    for token in tokens.finditer(cpp, start):
+        if token[0] == opening:
+            depth += 1
+        elif token[0] == closing:
+            depth -= 1
+            if depth == 0:
+                return token.start()
+    return None
+
+
 def inductor_extern_kernels() -> Any:
     # The object generated modules call as extern_kernels.*; private in 2.13.
     from torch._inductor.select_algorithm import extern_kernels

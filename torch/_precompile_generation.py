@@ -17,7 +17,7 @@ size and cache length, which stay the example's; its prefill allocates a new
 cache's tensors, so one reused after ``reset()``, which keeps them, is refused
 naming that (pass a new one per request), and a generation longer than its
 ``max_cache_len`` before the call that would write past its end (eager raises
-IndexError there, Inductor's kernel aborts the process).  generate() marks a cache the
+IndexError there, Inductor's kernel a RuntimeError).  generate() marks a cache the
 caller passes (``_is_user_defined``, which only generate() reads but which is
 part of the cache's structure): ``serving()`` gives each artifact the mark it
 was recorded with and puts the caller's back, so either is served.
@@ -364,7 +364,7 @@ class _RecordedCall:
                 "max_position_embeddings); precompile_generate again with a larger max_length, or give generate() a "
                 "shorter prompt or fewer new tokens"
             )
-        # Eager's write past a StaticCache's end raises IndexError; Inductor's kernel aborts the process there.
+        # Eager's write past a StaticCache's end raises IndexError; Inductor's kernel a RuntimeError.
         if getattr(cache, "is_compileable", False) and length > cache.get_max_length():
             raise PrecompileError(
                 f"generation.serving: the {phase} call has a sequence of {int(length)} tokens ({int(cache_length)} in the "
