@@ -1285,15 +1285,22 @@ class TestRuntimeChecks(TestCase):
         torch.testing.assert_close(g(m, odd), m(odd))
 
     @parametrize("backend", BACKENDS)
-    def test_a_concatenation_has_eagers_layout(self, backend):
-        # ATen's cat returns its memory format (contiguous here) even when one input is
-        # all that is not empty, as a DynamicCache's first update concatenates transposed
-        # keys to an empty cache; Inductor's decomposition cloned that input's layout.
-        def fn(empty, x, channels_last):
-            return torch.cat([empty, x.transpose(1, 2)], dim=2), torch.cat([x.transpose(1, 2)]), torch.cat([channels_last])
+    def test_outputs_have_eagers_layout(self, backend):
+        # Inductor's decompositions gave these other strides than ATen's: cat returns its
+        # memory format (contiguous here) even when one input is all that is not empty, as
+        # a DynamicCache's first update concatenates transposed keys to an empty cache;
+        # index_select and linalg.cross of a channels_last tensor are contiguous.
+        def fn(empty, x, channels_last, index):
+            transposed = x.transpose(1, 2)
+            return (
+                torch.cat([empty, transposed], dim=2), torch.cat([transposed]), torch.cat([channels_last]),
+                channels_last.index_select(1, index), torch.linalg.cross(channels_last[:, :3], channels_last[:, 1:], dim=1),
+                transposed,  # a view keeps its base's strides
+            )
 
-        args = torch.empty(2, 3, 0, 5), torch.randn(2, 4, 3, 5), torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
-        f = load(_artifact("cat_layouts", fn, *args, backend=backend))
+        channels_last = torch.randn(2, 4, 5, 6).to(memory_format=torch.channels_last)
+        args = torch.empty(2, 3, 0, 5), torch.randn(2, 4, 3, 5), channels_last, torch.tensor([2, 0])
+        f = load(_artifact("output_layouts", fn, *args, backend=backend))
         for got, want in zip(f(*args), fn(*args)):
             torch.testing.assert_close(got, want)
             self.assertEqual(got.stride(), want.stride())

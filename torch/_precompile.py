@@ -426,7 +426,10 @@ says who guarantees it and, where it is enforced, which tests (in
      itself is returned as eager returns it; test_views_of_a_grad).  An
      output fn computes is a new tensor, never an input's memory (Inductor's
      folding of uniform constants, which gave ``x + zeros`` back as ``x``
-     itself, is off: test_outputs_fn_computes_are_new_tensors).  A copy fn
+     itself, is off: test_outputs_fn_computes_are_new_tensors), with eager's
+     strides where those are dense and static (Inductor's decompositions gave
+     ``cat``, ``index_select`` and ``linalg.cross`` others; each such output's
+     layout is required of Inductor: test_outputs_have_eagers_layout).  A copy fn
      makes of an input stays a copy where the input is written after it or
      the copy becomes an input's storage (``t = a.clone(); a.copy_(b);
      b.copy_(t)``, ``p.set_(q.clone())``), which Inductor's no-op removal,

@@ -567,7 +567,8 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     """Compile ``graph`` with Inductor under ``config``: (compiled, inputs, outputs) per inner graph.
 
     Each compiled inner graph has ``.source_code`` (Inductor's Python module)
-    unless Inductor generated none.
+    unless Inductor generated none; its outputs have ``graph``'s strides
+    (_outputs_in_strides).
     """
     # torch 2.13 has no public "compile to Python" entry point (compile_fx returns
     # a callable): keep each inner graph through compile_fx's private
@@ -576,8 +577,13 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     compiled = []
+    eager_strides = [
+        None if _aliases_an_input(node) else _dense_static_stride(node.meta.get("val"))
+        for node in graph.graph.output_node().args[0]
+    ]
 
     def keep_inner(gm, inputs, **kwargs):
+        _outputs_in_strides(gm, eager_strides)
         result = compile_fx_inner(gm, inputs, **kwargs)
         placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
         compiled.append((result, placeholders, len(gm.graph.output_node().args[0])))
@@ -585,36 +591,54 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
 
     # Inductor's config is process-global: callers hold _PRECOMPILE_LOCK.
     with inductor_config.patch(config):
-        compile_fx(graph, example_inputs, inner_compile=keep_inner, decompositions=_inductor_decompositions())
+        compile_fx(graph, example_inputs, inner_compile=keep_inner)
     return compiled
 
 
-def _inductor_decompositions() -> dict:
-    """Inductor's decomposition table, with aten.cat returning ATen's memory layout.
+def _dense_static_stride(value: Any) -> tuple | None:
+    """A non-overlapping, dense tensor's strides where none is a symbol; None for any other value."""
+    if not isinstance(value, torch.Tensor) or not has_static_layout(value):
+        return None
+    return value.stride() if torch._prims_common.is_non_overlapping_and_dense_or_false(value) else None
 
-    torch 2.11-2.14: Inductor's cat decomposition returns ``clone()`` of the only
-    input that is not empty, in that input's layout, where ATen's cat returns its
-    own memory format (contiguous unless every input suggests the same other
-    one).  A transformers DynamicCache's first update, ``cat([empty, keys])`` of
-    transposed keys, came back transposed, and an artifact specialized to eager's
-    cache layout refused it.  Shapes with symbols keep Inductor's result (asking
-    their layout would add guards).
+
+def _aliases_an_input(node: Any) -> bool:
+    """Whether an output node is a graph input or a view of one (the driver rebuilds those)."""
+    while isinstance(node, torch.fx.Node) and getattr(node.target, "is_view", False):
+        node = node.args[0]
+    return not isinstance(node, torch.fx.Node) or node.op == "placeholder"
+
+
+def _outputs_in_strides(gm: torch.fx.GraphModule, strides: list) -> None:
+    """Give the outputs of Inductor's inner graph ``gm`` the ``strides`` of the graph it came from.
+
+    torch 2.11-2.14: Inductor keeps the strides of the graph AOTAutograd hands it,
+    which its own decompositions traced: ``index_select`` and ``linalg_cross`` of a
+    channels_last tensor come back channels_last where ATen's are contiguous, and a
+    ``cat`` of an empty tensor and one other clones that one's layout (a transformers
+    DynamicCache's first update came back transposed, and an artifact specialized to
+    eager's cache layout refused it; there Inductor's graph returns a view of the
+    other input).  Each such output goes through ``prims.copy_strided``, which
+    Inductor lowers to a required stride order (the producer writes in it, or a copy
+    does).  ``strides`` has None where the output is left as it is: an input or a view
+    of one (the driver rebuilds those), not dense, or sizes with symbols (asking their
+    layout would add guards).
     """
-    from torch._inductor.decomposition import select_decomp_table
-
-    table = dict(select_decomp_table())
-    inductor_cat = table[torch.ops.aten.cat.default]
-
-    def cat(tensors: list, dim: int = 0) -> Any:
-        result = inductor_cat(tensors, dim)
-        if result is NotImplemented or not all(has_static_layout(t) for t in (*tensors, result)):
-            return result
-        formats = {torch._prims_common.suggest_memory_format(t) for t in tensors}
-        memory_format = formats.pop() if len(formats) == 1 else torch.contiguous_format
-        return result if result.is_contiguous(memory_format=memory_format) else result.clone(memory_format=memory_format)
-
-    table[torch.ops.aten.cat.default] = cat
-    return table
+    output = gm.graph.output_node()
+    values, relaid = list(output.args[0]), {}
+    if len(values) != len(strides):
+        return  # not the one graph precompile compiles: inductor_compile's caller refuses it
+    for position, (node, stride) in enumerate(zip(values, strides)):
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if stride is None or not isinstance(value, torch.Tensor) or not has_static_layout(value) or value.stride() == stride:
+            continue
+        if node not in relaid:  # an output returned twice stays one tensor
+            with gm.graph.inserting_before(output):
+                relaid[node] = gm.graph.call_function(torch.ops.prims.copy_strided.default, (node, stride))
+            relaid[node].meta["val"] = torch.ops.prims.copy_strided.default(value, stride)
+        values[position] = relaid[node]
+    output.args = (tuple(values),)
+    gm.recompile()
 
 
 def has_static_layout(tensor: torch.Tensor) -> bool:
