@@ -794,6 +794,28 @@ class TestCaptureSoundness(TestCase):
         with self.assertRaisesRegex(PrecompileError, rf"value of a tensor as a Python value at {THIS_FILE}:\d+"):
             precompile(lambda m, x, y: F.one_hot(y) * m(x), model, torch.randn(2, 4), torch.tensor([0, 2]), backend=backend)
 
+    def test_index_fill_of_a_transposed_tensor(self):
+        """torch 2.11's AOTAutograd asserts on this graph (a copy_ into a permute): refused
+        naming its message there; honoured with eager's numbers on both backends elsewhere."""
+
+        def fill(model, x, index):
+            return model(x.t().index_fill(0, index, 2.0))
+
+        model, x, index = nn.Linear(3, 4), torch.randn(3, 5), torch.tensor([0, 2])
+        backends = ["eager"]
+        if TORCH_RELEASE >= (2, 12):
+            backends.append("inductor")
+        else:
+            with self.assertRaisesRegex(
+                PrecompileError,
+                r"^backend='inductor' failed to compile fn's graph \(AssertionError: n=copy_, n.args\[0\]=permute.*\); "
+                r"the captured graph itself is sound: precompile with backend='eager'$",
+            ):
+                precompile(fill, model, x, index, backend="inductor")
+        for backend in backends:
+            runnable = load(precompile(fill, model, x, index, backend=backend))
+            torch.testing.assert_close(runnable(model, x, index), fill(model, x, index), msg=backend)
+
     def test_randperm_indexing(self):
         """torch 2.11-2.13's Inductor randperm-index pattern fails on this graph: refused naming it
         there (2.14's compiles it); backend='eager' honours it everywhere, with eager's numbers."""

@@ -5355,7 +5355,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
             ) from error
         except PrecompileError:
             raise
-        except RuntimeError as error:  # Inductor's own failure on a graph eager runs (its randperm pattern)
+        except (RuntimeError, AssertionError) as error:  # Inductor's or AOTAutograd's own failure on a graph eager runs
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise PrecompileError(
                 f"backend='inductor' failed to compile fn's graph ({type(error).__name__}: {message}); "
