@@ -834,8 +834,9 @@ says who guarantees it and, where it is enforced, which tests (in
    the checks on written tensors cover (a ``running_var`` made under
    ``inference_mode()`` or requiring grad is written by a call where eager
    raises);
-   likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero,
-   which kills the process (SIGFPE) where eager raises, and the float edge
+   likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero
+   (on torch 2.11-2.12 also ``//`` and ``%``), which kills the process
+   (SIGFPE) where eager raises, and the float edge
    cases Inductor lowers otherwise than eager (``inf // 1.5`` is inf, not
    nan; float16 ``(-inf) ** 0.5`` and ``round(65504, decimals=1)``).
    Autocast's weight-cast cache is off while tracing (make_fx's, as under
