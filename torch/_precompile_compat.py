@@ -637,6 +637,9 @@ def _outputs_in_strides(gm: torch.fx.GraphModule, strides: list) -> None:
                 relaid[node] = gm.graph.call_function(torch.ops.prims.copy_strided.default, (node, stride))
             relaid[node].meta["val"] = torch.ops.prims.copy_strided.default(value, stride)
         values[position] = relaid[node]
+        recorded = output.meta.get("original_output_strides")
+        if recorded is not None:  # torch 2.14 records them before inner_compile, and keeps them
+            output.meta["original_output_strides"] = [*recorded[:position], stride, *recorded[position + 1 :]]
     output.args = (tuple(values),)
     gm.recompile()
 
