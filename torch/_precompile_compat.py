@@ -876,8 +876,8 @@ def with_parallel_checks_raising(source: str) -> str:
     throw cannot leave the region and the process aborts (an ``nn.Embedding`` given a
     token id past its vocabulary), where eager raises and a smaller kernel raises a
     RuntimeError.  torch 2.11-2.14 generate that; here each parallel loop iteration
-    holding a check runs in a ``try`` that keeps the first exception, which is rethrown
-    once the region ends.  A kernel whose checks are not all in such loops stays as
+    holding a check runs in a ``try`` that keeps the first exception, which the kernel
+    rethrows when it ends.  A kernel whose checks are not all in such loops stays as
     Inductor wrote it.
     """
     return re.sub(
@@ -889,6 +889,7 @@ def with_parallel_checks_raising(source: str) -> str:
 
 
 def _catch_in_parallel_loops(cpp: str) -> str:
+    """One kernel's C++ with the ``try`` of with_parallel_checks_raising, or as it was."""
     if "TORCH_CHECK(" not in cpp or "#pragma omp parallel" not in cpp:
         return cpp
     kernel = re.search(r'^extern "C"[^(]*\(', cpp, re.MULTILINE)
