@@ -851,13 +851,13 @@ def without_default_gemm_scalars(source: str) -> str:
 _INDUCTOR_CPP_KERNEL = r"(cpp_pybinding\(\[[^\]]*\], r''')(.*?)(''')"
 _OMP_PARALLEL = r"^[ \t]*#pragma omp parallel\b(?! for)[^\n]*\n"
 _OMP_FOR = r"^[ \t]*#pragma omp for\b([^\n]*)\n"
-# Keeps the first exception a parallel region's loop iterations throw, for after the region.
+# Keeps the first exception the parallel loop iterations throw, for the kernel to rethrow when it ends.
 _FIRST_ERROR = """\
 #include <atomic>
 #include <exception>
 namespace {
 // precompile: a C++ exception may not leave an OpenMP region (the process aborts), so each
-// parallel loop iteration that throws keeps the first exception, rethrown after the region.
+// parallel loop iteration that throws keeps the first exception, rethrown when the kernel ends.
 struct PrecompileFirstError {
     std::atomic<bool> thrown{false};
     std::exception_ptr error;
