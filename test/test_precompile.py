@@ -1346,6 +1346,36 @@ class TestRuntimeChecks(TestCase):
         torch.testing.assert_close(m.cache, eager.cache)
 
     @parametrize("backend", BACKENDS)
+    def test_an_integer_division_by_zero_raises_and_the_process_goes_on(self, backend):
+        # C++ integer division by zero kills the process (SIGFPE), where eager raises:
+        # Inductor divided raw in trunc division, and on torch 2.11-2.12 in //, % and fmod
+        # too.  Each division has a divisor of its own; 999 columns make vectorized loops
+        # with a tail, whose lanes past the end are not the divisor's, over several threads.
+        def fn(a, floor, mod, trunc, remainder, fmod, small):
+            return (a // floor, a % mod, torch.div(a, trunc, rounding_mode="trunc"), torch.remainder(a, remainder),
+                    torch.fmod(a, fmod), torch.div(small, small.flip(0), rounding_mode="trunc"))
+
+        a = torch.arange(-32 * 999, 32 * 999).view(64, 999)
+        divisors = [torch.randint(1, 9, (64, 999)) * (1 - 2 * (torch.rand(64, 999) < 0.5)) for _ in range(5)]
+        small = torch.tensor([5, -3, 7, 2, -9, 4, 6], dtype=torch.int32)
+        pair = _artifact("integer_division_by_zero", fn, a, *divisors, small, backend=backend)
+        if backend == "inductor":
+            self.assertIn("(precompile_check_divisor(", pair[0])
+        f = load(pair)
+        for position in range(6):
+            args = [a, *divisors, small.clone()]
+            if position < 5:
+                args[1 + position] = args[1 + position].clone().index_put_((torch.tensor(40), torch.tensor(998)), torch.tensor(0))
+            else:
+                args[6][2] = 0
+            with self.assertRaisesRegex(RuntimeError, "^ZeroDivisionError$"):
+                fn(*args)
+            with self.assertRaisesRegex(RuntimeError, "^ZeroDivisionError$"):
+                f(*args)
+            for got, want in zip(f(a, *divisors, small), fn(a, *divisors, small)):
+                torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+    @parametrize("backend", BACKENDS)
     def test_pytree_input_paths(self, backend):
         def fn(m, batch):
             return m(batch["x"][0]) + batch["bias"]

@@ -884,8 +884,10 @@ class TestCaptureInternals(TestCase):
             node.replace_all_uses_with(computed, delete_user_cb=lambda user: user is not computed)
 
         graph_pass = compat.inductor_post_grad_pass(scale_by_realized_pow)
-        # Its cache key is the hash of the file that defines it: any edit there changes it.
-        self.assertEqual(graph_pass.uuid(), hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
+        # Its cache key hashes the file that defines it and compat, whose codegen patches
+        # Inductor's own key does not cover: an edit to either changes it.
+        files = Path(__file__).read_bytes() + Path(compat.__file__).read_bytes()
+        self.assertEqual(graph_pass.uuid(), hashlib.sha256(files).hexdigest())
         from torch.fx.experimental.proxy_tensor import make_fx
 
         graph = make_fx(lambda x, step: (x * 0.9**step,))(torch.randn(64, 64), torch.tensor(3.0))

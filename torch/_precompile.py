@@ -826,7 +826,12 @@ says who guarantees it and, where it is enforced, which tests (in
    of OpenMP regions, where it aborted the process, as torch.compile's
    parallel kernels do:
    test_an_index_out_of_range_raises_and_the_process_goes_on);
-   validate indices outside fn; an in-place op whose other
+   validate indices outside fn; likewise an integer division by zero,
+   which raises eager's ``RuntimeError: ZeroDivisionError`` after the
+   graph may have written what it updates (Inductor's C++ divided without
+   a check and the process died, SIGFPE; capture's codegen checks each
+   divisor: test_an_integer_division_by_zero_raises_and_the_process_goes_on);
+   an in-place op whose other
    operand partly overlaps the tensor it writes (``x.mul_(x[:, :1])``),
    where eager's kernel reads elements it already wrote and Inductor, as
    torch.compile, reads them all first; BatchNorm's running statistics,
@@ -834,11 +839,9 @@ says who guarantees it and, where it is enforced, which tests (in
    the checks on written tensors cover (a ``running_var`` made under
    ``inference_mode()`` or requiring grad is written by a call where eager
    raises);
-   likewise an integer ``torch.div(..., rounding_mode="trunc")`` by zero
-   (on torch 2.11-2.12 also ``//`` and ``%``), which kills the process
-   (SIGFPE) where eager raises, and the float edge
-   cases Inductor lowers otherwise than eager (``inf // 1.5`` is inf, not
-   nan; float16 ``(-inf) ** 0.5`` and ``round(65504, decimals=1)``).
+   likewise the float edge cases Inductor lowers otherwise than eager
+   (``inf // 1.5`` is inf, not nan; float16 ``(-inf) ** 0.5`` and
+   ``round(65504, decimals=1)``).
    Autocast's weight-cast cache is off while tracing (make_fx's, as under
    torch.compile), so the graph casts a weight at each use: a weight used
    twice in one autocast region sums its two gradients in float32 where

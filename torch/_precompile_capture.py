@@ -5381,7 +5381,8 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         "# (a 2 s import): the driver binds stand-ins for them in the forward section below;\n"
         "# for its graph-input size/stride asserts, which the driver's guards perform; and\n"
         "# for the default alpha=1, beta=1 its addmm calls spell out; and for the try around\n"
-        "# its parallel C++ loops that check indices, whose throw would abort the process.\n"
+        "# its parallel C++ loops that check indices or divisors, whose throw would abort the\n"
+        "# process.  (Its C++ integer divisions check their divisor: capture's codegen.)\n"
         f"EXTERN_KERNELS = {pprint.pformat(_extern_kernel_table(source))}\n\n\n"
         f"{_DEFERRED_KERNELS}\n\n{source}"
     )

@@ -568,7 +568,8 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
 
     Each compiled inner graph has ``.source_code`` (Inductor's Python module)
     unless Inductor generated none; its outputs have ``graph``'s strides
-    (_outputs_in_strides).
+    (_outputs_in_strides), and its C++ integer divisions check their divisor
+    (_integer_divisors_checked).
     """
     # torch 2.13 has no public "compile to Python" entry point (compile_fx returns
     # a callable): keep each inner graph through compile_fx's private
@@ -590,9 +591,84 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
         return result
 
     # Inductor's config is process-global: callers hold _PRECOMPILE_LOCK.
-    with inductor_config.patch(config):
+    with inductor_config.patch(config), _integer_divisors_checked():
         compile_fx(graph, example_inputs, inner_compile=keep_inner)
     return compiled
+
+
+# Inductor's C++ integer divisions (torch 2.11-2.14): CppOverrides' scalar ops, and
+# CppVecOverrides' vectorized ones; `mod` it vectorizes lane by lane from the scalar op.
+_SCALAR_DIVISIONS = ("floordiv", "truncdiv", "mod")
+_VECTORIZED_DIVISIONS = ("floordiv", "truncdiv", "remainder")
+_LANE_BY_LANE_DIVISIONS = ("mod",)
+
+
+@contextlib.contextmanager
+def _integer_divisors_checked() -> Any:
+    """Inductor's C++ codegen, while open, checks each integer divisor before dividing.
+
+    Eager raises ``RuntimeError("ZeroDivisionError")`` on an integer division
+    by zero; C++'s ``/`` and ``%`` kill the process (SIGFPE).  Inductor's CPU
+    code divides unchecked in ``truncdiv`` (torch 2.11-2.14), and in
+    ``floordiv``, ``mod`` (``%`` and ``fmod`` of integers) and ``remainder``
+    on 2.11-2.12 (2.13 checks those,
+    with a message naming its C++ function: these checks run first, so the
+    message is eager's).  Each division is emitted as
+    ``(precompile_check_divisor(b), <Inductor's expression>)``, and each kernel
+    that calls it defines it (_DIVISOR_CHECK) before its function.  A
+    vectorized division checks the divisor Inductor's expression divides by,
+    whose lanes past the loop's end it sets to 1.  inductor_post_grad_pass's
+    uuid hashes this file, so the FX graph cache never reuses a graph compiled
+    without the checks.
+    """
+    # The overrides are private classes of torch 2.11-2.14 with static methods
+    # returning C++ text; none has a hook for it.
+    from torch._inductor.codegen import cpp
+
+    scalar, vectorized = cpp.CppOverrides, cpp.CppVecOverrides
+    originals = [(scalar, name, vars(scalar)[name]) for name in _SCALAR_DIVISIONS]
+    originals += [(vectorized, name, vars(vectorized)[name]) for name in _VECTORIZED_DIVISIONS + _LANE_BY_LANE_DIVISIONS]
+    originals.append((cpp.KernelGroup, "codegen_group", vars(cpp.KernelGroup)["codegen_group"]))
+    vec_truncdiv, codegen_group = vectorized.truncdiv, cpp.KernelGroup.codegen_group
+
+    def checked(original: Callable, divisor: Callable[[Any, Any], str]) -> staticmethod:
+        @functools.wraps(original)  # the lane-by-lane form reads the op's name
+        def division(a: Any, b: Any) -> str:
+            return f"(precompile_check_divisor({divisor(a, b)}), {original(a, b)})"
+
+        return staticmethod(division)
+
+    def with_divisor_check(self: Any, *args: Any, **kwargs: Any) -> str:  # one kernel's C++ source
+        kernel = codegen_group(self, *args, **kwargs)
+        function = kernel.find('extern "C"')
+        if function < 0 or "precompile_check_divisor(" not in kernel:
+            return kernel
+        return kernel[:function] + _DIVISOR_CHECK + kernel[function:]
+
+    for name in _SCALAR_DIVISIONS:
+        setattr(scalar, name, checked(getattr(scalar, name), lambda a, b: b))
+    for name in _VECTORIZED_DIVISIONS:
+        setattr(vectorized, name, checked(getattr(vectorized, name), functools.partial(_vectorized_divisor, vec_truncdiv)))
+    for name in _LANE_BY_LANE_DIVISIONS:  # as CppVecOverrides makes them at import, from the checked scalar op
+        lanes = vectorized._scalarize(getattr(scalar, name))
+        lanes.__name__ = name
+        setattr(vectorized, name, staticmethod(lanes))
+    cpp.KernelGroup.codegen_group = with_divisor_check
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+def _vectorized_divisor(vec_truncdiv: Callable, a: Any, b: Any) -> str:
+    """The C++ of the divisor Inductor's vectorized ``a / b`` divides by (``b`` with its
+    lanes past the loop's end set to 1): vectorized truncdiv emits ``{a} / {divisor}``
+    in torch 2.11-2.14."""
+    expression, quotient = vec_truncdiv(a, b), f"{a} / "
+    if not expression.startswith(quotient):
+        raise AssertionError(f"Inductor's vectorized truncdiv is not `a / divisor`: {expression}")
+    return expression[len(quotient) :]
 
 
 def _dense_static_stride(value: Any) -> tuple | None:
@@ -781,15 +857,16 @@ def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any
     """``graph_pass`` as Inductor's ``post_grad_custom_post_pass`` config value.
 
     Inductor takes it as a ``CustomGraphPass`` (private in 2.13) whose uuid keys
-    its FX graph cache: the hash of the file that defines the pass (Inductor's
-    own helper), so an edit to the pass or to a setting beside it never reuses
+    its FX graph cache: the hash of the file that defines the pass and of this
+    one (Inductor's own helper), so an edit to the pass, to a setting beside it
+    or to the codegen this file patches (_integer_divisors_checked) never reuses
     a graph the old version produced.
     """
     # CustomGraphPass derives from ABC on torch 2.11/2.12 and from CustomPassBase
     # on 2.13+; a subclass defining __call__ and uuid is accepted by each.
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-    version = get_hash_for_files((graph_pass.__code__.co_filename,)).hex()
+    version = get_hash_for_files((graph_pass.__code__.co_filename, __file__)).hex()
 
     class _Pass(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
@@ -888,9 +965,13 @@ def with_parallel_checks_raising(source: str) -> str:
     )
 
 
+# A call in a kernel that may throw: an index check, or a divisor check (_integer_divisors_checked).
+_THROWING_CALL = re.compile(r"\b(?:TORCH_CHECK|precompile_check_divisor)\(")
+
+
 def _catch_in_parallel_loops(cpp: str) -> str:
     """One kernel's C++ with the ``try`` of with_parallel_checks_raising, or as it was."""
-    if "TORCH_CHECK(" not in cpp or "#pragma omp parallel" not in cpp:
+    if not _THROWING_CALL.search(cpp) or "#pragma omp parallel" not in cpp:
         return cpp
     kernel = re.search(r'^extern "C"[^(]*\(', cpp, re.MULTILINE)
     close = None if kernel is None else _matching(cpp, kernel.end() - 1, "(", ")")
@@ -906,19 +987,49 @@ def _catch_in_parallel_loops(cpp: str) -> str:
         body = _innermost_loop_body(cpp, loop.end(), int(collapse[1]) if collapse else 1)
         if body is None:
             return cpp
-        if "TORCH_CHECK(" in cpp[body[0] : body[1]]:
+        if _THROWING_CALL.search(cpp, body[0], body[1]):
             edits += [(body[0] + 1, " try {"), (body[1], "} catch (...) { precompile_error.keep(); } ")]
             wrapped.append(body)
     for region in re.finditer(_OMP_PARALLEL, cpp, re.MULTILINE):
         block = _braced_block(cpp, region.end())
         if block is None:
             return cpp
-        for check in re.compile(r"TORCH_CHECK\(").finditer(cpp, block[0], block[1]):
+        for check in _THROWING_CALL.finditer(cpp, block[0], block[1]):
             if not any(start < check.start() < end for start, end in wrapped):
                 return cpp  # a check outside the loops wrapped would still abort: leave it as it was
     for offset, text in sorted(edits, key=lambda edit: edit[0], reverse=True):
         cpp = cpp[:offset] + text + cpp[offset:]
     return cpp
+
+
+# The divisor check of _integer_divisors_checked: eager's error where a C++ division would kill the process.
+_DIVISOR_CHECK = """\
+#include <stdexcept>
+namespace {
+// precompile: an integer division by zero raises eager's error, where C++ kills the process (SIGFPE).
+// (The kernel's Python binding raises RuntimeError with the message, as eager's.)
+template <typename T>
+inline void precompile_check_divisor(const T& divisor) {
+    if constexpr (std::is_integral_v<T>) {
+        if (C10_UNLIKELY(divisor == 0)) throw std::runtime_error("ZeroDivisionError");
+    }
+}
+#if INDUCTOR_USE_VECTOR_TYPES()
+template <typename T>
+inline void precompile_check_divisor(const at::vec::Vectorized<T>& divisor) {
+    if constexpr (std::is_integral_v<T>) {
+        alignas(alignof(at::vec::Vectorized<T>)) T lanes[at::vec::Vectorized<T>::size()];
+        divisor.store(lanes);
+        for (T lane : lanes) precompile_check_divisor(lane);
+    }
+}
+template <typename T, int N>
+inline void precompile_check_divisor(const at::vec::VectorizedN<T, N>& divisor) {
+    for (int i = 0; i < N; ++i) precompile_check_divisor(divisor[i]);
+}
+#endif
+}  // namespace
+"""
 
 
 def _innermost_loop_body(cpp: str, start: int, depth: int) -> tuple[int, int] | None:
