@@ -1376,6 +1376,39 @@ class TestRuntimeChecks(TestCase):
                 torch.testing.assert_close(got, want, atol=0, rtol=0)
 
     @parametrize("backend", BACKENDS)
+    def test_a_scatter_add_in_a_tiled_kernel_adds_where_eager_does(self, backend):
+        # Falcon's multi-query attention: a key picked by a list index, broadcast over the
+        # heads.  Its gradient is a scatter-add, which Inductor's 2-D tiled C++ kernel
+        # indexed twice over several threads: into the wrong elements of qkv's gradient.
+        class MultiQueryAttention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = nn.Linear(8, 6 * 8)
+
+            def forward(self, x):
+                qkv = self.qkv(x).view(2, 16, 6, 8)
+                q, k, v = (t.transpose(1, 2) for t in (qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]))
+                return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+        def step(m, x):
+            out = m(x)
+            (out * out).sum().backward()
+            return out
+
+        torch.manual_seed(0)
+        m, x = MultiQueryAttention(), torch.randn(2, 16, 8)
+        eager = copy.deepcopy(m)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)  # atomic adds: the kernel runs its loop on several threads
+        try:
+            f = load(_artifact("tiled_scatter_add", step, copy.deepcopy(m), x, backend=backend))
+            torch.testing.assert_close(f(m, x), step(eager, x))
+        finally:
+            torch.set_num_threads(threads)
+        torch.testing.assert_close(m.qkv.weight.grad, eager.qkv.weight.grad)
+        torch.testing.assert_close(m.qkv.bias.grad, eager.qkv.bias.grad)
+
+    @parametrize("backend", BACKENDS)
     def test_pytree_input_paths(self, backend):
         def fn(m, batch):
             return m(batch["x"][0]) + batch["bias"]

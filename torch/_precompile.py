@@ -309,7 +309,10 @@ says who guarantees it and, where it is enforced, which tests (in
    exporting flags, runs selective activation checkpointing as in eager
    (``compat.checkpoint_regions_as_in_eager``), swaps the module arguments' tensors for traced leaves
    (``_reparametrize_module``), points optimizer arguments at traced state and
-   forks the global RNG; lowering patches Inductor's global config.  All of it
+   forks the global RNG; lowering patches Inductor's global config and its C++
+   codegen (divisors checked; tiled kernels indexed as torch 2.14's are,
+   where torch 2.11-2.13 added a scatter-add's gradient into the wrong
+   elements: test_a_scatter_add_in_a_tiled_kernel_adds_where_eager_does).  All of it
    is restored on exit, also when fn raises
    (test_two_threads_capture_one_at_a_time,
    test_two_threads_lower_one_at_a_time).  Other threads are not locked out:

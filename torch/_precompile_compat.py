@@ -568,8 +568,9 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
 
     Each compiled inner graph has ``.source_code`` (Inductor's Python module)
     unless Inductor generated none; its outputs have ``graph``'s strides
-    (_outputs_in_strides), and its C++ integer divisions check their divisor
-    (_integer_divisors_checked).
+    (_outputs_in_strides), its C++ integer divisions check their divisor
+    (_integer_divisors_checked), and its tiled C++ kernels index as torch
+    2.14's do (_tiled_kernels_indexed_right).
     """
     # torch 2.13 has no public "compile to Python" entry point (compile_fx returns
     # a callable): keep each inner graph through compile_fx's private
@@ -591,7 +592,7 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
         return result
 
     # Inductor's config is process-global: callers hold _PRECOMPILE_LOCK.
-    with inductor_config.patch(config), _integer_divisors_checked():
+    with inductor_config.patch(config), _integer_divisors_checked(), _tiled_kernels_indexed_right():
         compile_fx(graph, example_inputs, inner_compile=keep_inner)
     return compiled
 
@@ -659,6 +660,64 @@ def _integer_divisors_checked() -> Any:
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+
+
+# torch 2.13 leaves a tile whose index reads an indirect index untransposed; 2.14 also
+# moves a tiled kernel's parallel atomic add once itself.
+INDUCTOR_KEEPS_INDIRECT_TILES_IN_LOOP = TORCH_RELEASE >= (2, 13)
+INDUCTOR_INDEXES_TILED_ATOMIC_ADDS_ONCE = TORCH_RELEASE >= (2, 14)
+
+
+@contextlib.contextmanager
+def _tiled_kernels_indexed_right() -> Any:
+    """Inductor's 2-D tiled C++ kernels (``CppTile2DKernel``), while open, index as torch 2.14's do.
+
+    * A parallel atomic add (the scatter-add of an index's backward) is
+      indexed once.  The kernel moves its outer tiled loop variable ``x`` to
+      ``x + x_inner`` in each index before ``CppVecKernel.store`` writes, which
+      turns an atomic add's index into ``ops.index_expr``, and the kernel's
+      overrides move that again (torch 2.11-2.13): the C++ added at
+      ``x + 2 * x_inner``, into the wrong elements, silently.  Falcon's
+      multi-query attention (``fused_qkv[..., [-2], :]``) trained with
+      gradients off by 0.3% in every layer below its last.  Such a store now
+      reaches ``CppVecKernel.store`` unmoved.
+    * A load whose index reads an indirect index (a tensor's value) is not
+      transposed as a tile (torch 2.11-2.12): the tile is read before the
+      loop that defines the index, and the C++ did not compile.
+
+    inductor_post_grad_pass's uuid hashes this file, so the FX graph cache never
+    reuses a graph compiled without these.
+    """
+    # CppTile2DKernel's store and need_vec_transpose are private methods of torch
+    # 2.11-2.13 without a hook.  The single-threaded atomic add (a load, add and
+    # store at the index it is given) and transposed tiles index correctly.
+    from torch._inductor import config as inductor_config
+    from torch._inductor.codegen import cpp
+    from torch.utils._sympy.symbol import free_symbol_is_type, SymT
+
+    kernel = cpp.CppTile2DKernel
+    originals = {name: vars(kernel)[name] for name in ("store", "need_vec_transpose")}
+
+    @functools.wraps(originals["store"])
+    def store(self: Any, name: str, index: Any, value: Any, mode: Any = None) -> Any:
+        threaded = inductor_config.cpp.dynamic_threads or self.num_threads != 1  # CppVecKernel.store's test
+        if mode == "atomic_add" and threaded and not self.need_vec_transpose(self.rename_indexing(index)):
+            return cpp.CppVecKernel.store(self, name, index, value, mode)
+        return originals["store"](self, name, index, value, mode)
+
+    @functools.wraps(originals["need_vec_transpose"])
+    def need_vec_transpose(self: Any, index: Any) -> bool:
+        return not free_symbol_is_type(index, SymT.TMP) and originals["need_vec_transpose"](self, index)
+
+    if not INDUCTOR_INDEXES_TILED_ATOMIC_ADDS_ONCE:
+        kernel.store = store
+    if not INDUCTOR_KEEPS_INDIRECT_TILES_IN_LOOP:
+        kernel.need_vec_transpose = need_vec_transpose
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(kernel, name, original)
 
 
 def _vectorized_divisor(vec_truncdiv: Callable, a: Any, b: Any) -> str:
@@ -859,7 +918,8 @@ def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any
     Inductor takes it as a ``CustomGraphPass`` (private in 2.13) whose uuid keys
     its FX graph cache: the hash of the file that defines the pass and of this
     one (Inductor's own helper), so an edit to the pass, to a setting beside it
-    or to the codegen this file patches (_integer_divisors_checked) never reuses
+    or to the codegen this file patches (_integer_divisors_checked,
+    _tiled_kernels_indexed_right) never reuses
     a graph the old version produced.
     """
     # CustomGraphPass derives from ABC on torch 2.11/2.12 and from CustomPassBase
