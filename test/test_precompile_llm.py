@@ -975,6 +975,24 @@ class TestGenerate(TestCase):
         ):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
 
+    def test_static_cache_masks_by_layer_kind_take_any_prompt_length(self):
+        # A model with config.layer_types (Qwen3, Gemma3) gets generate()'s 4-D masks as a dict by layer
+        # kind; their prompt dim was left specialized, so a prompt of another length was refused.
+        torch.manual_seed(0)
+        config = transformers.Qwen3Config(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, head_dim=8,
+        )
+        model = transformers.Qwen3ForCausalLM(config).eval()
+        ids, mask = _prompt()
+        cache = transformers.StaticCache(config=config, max_cache_len=32)
+        pairs = generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, past_key_values=cache)
+        runnables = {phase: torch_precompile.load(*pair) for phase, pair in pairs.items()}
+        for length in (6, 9):
+            with self.subTest(length=length):
+                ids, mask = _prompt(2, length, seed=length)
+                self._assert_same_tokens(model, runnables, ids, mask, cache_kind="static", do_sample=False)
+
     @needs_mark_bounds
     def test_a_cache_the_caller_passes_is_served(self):
         # generate() marks a cache it is given (_is_user_defined), which the recorded one it made lacked and

@@ -7,7 +7,7 @@ with the dims that change between requests left free (Note [precompile
 programming model], invariants 3 and 5):
 
 * prefill: batch and prompt length (``input_ids``, a 2-D ``attention_mask``,
-  or a ``StaticCache``'s 4-D mask by prompt length);
+  or a ``StaticCache``'s 4-D mask (a dict of them by layer kind) by prompt length);
 * decode: batch and, with a ``DynamicCache``, the cache length (each layer's
   keys and values) and the mask, which transformers' masking code requires
   to be one longer than the cache: a size fact the artifact checks.
@@ -162,7 +162,10 @@ def mark_free_dims(kwargs: dict, phase: str, max_batch: int, max_length: int) ->
             if phase == "prefill":
                 free(kwargs[name], 1, "prompt", 1, max_length)
     mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
+    # A model with several kinds of layers (config.layer_types: Qwen3, Gemma3) gets a dict of them.
+    for mask in mask.values() if isinstance(mask, dict) else [mask]:
+        if not isinstance(mask, torch.Tensor):
+            continue
         if not static:
             free(mask, 0, "batch", 1, max_batch)
         if mask.dim() == 2:  # the whole sequence so far: the prompt, or the cache and the new token
