@@ -1130,6 +1130,23 @@ class TestGenerate(TestCase):
             ):
                 generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, **extra)
 
+    def test_a_size_inductor_must_decide_is_refused_naming_the_free_sizes(self):
+        # Falcon's multi-query attention broadcasts one key head: Inductor's lowering asks whether the free
+        # prompt length is 1.  The marks are the helper's, so the refusal names its free sizes and the way
+        # out, where it said "precompile with backend='eager'" (which this helper refuses).
+        torch.manual_seed(0)
+        config = transformers.FalconConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
+        )
+        model, (ids, mask) = transformers.FalconForCausalLM(config).eval(), _prompt()
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^precompile_generate: Inductor needs to decide Eq\(u\d+, 1\) about the prefill call's free sizes \(the "
+            r"batch and the prompt length\) while optimizing this model's graph, .* Call model\.generate\(\) eagerly "
+            r"for this model, or precompile its forward calls with precompile\(\) and no mark_unbacked",
+        ):
+            generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+
     def test_example_generates_in_a_fresh_process(self):
         example = os.path.join(os.path.dirname(HERE), "examples", "generate.py")
         result = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=900)

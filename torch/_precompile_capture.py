@@ -4637,6 +4637,17 @@ def _is_user_file(filename: str) -> bool:
     )
 
 
+def _cause_of_type(error: BaseException, kind: type) -> BaseException | None:
+    """``error``, or the first exception of type ``kind`` it was raised from (its causes and contexts)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _user_line(frames: list) -> str:
     """' at file:line (code)' for the innermost frame of fn's own code, or ''."""
     user = [f for f in frames if _is_user_file(f.filename)]
@@ -5347,15 +5358,16 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
     with torch.no_grad(), compat.autocast_disabled():
         try:
             compiled = compat.inductor_compile(capture.graph, capture.example_inputs, _inductor_config(capture))
-        except GuardOnDataDependentSymNode as error:
-            raise PrecompileError(
-                f"backend='inductor' needs to decide {error.cond} about a dim marked with "
-                "mark_unbacked while optimizing the graph; give the mark bounds that decide it "
-                "(e.g. mark_unbacked(x, 0, min=1)), remove the mark, or use backend='eager'"
-            ) from error
         except PrecompileError:
             raise
         except (RuntimeError, AssertionError) as error:  # Inductor's or AOTAutograd's own failure on a graph eager runs
+            undecided = _cause_of_type(error, GuardOnDataDependentSymNode)  # a lowering's, wrapped in InductorError
+            if undecided is not None:
+                raise PrecompileError(
+                    f"backend='inductor' needs to decide {undecided.cond} about a dim marked with "
+                    "mark_unbacked while optimizing the graph; give the mark bounds that decide it "
+                    "(e.g. mark_unbacked(x, 0, min=1)), remove the mark, or use backend='eager'"
+                ) from undecided
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise PrecompileError(
                 f"backend='inductor' failed to compile fn's graph ({type(error).__name__}: {message}); "

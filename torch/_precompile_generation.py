@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from . import _precompile_compat as compat
 from ._precompile import precompile
@@ -71,6 +72,7 @@ from ._precompile_schema import PrecompileError
 
 
 PHASES = ("prefill", "decode")
+_FREE_SIZES = {"prefill": "the batch and the prompt length", "decode": "the batch and the cache length"}
 # Inclusive bounds of the free sizes (a request outside them is refused).
 DEFAULT_MAX_BATCH = 64
 
@@ -209,7 +211,17 @@ def precompile_generate(
     for phase, kwargs in recorded.items():
         mark_free_dims(kwargs, phase, max_batch, max_length)
         cache = kwargs.pop("past_key_values", None)
-        pairs[phase] = precompile(_call_forward, model, kwargs, cache, backend=backend)
+        try:
+            pairs[phase] = precompile(_call_forward, model, kwargs, cache, backend=backend)
+        except PrecompileError as error:
+            if not isinstance(error.__cause__, GuardOnDataDependentSymNode):
+                raise
+            raise PrecompileError(  # the marks are the helper's, not the caller's
+                f"precompile_generate: Inductor needs to decide {error.__cause__.cond} about the {phase} call's free "
+                f"sizes ({_FREE_SIZES[phase]}) while optimizing this model's graph, which a size that changes between "
+                "requests cannot decide. Call model.generate() eagerly for this model, or precompile its forward "
+                "calls with precompile() and no mark_unbacked (every size specialized)"
+            ) from error
     return pairs
 
 
