@@ -316,6 +316,7 @@ class _RecordedCall:
         cache_initialized: bool | None,
         user_defined: bool | None,
         max_length: int | None,
+        batch: int | None,
     ):
         self.keys = keys
         self.names = frozenset(keys)
@@ -326,6 +327,7 @@ class _RecordedCall:
         self.cache_initialized = cache_initialized  # a StaticCache reset() keeps its tensors, a new one has none
         self.user_defined = user_defined  # generate()'s mark on the recorded cache (_marked_as)
         self.max_length = max_length  # the 2-D mask's bound: the cache and the new tokens
+        self.batch = batch  # where it is not free: a StaticCache is allocated for one
 
     @classmethod
     def of(cls, runnable: Callable) -> "_RecordedCall | None":
@@ -335,19 +337,26 @@ class _RecordedCall:
         if not children or children[0].type is not dict:
             return None
         spec, cache_spec = children[0], children[1] if len(children) > 1 else None
-        keys, mask_dtype, max_length = list(spec.context), None, None
-        if _MASK in keys:
-            leaf = convention.inputs[sum(child.num_leaves for child in spec.children()[: keys.index(_MASK)])]
-            if leaf.tensor is not None and len(leaf.tensor.shape) == 2:
-                mask_dtype = getattr(torch, leaf.tensor.dtype)
-                max_length = next((high for dim, _, _, high in leaf.tensor.free_dims if dim == 1), None)
+        keys, mask_dtype, max_length, batch = list(spec.context), None, None, None
+
+        def tensor_of(name: str) -> Any:  # the TensorSpec of the keyword argument ``name``, or None
+            if name not in keys:
+                return None
+            return convention.inputs[sum(child.num_leaves for child in spec.children()[: keys.index(name)])].tensor
+
+        mask, tokens = tensor_of(_MASK), tensor_of("input_ids")
+        if mask is not None and len(mask.shape) == 2:
+            mask_dtype = getattr(torch, mask.dtype)
+            max_length = next((high for dim, _, _, high in mask.free_dims if dim == 1), None)
+        if tokens is not None:
+            batch = tokens.shape[0]  # None where free
         cache_type, initialized, user_defined = None, None, None
         if cache_spec is not None and not cache_spec.is_leaf():
             cache_type = cache_spec.type
             template = pytree.tree_unflatten([torch.empty(())] * cache_spec.num_leaves, cache_spec)
             initialized = getattr(template, "is_initialized", None)
             user_defined = vars(template).get(_USER_DEFINED) if hasattr(template, "__dict__") else None
-        return cls(keys, mask_dtype, cache_type, initialized, user_defined, max_length)
+        return cls(keys, mask_dtype, cache_type, initialized, user_defined, max_length, batch)
 
     def check(self, kwargs: dict, cache: Any, cache_length: int, phase: str) -> None:
         """Refuse a call with another kind of cache, or longer than the artifacts' max_length, naming
@@ -370,6 +379,13 @@ class _RecordedCall:
         tokens = kwargs.get("input_ids")
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
+        if self.batch is not None and tokens is not None and tokens.shape[0] != self.batch:
+            raise PrecompileError(
+                f"generation.serving: generate() passed the {phase} call a batch of {tokens.shape[0]}, but the {phase} "
+                f"artifact was recorded for a batch of {self.batch} (a {type(cache).__name__} keeps the batch size it "
+                f"was allocated for): serve batches of {self.batch}, or precompile_generate again with a batch of "
+                f"{tokens.shape[0]}"
+            )
         length = cache_length + (tokens.shape[1] if tokens is not None else 0)
         if self.max_length is not None and length > self.max_length:
             raise PrecompileError(
