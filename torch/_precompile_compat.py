@@ -678,9 +678,9 @@ def _tiled_kernels_indexed_right() -> Any:
       turns an atomic add's index into ``ops.index_expr``, and the kernel's
       overrides move that again (torch 2.11-2.13): the C++ added at
       ``x + 2 * x_inner``, into the wrong elements, silently.  Falcon's
-      multi-query attention (``fused_qkv[..., [-2], :]``) trained with
-      gradients off by 0.3% in every layer below its last.  Such a store now
-      reaches ``CppVecKernel.store`` unmoved.
+      multi-query attention (``fused_qkv[..., [-2], :]``) trained with the
+      gradients of each attention's qkv projection, and of all below it, off
+      by 0.3%.  Such a store now reaches ``CppVecKernel.store`` unmoved.
     * A load whose index reads an indirect index (a tensor's value) is not
       transposed as a tile (torch 2.11-2.12): the tile is read before the
       loop that defines the index, and the C++ did not compile.
