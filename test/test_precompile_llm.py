@@ -980,7 +980,7 @@ class TestGenerate(TestCase):
             model.generate(ids, attention_mask=mask, max_new_tokens=2, past_key_values=_fresh_static_cache(model))
 
     def test_static_cache_masks_by_layer_kind_take_any_prompt_length(self):
-        # A model with config.layer_types (Qwen3, Gemma3) gets generate()'s 4-D masks as a dict by layer
+        # A model with config.layer_types (as Qwen3 has) gets generate()'s 4-D masks as a dict by layer
         # kind; their prompt dim was left specialized, so a prompt of another length was refused.
         torch.manual_seed(0)
         config = transformers.Qwen3Config(

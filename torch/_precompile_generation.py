@@ -164,7 +164,7 @@ def mark_free_dims(kwargs: dict, phase: str, max_batch: int, max_length: int) ->
             if phase == "prefill":
                 free(kwargs[name], 1, "prompt", 1, max_length)
     mask = kwargs.get("attention_mask")
-    # A model with several kinds of layers (config.layer_types: Qwen3, Gemma3) gets a dict of them.
+    # A model with several kinds of layers (config.layer_types, as Qwen3 has) gets a dict of them.
     for mask in mask.values() if isinstance(mask, dict) else [mask]:
         if not isinstance(mask, torch.Tensor):
             continue
