@@ -2673,33 +2673,33 @@ class _StateReads:
         compat.import_tensor_attribute_readers()
         self._stack.enter_context(compat.wrapped_mode_queries(self._noting))
         requires_grad = self._noting_requires_grad(compat.tensor_attribute("requires_grad"))
-        self._stack.enter_context(_patched(torch.Tensor, "requires_grad", requires_grad))
+        self._stack.enter_context(compat.patched(torch.Tensor, "requires_grad", requires_grad))
         for name in self._VALUE_READS:
-            self._stack.enter_context(_patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
+            self._stack.enter_context(compat.patched(torch.Tensor, name, self._refusing(name, getattr(torch.Tensor, name))))
         for name in self._UNCHECKED_FACTS:
-            self._stack.enter_context(_patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
-        self._stack.enter_context(_patched(torch.utils, "swap_tensors", self._refusing_swaps(torch.utils.swap_tensors)))
+            self._stack.enter_context(compat.patched(torch.Tensor, name, self._refusing_fact(name, compat.tensor_attribute(name))))
+        self._stack.enter_context(compat.patched(torch.utils, "swap_tensors", self._refusing_swaps(torch.utils.swap_tensors)))
         load = self._refusing_assigned_loads(torch.nn.Module.load_state_dict)
-        self._stack.enter_context(_patched(torch.nn.Module, "load_state_dict", load))
+        self._stack.enter_context(compat.patched(torch.nn.Module, "load_state_dict", load))
         data = self._refusing_data_assignment(compat.tensor_attribute("data"))
-        self._stack.enter_context(_patched(torch.Tensor, "data", data))
+        self._stack.enter_context(compat.patched(torch.Tensor, "data", data))
         mkldnn = type(torch.backends.mkldnn)
-        self._stack.enter_context(_patched(mkldnn, "enabled", self._refusing_mkldnn_flag(vars(mkldnn)["enabled"])))
+        self._stack.enter_context(compat.patched(mkldnn, "enabled", self._refusing_mkldnn_flag(vars(mkldnn)["enabled"])))
         for name in self._AUTOCAST_DTYPE_USES:
-            self._stack.enter_context(_patched(torch, name, self._noting_autocast_dtype(name, getattr(torch, name))))
+            self._stack.enter_context(compat.patched(torch, name, self._noting_autocast_dtype(name, getattr(torch, name))))
         for name in self._RNG_SETTERS:  # torch re-exports torch.random's; fork_rng calls torch.set_rng_state
             setter = self._noting_setter(name, getattr(torch.random, name))
-            self._stack.enter_context(_patched(torch, name, setter))
-            self._stack.enter_context(_patched(torch.random, name, setter))
-        self._stack.enter_context(_patched(torch.Tensor, "__bool__", self._deciding_bool(torch.Tensor.__bool__)))
+            self._stack.enter_context(compat.patched(torch, name, setter))
+            self._stack.enter_context(compat.patched(torch.random, name, setter))
+        self._stack.enter_context(compat.patched(torch.Tensor, "__bool__", self._deciding_bool(torch.Tensor.__bool__)))
         call = self._refusing_artifact_calls(runtime.PrecompiledFunction.__call__)
-        self._stack.enter_context(_patched(runtime.PrecompiledFunction, "__call__", call))
+        self._stack.enter_context(compat.patched(runtime.PrecompiledFunction, "__call__", call))
         make_parameter = staticmethod(self._refusing_parameters(torch.nn.Parameter.__new__))
-        self._stack.enter_context(_patched(torch.nn.Parameter, "__new__", make_parameter))
+        self._stack.enter_context(compat.patched(torch.nn.Parameter, "__new__", make_parameter))
         # Called only where normal lookup fails: fn reading an attribute the stand-ins lack.
-        self._stack.enter_context(_patched(torch.Tensor, "__getattr__", _TensorAttributes.missing))
+        self._stack.enter_context(compat.patched(torch.Tensor, "__getattr__", _TensorAttributes.missing))
         delete = _TensorAttributes.deleting(torch.Tensor.__delattr__)
-        self._stack.enter_context(_patched(torch.Tensor, "__delattr__", delete))
+        self._stack.enter_context(compat.patched(torch.Tensor, "__delattr__", delete))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -2945,20 +2945,6 @@ class _StateReads:
             return read(tensor, *args, **kwargs)
 
         return refused_read
-
-
-@contextlib.contextmanager
-def _patched(owner: type, name: str, value: Any):
-    missing = object()
-    original = vars(owner).get(name, missing)  # inherited (TensorBase's) when missing
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if original is missing:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, original)
 
 
 def _trace_slot(tensor: torch.Tensor) -> Any:

@@ -142,6 +142,21 @@ MODE_QUERIES = {
 
 
 @contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any):
+    """``owner.name`` is ``value`` inside; restored on exit (deleted where ``owner`` only inherited it)."""
+    missing = object()
+    original = vars(owner).get(name, missing)  # inherited (TensorBase's) when missing
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if original is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+
+
+@contextlib.contextmanager
 def wrapped_mode_queries(wrap: Callable[[str, Callable], Callable]):
     """Inside, each of MODE_QUERIES is ``wrap(name, original)``; restored on exit."""
     originals = {name: getattr(modules[0], name) for name, modules in MODE_QUERIES.items()}
@@ -627,9 +642,6 @@ def _integer_divisors_checked() -> Any:
     from torch._inductor.codegen import cpp
 
     scalar, vectorized = cpp.CppOverrides, cpp.CppVecOverrides
-    originals = [(scalar, name, vars(scalar)[name]) for name in _SCALAR_DIVISIONS]
-    originals += [(vectorized, name, vars(vectorized)[name]) for name in _VECTORIZED_DIVISIONS + _LANE_BY_LANE_DIVISIONS]
-    originals.append((cpp.KernelGroup, "codegen_group", vars(cpp.KernelGroup)["codegen_group"]))
     vec_truncdiv, codegen_group = vectorized.truncdiv, cpp.KernelGroup.codegen_group
 
     def checked(original: Callable, divisor: Callable[[Any, Any], str]) -> staticmethod:
@@ -646,20 +658,18 @@ def _integer_divisors_checked() -> Any:
             return kernel
         return kernel[:function] + _DIVISOR_CHECK + kernel[function:]
 
-    for name in _SCALAR_DIVISIONS:
-        setattr(scalar, name, checked(getattr(scalar, name), lambda a, b: b))
-    for name in _VECTORIZED_DIVISIONS:
-        setattr(vectorized, name, checked(getattr(vectorized, name), functools.partial(_vectorized_divisor, vec_truncdiv)))
-    for name in _LANE_BY_LANE_DIVISIONS:  # as CppVecOverrides makes them at import, from the checked scalar op
-        lanes = vectorized._scalarize(getattr(scalar, name))
-        lanes.__name__ = name
-        setattr(vectorized, name, staticmethod(lanes))
-    cpp.KernelGroup.codegen_group = with_divisor_check
-    try:
+    with contextlib.ExitStack() as stack:
+        for name in _SCALAR_DIVISIONS:
+            stack.enter_context(patched(scalar, name, checked(getattr(scalar, name), lambda a, b: b)))
+        for name in _VECTORIZED_DIVISIONS:
+            divisor = functools.partial(_vectorized_divisor, vec_truncdiv)
+            stack.enter_context(patched(vectorized, name, checked(getattr(vectorized, name), divisor)))
+        for name in _LANE_BY_LANE_DIVISIONS:  # as CppVecOverrides makes them at import, from the checked scalar op
+            lanes = vectorized._scalarize(getattr(scalar, name))
+            lanes.__name__ = name
+            stack.enter_context(patched(vectorized, name, staticmethod(lanes)))
+        stack.enter_context(patched(cpp.KernelGroup, "codegen_group", with_divisor_check))
         yield
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
 
 
 # torch 2.13 leaves a tile whose index reads an indirect index untransposed; 2.14 also
@@ -696,28 +706,25 @@ def _tiled_kernels_indexed_right() -> Any:
     from torch.utils._sympy.symbol import free_symbol_is_type, SymT
 
     kernel = cpp.CppTile2DKernel
-    originals = {name: vars(kernel)[name] for name in ("store", "need_vec_transpose")}
+    tiled_store, tiled_need_vec_transpose = kernel.store, kernel.need_vec_transpose
 
-    @functools.wraps(originals["store"])
+    @functools.wraps(tiled_store)
     def store(self: Any, name: str, index: Any, value: Any, mode: Any = None) -> Any:
         threaded = inductor_config.cpp.dynamic_threads or self.num_threads != 1  # CppVecKernel.store's test
         if mode == "atomic_add" and threaded and not self.need_vec_transpose(self.rename_indexing(index)):
             return cpp.CppVecKernel.store(self, name, index, value, mode)
-        return originals["store"](self, name, index, value, mode)
+        return tiled_store(self, name, index, value, mode)
 
-    @functools.wraps(originals["need_vec_transpose"])
+    @functools.wraps(tiled_need_vec_transpose)
     def need_vec_transpose(self: Any, index: Any) -> bool:
-        return not free_symbol_is_type(index, SymT.TMP) and originals["need_vec_transpose"](self, index)
+        return not free_symbol_is_type(index, SymT.TMP) and tiled_need_vec_transpose(self, index)
 
-    if not INDUCTOR_INDEXES_TILED_ATOMIC_ADDS_ONCE:
-        kernel.store = store
-    if not INDUCTOR_KEEPS_INDIRECT_TILES_IN_LOOP:
-        kernel.need_vec_transpose = need_vec_transpose
-    try:
+    with contextlib.ExitStack() as stack:
+        if not INDUCTOR_INDEXES_TILED_ATOMIC_ADDS_ONCE:
+            stack.enter_context(patched(kernel, "store", store))
+        if not INDUCTOR_KEEPS_INDIRECT_TILES_IN_LOOP:
+            stack.enter_context(patched(kernel, "need_vec_transpose", need_vec_transpose))
         yield
-    finally:
-        for name, original in originals.items():
-            setattr(kernel, name, original)
 
 
 def _vectorized_divisor(vec_truncdiv: Callable, a: Any, b: Any) -> str:
