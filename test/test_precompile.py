@@ -1879,6 +1879,43 @@ class TestFreeDims(TestCase):
         ):
             precompile(branchy, self.model, x)
 
+    def test_what_inductors_lowering_asks_of_a_marked_dim_becomes_a_size_fact(self):
+        """Lowering a CPU bmm, Inductor asks whether the computed mat1's rows are 1 (to pick its
+        layout): the example's answer is a fact the artifact checks, and fn is captured again
+        with it assumed, where the lowering can decide it."""
+        def scaled_bmm(x, w):
+            return torch.bmm(x * 2, w)
+
+        w = torch.randn(2, 4, 3)
+        f = precompile.load(*precompile(scaled_bmm, _marked(torch.randn(2, 5, 4), 1), w))
+        (fact,) = f.convention.size_facts
+        self.assertEqual((fact.terms, fact.constant, fact.op), (((0, 1),), -1, "!="))
+        self.assertRegex(
+            fact.where, r"^ for Inductor's lowering of aten\.bmm\.default \(at File \".*test_precompile\.py\", line \d+, in scaled_bmm\)$"
+        )
+        for rows in (2, 3, 9):
+            x = torch.randn(2, rows, 4)
+            torch.testing.assert_close(f(x, w), scaled_bmm(x, w))
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"the captured graph requires \(args\[0\] dim 1\) - 1 != 0, decided by the example inputs for Inductor's "
+            r"lowering of aten\.bmm\.default .*, but args\[0\] dim 1 is 1: pass sizes that satisfy it",
+        ):
+            f(torch.randn(2, 1, 4), w)
+
+    def test_a_question_inductor_asks_not_linear_in_marked_dims_is_refused(self):
+        def flat_bmm(x, w):
+            batch, rows, features = x.shape
+            return torch.bmm((x * 2).reshape(1, batch * rows, features), w)
+
+        x = _marked(_marked(torch.randn(2, 5, 4), 0), 1)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^backend='inductor' needs to decide Eq\(u\d\*u\d, 1\) about a dim marked with mark_unbacked while "
+            r"optimizing the graph; give the mark bounds that decide it",
+        ):
+            precompile(flat_bmm, x, torch.randn(1, 4, 3))
+
     def test_requirement_no_bound_states_refused_saying_so(self):
         with self.assertRaisesRegex(PrecompileError, r"fn requires Eq\(Mod\(.*u0.*, 2\), 0\) .*; no mark bound states that"):
             precompile(lambda x: x.view(-1, 2) * 2, _marked(torch.randn(6, 3), 0))

@@ -81,6 +81,21 @@ def _prefill(model, ids, mask):
     return model(input_ids=ids, attention_mask=mask)
 
 
+class _FlattenedNorm(torch.nn.Module):
+    """A final norm, then a projection of every token's state but the first one, in one bmm over the batch
+    and prompt flattened (its rows are ``batch * length - 1``)."""
+
+    def __init__(self, norm, features):
+        super().__init__()
+        self.norm, self.proj = norm, torch.nn.Linear(features, features, bias=False)
+
+    def forward(self, hidden):
+        batch, length, features = hidden.shape
+        flat = self.norm(hidden).reshape(1, batch * length, features)
+        projected = torch.bmm(flat[:, 1:] * 2, self.proj.weight.t()[None])
+        return torch.cat([flat[:, :1], projected], 1).reshape(batch, length, features)
+
+
 def _decode(model, token, positions, cache):
     return model(input_ids=token, position_ids=positions, past_key_values=cache)
 
@@ -1134,20 +1149,43 @@ class TestGenerate(TestCase):
             ):
                 generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, **extra)
 
-    def test_a_size_inductor_must_decide_is_refused_naming_the_free_sizes(self):
-        # Falcon's multi-query attention broadcasts one key head: Inductor's lowering asks whether the free
-        # prompt length is 1.  The marks are the helper's, so the refusal names its free sizes and the way
-        # out, where it said "precompile with backend='eager'" (which this helper refuses).
+    @needs_mark_bounds
+    def test_falcon_serves_every_prompt_length_but_the_one_its_lowering_rules_out(self):
+        # Falcon's multi-query attention broadcasts one key head: lowering its bmm, Inductor asks whether the
+        # free prompt length is 1.  The example's answer (not 1) becomes a size fact of the prefill artifact.
         torch.manual_seed(0)
         config = transformers.FalconConfig(
             vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
         )
         model, (ids, mask) = transformers.FalconForCausalLM(config).eval(), _prompt()
+        pairs = generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        runnables = {phase: torch_precompile.load(*pair) for phase, pair in pairs.items()}
+        self.assertTrue(any("lowering of aten.bmm" in fact.where for fact in runnables["prefill"].convention.size_facts))
+        for batch, length in ((2, 6), (3, 9), (1, 2)):
+            with self.subTest(batch=batch, length=length):
+                ids, mask = _prompt(batch, length, seed=length)
+                self._assert_same_tokens(model, runnables, ids, mask, do_sample=False)
+        ids, mask = _prompt(2, 1)
         with self.assertRaisesRegex(
             PrecompileError,
-            r"^precompile_generate: Inductor needs to decide Eq\(u\d+, 1\) about the prefill call's free sizes \(the "
-            r"batch and the prompt length\) while optimizing this model's graph, .* Call model\.generate\(\) eagerly "
-            r"for this model, or precompile its forward calls with precompile\(\) and no mark_unbacked",
+            r"the captured graph requires \(args\[1\]\['attention_mask'\] dim 1\) - 1 != 0, decided by the example "
+            r"inputs for Inductor's lowering of aten\.bmm\.default .*modeling_falcon\.py.*, but args\[1\]\['attention_mask'\] "
+            r"dim 1 is 1",
+        ):
+            with generation.serving(model, runnables):
+                model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+
+    def test_a_size_inductor_must_decide_is_refused_naming_the_free_sizes(self):
+        # A projection over the flattened batch and prompt: Inductor asks whether its rows are 1, which no
+        # size fact states.  The marks are the helper's, so the refusal names its free sizes and the way out,
+        # where it said "give the mark bounds that decide it".
+        model, (ids, mask) = _llama(), _prompt()
+        model.model.norm = _FlattenedNorm(model.model.norm, model.config.hidden_size)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^precompile_generate: Inductor needs to decide Eq\(u\d+\*u\d+ - 1, 1\) about the prefill call's free sizes "
+            r"\(the batch and the prompt length\) while optimizing this model's graph, .* Call model\.generate\(\) "
+            r"eagerly for this model, or precompile its forward calls with precompile\(\) and no mark_unbacked",
         ):
             generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
 

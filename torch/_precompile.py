@@ -92,6 +92,13 @@ says who guarantees it and, where it is enforced, which tests (in
    of that mask with the cache grown by one) becomes that size fact too,
    refused at capture where the example's sizes break it
    (test_precompile.py test_a_free_size_tied_to_others_becomes_a_size_fact).
+   What Inductor's lowering asks of the marked sizes is decided the same way
+   (a CPU bmm's layout choice asks whether its rows are 1: Falcon's prefill):
+   a linear question becomes the size fact the example decides and fn is
+   captured again with it assumed, where the lowering can decide it; the FX
+   graph cache keys a graph by the facts it was captured with (test_precompile.py
+   test_what_inductors_lowering_asks_of_a_marked_dim_becomes_a_size_fact;
+   another question is refused: test_a_question_inductor_asks_not_linear_in_marked_dims_is_refused).
    A squeeze of a
    marked dim (``x.squeeze()``) is decided without a guard -- the trace keeps
    the dim, eager drops one of size 1 -- so it gives the size fact
@@ -1288,10 +1295,7 @@ class _Precompile:
 
         timer = _StageTimer("precompile")
         with _PRECOMPILE_LOCK, _caller_rng_kept():
-            with timer("capture+enforce"):
-                capture = stages._capture(fn, example_inputs, backend, decompositions)
-            with timer("lower"):
-                lowered = stages._lower_eager(capture) if backend == "eager" else stages._lower_inductor(capture)
+            capture, lowered = stages._captured_and_lowered(fn, example_inputs, backend, decompositions, timer)
             with timer("render"):
                 python_code = stages._render(capture.convention, lowered)
             with timer("package"):

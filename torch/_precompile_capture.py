@@ -117,6 +117,9 @@ class _Capture:
     graph: torch.fx.GraphModule
     convention: CallingConvention
     example_inputs: list  # flat graph inputs: real clones, or fakes when dims are free
+    # A question about the free sizes -> the size fact the example decides (_SymbolicAttempt.size_fact);
+    # None without free dims.
+    size_fact_of: Callable[[Any, str], "schema.SizeFact | None"] | None = None
 
 
 def _lift_state(module_positions: list, modules: list) -> list:
@@ -1624,8 +1627,11 @@ def _trace_real(flat_fn: Callable, args: _Arguments, recorded: dict, decompositi
     return graph, example, (), constants
 
 
-def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, recorded: dict, decompositions) -> tuple:
-    """Symbolic make_fx with marked dims as unbacked symints (Note invariant 3).
+def _trace_symbolic(
+    flat_fn: Callable, args: _Arguments, free_dims: list, recorded: dict, decompositions, facts: tuple
+) -> tuple:
+    """Symbolic make_fx with marked dims as unbacked symints (Note invariant 3), ``facts``
+    about their sizes assumed (those lowering the graph needed: _captured_and_lowered).
 
     A data-dependent guard ``Eq(a, b)`` between two marked dims whose example
     sizes agree means the graph requires them equal: they are merged into one
@@ -1638,12 +1644,13 @@ def _trace_symbolic(flat_fn: Callable, args: _Arguments, free_dims: list, record
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     groups = {i: free.shape_id or f"free{i}" for i, free in enumerate(free_dims)}
-    facts: list = []
+    facts = list(facts)
     for _ in range(len(free_dims) + _MAX_SIZE_FACTS + 1):
         attempt = _SymbolicAttempt(args, free_dims, groups, facts)
         try:
             graph, example, sizes, constants = attempt.trace(flat_fn, recorded, decompositions)
             recorded["size_facts"] = tuple(facts)
+            recorded["size_fact_of"] = attempt.size_fact
             return graph, example, sizes, constants
         except _AssumedSizeFacts as assumed:
             if len(facts) + len(assumed.facts) > _MAX_SIZE_FACTS:
@@ -2204,7 +2211,7 @@ def _argument_within(value: Any, owned: dict, depth: int) -> str | None:
 _CONTAINERS = (list, tuple, set, frozenset, dict)
 
 
-def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) -> _Capture:
+def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions, size_facts: tuple) -> _Capture:
     args = _split_arguments(example_inputs)
     _refuse_arguments_reached_around(fn, args)
     _refuse_overlapping_inputs(args, backend)
@@ -2228,10 +2235,12 @@ def _capture(fn: Callable, example_inputs: tuple, backend: str, decompositions) 
             "hooks inside fn"
         )
     with _modules_kept(args) as kept, _outer_state_kept(fn):  # around every trace and the checks after them
-        return _traced(fn, args, free_dims, backend, decompositions, kept)
+        return _traced(fn, args, free_dims, backend, decompositions, kept, size_facts)
 
 
-def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decompositions, kept: "_KeptModules") -> _Capture:
+def _traced(
+    fn: Callable, args: _Arguments, free_dims: list, backend: str, decompositions, kept: "_KeptModules", size_facts: tuple
+) -> _Capture:
     """Trace fn (again where a trace finds it must) and record its calling convention."""
     frozen = _frozen_in_optimizers(args)
     autocast = schema.autocast_state()  # the caller's, before fn could change it
@@ -2254,7 +2263,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
 
         def trace() -> tuple:
             if free_dims:
-                return _trace_symbolic(flat_fn, args, free_dims, recorded, decompositions)
+                return _trace_symbolic(flat_fn, args, free_dims, recorded, decompositions, size_facts)
             return _trace_real(flat_fn, args, recorded, decompositions, same)
 
         graph, example, sizes, constants = trace()
@@ -2369,7 +2378,7 @@ def _traced(fn: Callable, args: _Arguments, free_dims: list, backend: str, decom
         returned_inputs=recorded["returned_inputs"],
     )
     _refuse_module_changes(recorded["module_changes"])  # after the checks that name a value fn read
-    return _Capture(graph, convention, example)
+    return _Capture(graph, convention, example, recorded.get("size_fact_of"))
 
 
 def _autocast_dtypes_read(reads: dict, autocast: tuple) -> tuple:
@@ -4849,7 +4858,9 @@ def _inductor_config(capture: _Capture) -> dict:
     # process's count: lowered on one thread (OMP_NUM_THREADS=1), a reduction's scalar
     # epilogue ran once per thread at a load with eight (the loss divided eight times).
     config["cpp.threads"] = max(2, torch.get_num_threads())
-    config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(_compute_scalars_once)
+    # Inductor's lowering relies on the size facts (it may ask what they decide: _captured_and_lowered).
+    assumed = "".join(f"|{fact.terms}{fact.op}{fact.constant}" for fact in capture.convention.size_facts)
+    config["post_grad_custom_post_pass"] = compat.inductor_post_grad_pass(_compute_scalars_once, assumed)
     # Constant folding of uniform values rewrites `x + zeros` / `x * ones` (zeros
     # made inside fn) to x itself after the outputs' aliasing was decided (its
     # remove_no_ops has no output check, in 2.11-2.14): the artifact returned
@@ -5321,6 +5332,39 @@ def _refuse_float_round_trips(graph: torch.fx.GraphModule) -> None:
                 )
 
 
+class _LoweringNeedsSizeFact(Exception):
+    """Inductor's lowering asked a question about the free sizes that the example decides."""
+
+    def __init__(self, fact: "schema.SizeFact"):
+        self.fact = fact
+
+
+def _size_fact_lowering_needs(capture: _Capture, undecided, node: "torch.fx.Node | None") -> "schema.SizeFact | None":
+    """What the lowering asked of the free sizes (``undecided.cond``) as a size fact the example
+    decides, or None: not linear in them, already assumed (it did not help), or one too many."""
+    if capture.size_fact_of is None or len(capture.convention.size_facts) >= _MAX_SIZE_FACTS:
+        return None
+    where = f" for Inductor's lowering of {node.target}{_source_of(node)}" if node is not None else " for Inductor"
+    fact = capture.size_fact_of(undecided.cond, where)
+    assumed = {(known.terms, known.constant, known.op) for known in capture.convention.size_facts}
+    return None if fact is None or (fact.terms, fact.constant, fact.op) in assumed else fact
+
+
+def _captured_and_lowered(fn: Callable, example_inputs: tuple, backend: str, decompositions, timer) -> tuple:
+    """(capture, lowered) of fn: a size fact Inductor's lowering needs (a question about the
+    free sizes, such as whether one is 1) is taken as the example decides it and fn captured
+    again with it assumed, where the lowering can decide it (Note invariant 3)."""
+    size_facts: tuple = ()
+    while True:
+        with timer("capture+enforce"):
+            capture = _capture(fn, example_inputs, backend, decompositions, size_facts)
+        with timer("lower"):
+            try:
+                return capture, _lower_eager(capture) if backend == "eager" else _lower_inductor(capture)
+            except _LoweringNeedsSizeFact as needed:
+                size_facts = (*capture.convention.size_facts, needed.fact)
+
+
 def _lower_inductor(capture: _Capture) -> _Lowered:
     # torch 2.13 has no compile_to_python: keep the module Inductor generates
     # for the single inner graph through an inner_compile hook.
@@ -5349,6 +5393,9 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         except (RuntimeError, AssertionError) as error:  # Inductor's or AOTAutograd's own failure on a graph eager runs
             undecided = _cause_of_type(error, GuardOnDataDependentSymNode)  # a lowering's, wrapped in InductorError
             if undecided is not None:
+                fact = _size_fact_lowering_needs(capture, undecided, compat.node_being_lowered(error))
+                if fact is not None:
+                    raise _LoweringNeedsSizeFact(fact) from undecided
                 raise PrecompileError(
                     f"backend='inductor' needs to decide {undecided.cond} about a dim marked with "
                     "mark_unbacked while optimizing the graph; give the mark bounds that decide it "

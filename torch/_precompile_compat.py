@@ -612,6 +612,23 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     return compiled
 
 
+def node_being_lowered(error: BaseException) -> torch.fx.Node | None:
+    """The FX node Inductor was lowering when ``error`` (or an exception it was raised from) was raised."""
+    # torch 2.11-2.14 name no node in what a lowering raises (its LoweringException names
+    # the op): GraphLowering.run_node(self, n) is on the traceback of one in the chain.
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback = error.__traceback__
+        while traceback is not None:
+            frame = traceback.tb_frame
+            if frame.f_code.co_name == "run_node" and isinstance(frame.f_locals.get("n"), torch.fx.Node):
+                return frame.f_locals["n"]
+            traceback = traceback.tb_next
+        error = error.__cause__ or error.__context__
+    return None
+
+
 # Inductor's C++ integer divisions (torch 2.11-2.14): CppOverrides' scalar ops, and
 # CppVecOverrides' vectorized ones; `mod` it vectorizes lane by lane from the scalar op.
 _SCALAR_DIVISIONS = ("floordiv", "truncdiv", "mod")
@@ -919,7 +936,7 @@ def inductor_realize_op() -> Any:
     return torch.ops._precompile.realize.default
 
 
-def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any:
+def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None], assumed: str) -> Any:
     """``graph_pass`` as Inductor's ``post_grad_custom_post_pass`` config value.
 
     Inductor takes it as a ``CustomGraphPass`` (private in 2.13) whose uuid keys
@@ -927,13 +944,15 @@ def inductor_post_grad_pass(graph_pass: Callable[[torch.fx.Graph], None]) -> Any
     one (Inductor's own helper), so an edit to the pass, to a setting beside it
     or to the codegen this file patches (_integer_divisors_checked,
     _tiled_kernels_indexed_right) never reuses
-    a graph the old version produced.
+    a graph the old version produced; and ``assumed``, the size facts the graph
+    was captured with, which the cache's key does not see: a graph compiled
+    assuming a fact about free sizes is never reused for one captured without it.
     """
     # CustomGraphPass derives from ABC on torch 2.11/2.12 and from CustomPassBase
     # on 2.13+; a subclass defining __call__ and uuid is accepted by each.
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-    version = get_hash_for_files((graph_pass.__code__.co_filename, __file__)).hex()
+    version = get_hash_for_files((graph_pass.__code__.co_filename, __file__)).hex() + assumed
 
     class _Pass(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
