@@ -98,7 +98,7 @@ says who guarantees it and, where it is enforced, which tests (in
    captured again with it assumed, where the lowering can decide it; the FX
    graph cache keys a graph by the facts it was captured with (test_precompile.py
    test_what_inductors_lowering_asks_of_a_marked_dim_becomes_a_size_fact;
-   another question is refused: test_a_question_inductor_asks_not_linear_in_marked_dims_is_refused).
+   another question is refused: test_a_question_inductor_asks_not_linear_in_marked_dims_is_refused_where_asked).
    A squeeze of a
    marked dim (``x.squeeze()``) is decided without a guard -- the trace keeps
    the dim, eager drops one of size 1 -- so it gives the size fact
