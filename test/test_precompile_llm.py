@@ -1013,6 +1013,26 @@ class TestGenerate(TestCase):
                 self._assert_same_tokens(model, runnables, ids, mask, cache_kind="static", do_sample=False)
 
     @needs_mark_bounds
+    def test_a_static_cache_bounds_the_lengths_by_its_max_cache_len(self):
+        # GPT-Neo slices its causal-mask table at cache_length - prompt: bounded by max_position_embeddings
+        # (64), past the 32 the cache holds, the slice's start could be negative and the trace refused it.
+        torch.manual_seed(0)
+        config = transformers.GPTNeoConfig(
+            vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=64,
+            attention_types=[[["global"], 2]],
+        )
+        model, (ids, mask) = transformers.GPTNeoForCausalLM(config).eval(), _prompt()
+        cache = transformers.StaticCache(config=config, max_cache_len=32)
+        pairs = generation.precompile_generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, past_key_values=cache)
+        runnables = {phase: torch_precompile.load(*pair) for phase, pair in pairs.items()}
+        highs = {free[3] for leaf in runnables["prefill"].convention.inputs if leaf.tensor for free in leaf.tensor.free_dims}
+        self.assertEqual(highs, {32})  # the prompt's bound: the cache's max_cache_len
+        for length in (6, 9):
+            with self.subTest(length=length):
+                ids, mask = _prompt(2, length, seed=length)
+                self._assert_same_tokens(model, runnables, ids, mask, cache_kind="static", do_sample=False)
+
+    @needs_mark_bounds
     def test_a_cache_the_caller_passes_is_served(self):
         # generate() marks a cache it is given (_is_user_defined), which the recorded one it made lacked and
         # only generate() reads: served as recorded, the caller's cache keeps its mark and holds eager's tensors.

@@ -193,7 +193,8 @@ def precompile_generate(
     as ``model.generate(*args, **generate_kwargs)`` calls it.
 
     ``max_length`` bounds the prompt and cache lengths (default: the model's
-    ``max_position_embeddings``); ``max_batch`` the batch.  Free dims need
+    ``max_position_embeddings``, or a ``StaticCache``'s ``max_cache_len`` where
+    smaller: no longer sequence fits it); ``max_batch`` the batch.  Free dims need
     backend='inductor' (backend='eager' specializes every size, and the cache
     grows at every step).
     """
@@ -203,10 +204,10 @@ def precompile_generate(
             "token, which only backend='inductor' leaves free; use backend='inductor'"
         )
     register_caches(model)
-    if max_length is None:
-        max_length = getattr(model.config, "max_position_embeddings", None) or 2048
     recorded = record_forward_calls(model, *args, **generate_kwargs)
     _refuse_sliding_window_layers(recorded["decode"].get("past_key_values"))
+    if max_length is None:
+        max_length = _default_max_length(model, recorded["decode"].get("past_key_values"))
     pairs = {}
     for phase, kwargs in recorded.items():
         mark_free_dims(kwargs, phase, max_batch, max_length)
@@ -223,6 +224,14 @@ def precompile_generate(
                 "calls with precompile() and no mark_unbacked (every size specialized)"
             ) from error
     return pairs
+
+
+def _default_max_length(model: torch.nn.Module, cache: Any) -> int:
+    """The model's ``max_position_embeddings``, or a StaticCache's ``max_cache_len`` where smaller.
+    The bound also decides the model's slices of its own tables (GPT-Neo's causal mask
+    ``bias[:, :, cache_length - prompt:cache_length]`` starts at 0 or after only within it)."""
+    length = getattr(model.config, "max_position_embeddings", None) or 2048
+    return min(length, cache.get_max_length()) if getattr(cache, "is_compileable", False) else length
 
 
 def _refuse_sliding_window_layers(cache: Any) -> None:
@@ -387,20 +396,20 @@ class _RecordedCall:
                 f"{tokens.shape[0]}"
             )
         length = cache_length + (tokens.shape[1] if tokens is not None else 0)
-        if self.max_length is not None and length > self.max_length:
-            raise PrecompileError(
-                f"generation.serving: the {phase} call has a sequence of {length} tokens ({cache_length} in the cache and "
-                f"{length - cache_length} new), more than the {self.max_length} the artifacts were made for: "
-                "precompile_generate(..., max_length=N) bounds the prompt and the cache (by default, by the model's "
-                "max_position_embeddings); precompile_generate again with a larger max_length, or give generate() a "
-                "shorter prompt or fewer new tokens"
-            )
         # Eager's write past a StaticCache's end raises IndexError; Inductor's kernel a RuntimeError.
         if getattr(cache, "is_compileable", False) and length > cache.get_max_length():
             raise PrecompileError(
                 f"generation.serving: the {phase} call has a sequence of {int(length)} tokens ({int(cache_length)} in the "
                 f"cache and {int(length - cache_length)} new), more than its {type(cache).__name__} holds "
                 f"({cache.get_max_length()}, its max_cache_len): give generate() a larger cache, or fewer new tokens"
+            )
+        if self.max_length is not None and length > self.max_length:
+            raise PrecompileError(
+                f"generation.serving: the {phase} call has a sequence of {length} tokens ({cache_length} in the cache and "
+                f"{length - cache_length} new), more than the {self.max_length} the artifacts were made for: "
+                "precompile_generate(..., max_length=N) bounds the prompt and the cache (by default, by the model's "
+                "max_position_embeddings, or a StaticCache's max_cache_len where smaller); precompile_generate again "
+                "with a larger max_length, or give generate() a shorter prompt or fewer new tokens"
             )
 
     def conform(self, kwargs: dict, cache: Any, phase: str) -> dict:
