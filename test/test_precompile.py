@@ -1925,6 +1925,26 @@ class TestFreeDims(TestCase):
             x = torch.randn(*shape, 4)
             torch.testing.assert_close(f(x, w), flat_bmm(x, w))
 
+    def test_a_size_an_op_computes_from_a_marked_dim_is_refused_naming_its_line(self):
+        """A slice starting at ``8 - rows``: for rows past 8 it would start before the table, so the
+        trace gives the slice a size of its own (no marked size), which it cannot decide."""
+        def tail_of_table(x, table):
+            return table[8 - x.shape[0] : 8] * x
+
+        table = torch.randn(8, 4)
+        with self.assertRaisesRegex(
+            PrecompileError,
+            r"^fn requires u\d+ <= 8 of u\d+, a size an op computed from the marked dims at .*test_precompile\.py:\d+ "
+            r"\(return table\[8 - x\.shape\[0\] : 8\] \* x\) that the trace cannot decide .*: give the marks bounds",
+        ):
+            precompile(tail_of_table, _marked(torch.randn(5, 4), 0), table)
+        if not MARK_BOUNDS:
+            return
+        f = precompile.load(*precompile(tail_of_table, _marked(torch.randn(5, 4), 0, max=8), table))
+        for rows in (1, 8):
+            x = torch.randn(rows, 4)
+            torch.testing.assert_close(f(x, table), tail_of_table(x, table))
+
     def test_requirement_no_bound_states_refused_saying_so(self):
         with self.assertRaisesRegex(PrecompileError, r"fn requires Eq\(Mod\(.*u0.*, 2\), 0\) .*; no mark bound states that"):
             precompile(lambda x: x.view(-1, 2) * 2, _marked(torch.randn(6, 3), 0))

@@ -1823,6 +1823,8 @@ class _SymbolicAttempt:
         for requirement in compat.shape_env_deferred_asserts(self.shape_env):
             if id(requirement) not in self.assumed and not self.implied_by_marks(requirement.expr):
                 names = [self.describe(i) for s, i in self.symbols.items() if s in requirement.expr.free_symbols]
+                if not names:
+                    raise self.undecided_size_error(requirement.expr)
                 fix = (
                     "state it in the mark instead (min=/max=) or remove the mark"
                     if _is_inequality(requirement.expr)
@@ -1830,9 +1832,19 @@ class _SymbolicAttempt:
                     "it (e.g. .view(-1, 2) over that dim)"
                 )
                 raise PrecompileError(
-                    f"fn requires {requirement.expr} of {' and '.join(names) or 'a marked dim'} "
-                    f"(marked with mark_unbacked); {fix}"
+                    f"fn requires {requirement.expr} of {' and '.join(names)} (marked with mark_unbacked); {fix}"
                 )
+
+    def undecided_size_error(self, expr) -> PrecompileError:
+        """A requirement on a size an op computed from the marked ones (none of them itself)."""
+        symbol = min(expr.free_symbols, key=str)
+        frames = compat.symbol_made_at(self.shape_env, symbol)
+        return PrecompileError(
+            f"fn requires {expr} of {symbol}, a size an op computed from the marked dims{_user_line(frames)}"
+            " that the trace cannot decide (marked with mark_unbacked), such as a slice "
+            "whose start depends on a marked size and may fall outside the tensor: give the marks bounds that "
+            "keep it inside (min=/max=), or remove the marks"
+        )
 
     def raise_if_relation_of_free_sizes(self, index: int, symbol, replaced) -> None:
         """A free size the trace set to a linear function of others (a mask one longer than

@@ -418,6 +418,13 @@ def shape_env_deferred_asserts(shape_env: Any) -> list:
     return [requirement for asserts in shape_env.deferred_runtime_asserts.values() for requirement in asserts]
 
 
+def symbol_made_at(shape_env: Any, symbol: Any) -> list:
+    """The stack (``traceback.FrameSummary``s, outermost first) where the trace made ``symbol``, or []."""
+    # torch 2.11-2.14 keep it in the private ShapeEnv.var_to_stack, as a CapturedTraceback.
+    captured = getattr(shape_env, "var_to_stack", {}).get(symbol)
+    return list(captured.summary()) if captured is not None else []
+
+
 def forget_pending_unbacked_symbols(shape_env: Any) -> None:
     """Symbols made while creating inputs, not by an op: nothing needs to bind them."""
     shape_env.pending_fresh_unbacked_symbols.clear()
