@@ -228,8 +228,8 @@ def precompile_generate(
 
 def _default_max_length(model: torch.nn.Module, cache: Any) -> int:
     """The model's ``max_position_embeddings``, or a StaticCache's ``max_cache_len`` where smaller.
-    The bound also decides the model's slices of its own tables (GPT-Neo's causal mask
-    ``bias[:, :, cache_length - prompt:cache_length]`` starts at 0 or after only within it)."""
+    The bound also decides the model's slices of its own tables: GPT-Neo slices its causal mask
+    at ``cache_length - prompt``, which the trace knows is not below 0 only for prompts the cache holds."""
     length = getattr(model.config, "max_position_embeddings", None) or 2048
     return min(length, cache.get_max_length()) if getattr(cache, "is_compileable", False) else length
 
