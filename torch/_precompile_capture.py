@@ -4644,15 +4644,18 @@ def _is_user_file(filename: str) -> bool:
     )
 
 
-def _cause_of_type(error: BaseException, kind: type) -> BaseException | None:
-    """``error``, or the first exception of type ``kind`` it was raised from (its causes and contexts)."""
+def _exception_chain(error: BaseException | None):
+    """``error``, then the exceptions it was raised from (its causes and contexts), each once."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, kind):
-            return error
         seen.add(id(error))
+        yield error
         error = error.__cause__ or error.__context__
-    return None
+
+
+def _cause_of_type(error: BaseException, kind: type) -> BaseException | None:
+    """``error``, or the first exception of type ``kind`` it was raised from (its causes and contexts)."""
+    return next((cause for cause in _exception_chain(error) if isinstance(cause, kind)), None)
 
 
 def _user_line(frames: list) -> str:
@@ -5405,7 +5408,7 @@ def _lower_inductor(capture: _Capture) -> _Lowered:
         except (RuntimeError, AssertionError) as error:  # Inductor's or AOTAutograd's own failure on a graph eager runs
             undecided = _cause_of_type(error, GuardOnDataDependentSymNode)  # a lowering's, wrapped in InductorError
             if undecided is not None:
-                fact = _size_fact_lowering_needs(capture, undecided, compat.node_being_lowered(error))
+                fact = _size_fact_lowering_needs(capture, undecided, compat.node_being_lowered(_exception_chain(error)))
                 if fact is not None:
                     raise _LoweringNeedsSizeFact(fact) from undecided
                 raise PrecompileError(

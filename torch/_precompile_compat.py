@@ -40,7 +40,7 @@ import re
 import sys
 import traceback
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -619,20 +619,18 @@ def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list, config: 
     return compiled
 
 
-def node_being_lowered(error: BaseException) -> torch.fx.Node | None:
-    """The FX node Inductor was lowering when ``error`` (or an exception it was raised from) was raised."""
+def node_being_lowered(errors: Iterable[BaseException]) -> torch.fx.Node | None:
+    """The FX node Inductor was lowering when the first of ``errors`` (a chain of exceptions,
+    each raised from the next) that passed through its lowering was raised."""
     # torch 2.11-2.14 name no node in what a lowering raises (its LoweringException names
     # the op): GraphLowering.run_node(self, n) is on the traceback of one in the chain.
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
+    for error in errors:
         traceback = error.__traceback__
         while traceback is not None:
             frame = traceback.tb_frame
             if frame.f_code.co_name == "run_node" and isinstance(frame.f_locals.get("n"), torch.fx.Node):
                 return frame.f_locals["n"]
             traceback = traceback.tb_next
-        error = error.__cause__ or error.__context__
     return None
 
 
